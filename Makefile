@@ -1,0 +1,39 @@
+# Two commands a newcomer needs (README): `make run` and `make test`. Both set up .venv first and
+# are safe to run again: the install step re-runs only when pyproject.toml or this file changes.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# A CPU build on machines without CUDA; set TORCH_SPEC="torch" on a GPU machine to take the CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+BFCL_SPEC ?= bfcl-eval==2026.3.23
+STAMP := $(VENV)/.installed
+CONFIG ?=
+ARGS ?=
+
+# Offline switches: no hub, no telemetry, servers on loopback only.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 DO_NOT_TRACK=true
+export PREFECT_SERVER_ANALYTICS_ENABLED=false MLFLOW_DISABLE_TELEMETRY=true VLLM_NO_USAGE_STATS=1
+export VLLM_HOST_IP=127.0.0.1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+
+.PHONY: setup run test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps "$(BFCL_SPEC)"
+	@touch $(STAMP)
+
+# The main job: build the embedded policy if needed, then run the configured rounds.
+run: setup
+	$(VENV)/bin/coevolve evolve $(if $(CONFIG),--config $(CONFIG)) $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(ARGS)
+
+clean:
+	rm -rf .coevolve

@@ -1,0 +1,129 @@
+"""Generation with Hugging Face transformers, returning the behaviour logprobs GRPO needs.
+
+The engine runs a manual decoding loop over a left-padded batch with a KV cache: it samples from
+softmax(logits / temperature) and records the log-probability of each sampled token under that
+same distribution, which is what the update stage uses as the behaviour policy. Greedy decoding
+(temperature 0) records the chosen token's logprob at temperature 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.chat import ChatFormat
+
+
+@dataclass
+class Generation:
+    """One sampled continuation: its tokens (EOS included when it stopped) and their logprobs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (EOS generated) or "length"
+
+
+def load_policy(model: str | Path) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer from a local folder or a Hugging Face id, in float32.
+
+    A folder holding only a LoRA adapter is loaded onto its base model and merged, so callers
+    always get a plain model.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = str(model)
+    adapter_config = Path(source) / "adapter_config.json"
+    if adapter_config.is_file() and not (Path(source) / "config.json").is_file():
+        from peft import PeftConfig, PeftModel
+
+        base_name = PeftConfig.from_pretrained(source).base_model_name_or_path
+        base = AutoModelForCausalLM.from_pretrained(base_name, dtype=torch.float32)
+        policy = PeftModel.from_pretrained(base, source).merge_and_unload()
+    else:
+        policy = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    policy.eval()
+    return policy, tokenizer
+
+
+class TransformersEngine:
+    """Batched sampling from a local policy checkpoint with per-token behaviour logprobs."""
+
+    def __init__(self, model_path: str | Path, torch_threads: int = 1, seed: int = 0) -> None:
+        import torch
+
+        torch.set_num_threads(torch_threads)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.reload(model_path)
+
+    def reload(self, model_path: str | Path) -> None:
+        """Switch to another checkpoint (e.g. the one the last update wrote)."""
+        self.model_path = Path(model_path) if Path(model_path).exists() else model_path
+        self.model, self.tokenizer = load_policy(model_path)
+        self.model.to(self.device)
+        self.chat = ChatFormat(self.tokenizer)
+
+    def generate(self, prompts: list[list[int]], temperature: float, max_new_tokens: int) -> list[Generation]:
+        """Continue every prompt until EOS or max_new_tokens; one Generation per prompt, in order."""
+        import torch
+
+        if not prompts:
+            return []
+        if any(not p for p in prompts):
+            raise ValueError("Every prompt needs at least one token.")
+        eos = self.chat.eos_token_id
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
+        width = max(len(p) for p in prompts)
+        batch = len(prompts)
+        input_ids = torch.full((batch, width), pad, dtype=torch.long)
+        attention = torch.zeros((batch, width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention[row, width - len(ids) :] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        # Left padding shifts real tokens right; positions must count real tokens only.
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+
+        tokens: list[list[int]] = [[] for _ in range(batch)]
+        logps: list[list[float]] = [[] for _ in range(batch)]
+        done = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        past = None
+        step_ids, step_pos = input_ids, positions
+        with torch.inference_mode():
+            for _ in range(max_new_tokens):
+                out = self.model(
+                    input_ids=step_ids,
+                    attention_mask=attention,
+                    position_ids=step_pos,
+                    past_key_values=past,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                past = out.past_key_values
+                logits = out.logits[:, -1, :].float()
+                if temperature > 0:
+                    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+                    chosen = torch.multinomial(logprobs.exp(), 1, generator=self._generator).squeeze(-1)
+                else:
+                    logprobs = torch.log_softmax(logits, dim=-1)
+                    chosen = logits.argmax(dim=-1)
+                chosen = torch.where(done, torch.full_like(chosen, pad), chosen)
+                picked = logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+                for row in (~done).nonzero().flatten().tolist():
+                    tokens[row].append(int(chosen[row]))
+                    logps[row].append(float(picked[row]))
+                done = done | (chosen == eos)
+                if bool(done.all()):
+                    break
+                step_ids = chosen.unsqueeze(-1)
+                step_pos = step_pos[:, -1:] + 1
+                attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=self.device)], -1)
+        return [
+            Generation(token_ids=t, logprobs=lp, finish_reason="stop" if t and t[-1] == eos else "length")
+            for t, lp in zip(tokens, logps)
+        ]

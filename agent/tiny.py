@@ -1,0 +1,200 @@
+"""The builtin tiny policy: a small Qwen3 built offline from demonstrations.
+
+No model hub is reachable, so 'builtin:tiny' trains its own byte-level BPE tokenizer on the
+demonstrations' text, initializes a small Qwen3 at random and teaches it the tool-call format by
+supervised fine-tuning on assistant tokens only. A few hundred steps give partial skill: enough that
+GRPO groups mix successes and failures, which is what makes a round produce signal.
+
+The build is idempotent: out_dir holds a marker with a digest of every input, and a second call
+with the same inputs returns at once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from coevolve.config import PolicyConfig
+from coevolve.records import Message, digest
+
+from agent.chat import END_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TINY_CHAT_TEMPLATE, ChatFormat, render_tiny
+
+MARKER = "tiny_policy.json"
+MAX_SEQ_LEN = 2048
+WARMUP_FRACTION = 0.05
+
+
+def _build_digest(conversations: Sequence[Sequence[Message]], config: PolicyConfig, seed: int) -> str:
+    fields = ("sft_steps", "sft_learning_rate", "sft_batch_size", "hidden_size", "num_layers", "vocab_size")
+    return digest(
+        {
+            "conversations": [[(m.role, m.content) for m in conv] for conv in conversations],
+            "config": {f: getattr(config, f) for f in fields},
+            "seed": seed,
+            "version": 1,
+        }
+    )
+
+
+def is_built(out_dir: Path, conversations: Sequence[Sequence[Message]], config: PolicyConfig, seed: int) -> bool:
+    marker = Path(out_dir) / MARKER
+    if not marker.is_file():
+        return False
+    try:
+        return json.loads(marker.read_text()).get("digest") == _build_digest(conversations, config, seed)
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def train_tokenizer(texts: Sequence[str], vocab_size: int) -> Any:
+    """A byte-level BPE tokenizer whose chat template is the tiny template.
+
+    Newlines are isolated before the byte-level split, so message boundaries stay token boundaries
+    (see agent.chat).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split("\n", behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(texts, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token=END_TOKEN,
+        pad_token=PAD_TOKEN,
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (END_TOKEN, PAD_TOKEN)],
+    )
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def build_model(tokenizer: Any, config: PolicyConfig, seed: int) -> Any:
+    """A random-init Qwen3 sized by the config: few heads, a narrow MLP, tied embeddings."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    heads = max(1, config.hidden_size // 32)
+    model_config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.hidden_size * 3,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2) if heads % 2 == 0 else heads,
+        head_dim=config.hidden_size // heads,
+        max_position_embeddings=MAX_SEQ_LEN * 2,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.convert_tokens_to_ids(END_TOKEN),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        bos_token_id=None,
+    )
+    return Qwen3ForCausalLM(model_config).float()
+
+
+def _lr_at(step: int, total: int, peak: float) -> float:
+    """Linear warmup then cosine decay to a tenth of the peak."""
+    warmup = max(1, int(total * WARMUP_FRACTION))
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def sft(model: Any, examples: list[tuple[list[int], list[int]]], config: PolicyConfig, pad_id: int, seed: int) -> list[float]:
+    """Supervised fine-tuning on assistant tokens only; returns the loss of every step."""
+    import torch
+    from tqdm import tqdm
+
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.sft_learning_rate, weight_decay=0.0)
+    model.train()
+    losses: list[float] = []
+    order: list[int] = []
+    bar = tqdm(range(config.sft_steps), desc="sft tiny policy", unit="step")
+    for step in bar:
+        batch = []
+        for _ in range(min(config.sft_batch_size, len(examples))):
+            if not order:
+                order = list(range(len(examples)))
+                rng.shuffle(order)
+            batch.append(examples[order.pop()])
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        for row, (ids, mask) in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            attention[row, : len(ids)] = 1
+            labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, config.sft_steps, config.sft_learning_rate)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    model.eval()
+    return losses
+
+
+def build_tiny_policy(out_dir: Path, conversations: list[list[Message]], config: PolicyConfig, seed: int) -> Path:
+    """Train tokenizer + random-init Qwen3 + SFT on the conversations; save to out_dir and return it.
+
+    Returns at once when out_dir already holds a model built from the same inputs.
+    """
+    out_dir = Path(out_dir)
+    if is_built(out_dir, conversations, config, seed):
+        return out_dir
+    if not conversations:
+        raise ValueError("build_tiny_policy needs at least one demonstration conversation.")
+    import torch
+
+    started = time.perf_counter()
+    torch.set_num_threads(config.torch_threads)
+    tokenizer = train_tokenizer([render_tiny(conv, add_generation_prompt=False) for conv in conversations], config.vocab_size)
+    chat = ChatFormat(tokenizer)
+    examples = [chat.training_example(conv) for conv in conversations]
+    examples = [(ids[:MAX_SEQ_LEN], mask[:MAX_SEQ_LEN]) for ids, mask in examples]
+    model = build_model(tokenizer, config, seed)
+    losses = sft(model, examples, config, tokenizer.pad_token_id, seed) if config.sft_steps else []
+
+    # Write to a sibling folder and swap it in, so an interrupted build never looks finished.
+    staging = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    model.generation_config.eos_token_id = chat.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(staging, safe_serialization=True)
+    tokenizer.save_pretrained(staging)
+    summary = {
+        "digest": _build_digest(conversations, config, seed),
+        "conversations": len(conversations),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab": len(tokenizer),
+        "sft_steps": config.sft_steps,
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else None,
+        "duration_s": round(time.perf_counter() - started, 2),
+    }
+    (staging / MARKER).write_text(json.dumps(summary, indent=2))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    staging.rename(out_dir)
+    return out_dir

@@ -1,0 +1,197 @@
+"""Command line: ``coevolve evolve | round | sql | config | status``.
+
+    coevolve evolve [--config FILE] [--set section.field=value ...] [--rounds N]
+    coevolve round --round R [--config FILE] [--set ...]
+    coevolve sql "SELECT * FROM v_success_by_round"
+    coevolve config --show
+    coevolve status
+
+Every command runs offline: the hub, telemetry and analytics switches are set before any
+library loads, Prefect uses a temporary local API under the state folder unless
+PREFECT_API_URL points at a server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from coevolve.config import PipelineConfig, load_config
+from coevolve.errors import PipelineError
+
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "DO_NOT_TRACK": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def prepare_environment(config: PipelineConfig) -> None:
+    """Offline switches and state locations, set before prefect, mlflow or bfcl_eval are imported."""
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
+    state = config.state_dir.resolve()
+    state.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PREFECT_HOME", str(state / "prefect"))
+    os.environ.setdefault("BFCL_PROJECT_ROOT", str(state / "bfcl"))
+    # The per-round table is the main output; Prefect's own INFO lines go to its API and UI.
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+
+
+COLUMNS = ("round", "pool", "rollouts", "success", "signals f/b/r", "accepted", "rejected", "held-out", "time")
+WIDTHS = (5, 6, 8, 7, 13, 8, 8, 8, 7)
+
+
+def format_row(values: tuple[Any, ...]) -> str:
+    return "  ".join(str(v).rjust(w) for v, w in zip(values, WIDTHS))
+
+
+def summary_row(summary: dict[str, Any], seconds: float) -> str:
+    s = summary["signals"]
+    return format_row(
+        (
+            summary["round"],
+            summary["pool_size"],
+            summary["rollouts"],
+            f"{summary['success_rate']:.3f}",
+            f"{s.get('forgetting', 0)}/{s.get('boundary', 0)}/{s.get('rare', 0)}",
+            summary["accepted"],
+            summary["rejected"],
+            f"{summary['heldout_success']:.3f}",
+            f"{seconds:.0f}s",
+        )
+    )
+
+
+def _load(args: argparse.Namespace) -> PipelineConfig:
+    config = load_config(args.config, args.set)
+    prepare_environment(config)
+    return config
+
+
+def cmd_evolve(args: argparse.Namespace) -> int:
+    config = _load(args)
+    rounds = args.rounds or config.rounds
+    from flows.round import coevolve_round
+    from tasks.common import open_warehouse
+
+    with open_warehouse(config) as wh:
+        start = max((s.round for s in wh.rounds(config.run_id)), default=-1) + 1
+    print(f"run {config.run_id!r}: rounds {start}..{start + rounds - 1}, state in {config.state_dir.resolve()}")
+    print(format_row(COLUMNS))
+    began = time.perf_counter()
+    for round_ in range(start, start + rounds):
+        t0 = time.perf_counter()
+        summary = coevolve_round(round_=round_, config=config.model_dump(mode="json"))
+        if round_ == 0 and summary.get("baseline_heldout_success") is not None:
+            print(f"{'':>5}  checkpoint 0 held-out success: {summary['baseline_heldout_success']:.3f}")
+        print(summary_row(summary, time.perf_counter() - t0), flush=True)
+    print(f"done in {time.perf_counter() - began:.0f}s; query with: coevolve sql \"SELECT * FROM v_success_by_round\"")
+    return 0
+
+
+def cmd_round(args: argparse.Namespace) -> int:
+    config = _load(args)
+    from flows.round import coevolve_round
+
+    t0 = time.perf_counter()
+    summary = coevolve_round(round_=args.round, config=config.model_dump(mode="json"))
+    print(format_row(COLUMNS))
+    print(summary_row(summary, time.perf_counter() - t0))
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    config = _load(args)
+    from storage.warehouse import Warehouse
+
+    path = Path(args.database) if args.database else config.warehouse_path
+    if not path.exists():
+        raise PipelineError(f"No warehouse at {path}; run `coevolve evolve` first or pass --database.")
+    with Warehouse(path, read_only=True) as wh:
+        frame = wh.sql(args.query)
+    import polars as pl
+
+    with pl.Config(tbl_rows=args.limit, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
+        print(frame)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    config = load_config(args.config, args.set)
+    print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    config = _load(args)
+    from tasks.common import open_warehouse
+
+    with open_warehouse(config) as wh:
+        summaries = wh.rounds(config.run_id)
+    print(format_row(COLUMNS))
+    for s in summaries:
+        print(summary_row(s.to_dict(), 0.0))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="coevolve", description="Co-evolve an LLM agent and its task pool.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", help="YAML file with configuration sections (see `coevolve config --show`).")
+        p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="Override one field; repeatable.")
+
+    p = sub.add_parser("evolve", help="Run rounds after the last finished one (the main job).")
+    common(p)
+    p.add_argument("--rounds", type=int, default=None, help="Rounds to run (default: config rounds).")
+    p.set_defaults(func=cmd_evolve)
+
+    p = sub.add_parser("round", help="Run (or resume) one round.")
+    common(p)
+    p.add_argument("--round", type=int, required=True)
+    p.set_defaults(func=cmd_round)
+
+    p = sub.add_parser("sql", help="Run a read-only SQL query on the warehouse.")
+    common(p)
+    p.add_argument("query")
+    p.add_argument("--database", help="Warehouse file (default: the configured state folder's).")
+    p.add_argument("--limit", type=int, default=50, help="Rows to print.")
+    p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("config", help="Print the effective configuration.")
+    common(p)
+    p.add_argument("--show", action="store_true")
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("status", help="Print the finished rounds of a run.")
+    common(p)
+    p.set_defaults(func=cmd_status)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

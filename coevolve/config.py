@@ -1,0 +1,244 @@
+"""The one typed configuration of the pipeline, and the only place defaults live.
+
+Defaults are the embedded run: a 2-core laptop, no GPU, no network, three rounds in minutes.
+Where that differs from the paper (arXiv 2604.15840), the comment gives the paper's value;
+`configs/paper.yaml` sets all of them back for a GPU machine.
+
+Sources, later ones winning: defaults < YAML file (``--config``) < environment variables
+(``COEVOLVE_<SECTION>__<FIELD>``, e.g. ``COEVOLVE_ROLLOUT__GROUP_SIZE=8``) < CLI overrides
+(``--set rollout.group_size=8``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from coevolve.errors import ConfigError
+
+
+class _Section(BaseModel):
+    # A typo in a field name must fail loudly instead of silently using a default.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EnvironmentConfig(_Section):
+    name: Literal["bfcl"] = Field("bfcl", description="Environment the agent plays. BFCL v3 multi-turn runs offline.")
+    max_steps: int = Field(30, ge=1, description="Model messages per episode before it counts as a failure (paper: 30).")
+    max_steps_per_turn: int = Field(4, ge=1, description="Model messages per user turn; a turn ends when the model calls no tool.")
+    max_observation_chars: int = Field(
+        240, ge=16, description="Tool results longer than this are cut in the prompt: small models have short contexts."
+    )
+
+
+class PolicyConfig(_Section):
+    model: str = Field(
+        "builtin:tiny",
+        description=(
+            "'builtin:tiny' builds a 2M-parameter Qwen3 offline (tokenizer + SFT on seed demonstrations, never on "
+            "held-out tasks); otherwise a Hugging Face model id or a local path, loaded the same way."
+        ),
+    )
+    sft_steps: int = Field(600, ge=0, description="SFT steps for 'builtin:tiny': enough for partial skill, so rounds have signal.")
+    sft_learning_rate: float = Field(3e-3, gt=0, description="Tiny random-init models need a large SFT rate.")
+    sft_batch_size: int = Field(32, ge=1, description="Demonstrations per SFT step.")
+    hidden_size: int = Field(128, ge=16, description="Width of the builtin tiny model.")
+    num_layers: int = Field(4, ge=1, description="Depth of the builtin tiny model.")
+    vocab_size: int = Field(2048, ge=300, description="Byte-level BPE vocabulary trained on the seed pool's text.")
+    torch_threads: int = Field(1, ge=1, description="CPU threads for torch: one is fastest for tiny models on shared cores.")
+
+
+class RolloutConfig(_Section):
+    engine: Literal["transformers"] = Field("transformers", description="Generation backend. transformers runs anywhere.")
+    tasks_per_round: int = Field(12, ge=1, description="Tasks drawn from the pool per round (paper: 32 per step).")
+    group_size: int = Field(6, ge=2, description="Samples per task, the GRPO group n (paper: 8). At least 2 for an advantage.")
+    temperature: float = Field(0.9, ge=0, description="Sampling temperature of training rollouts (paper: 0.9).")
+    eval_temperature: float = Field(0.0, ge=0, description="Evaluation decoding; 0 is greedy (paper: greedy).")
+    max_new_tokens: int = Field(96, ge=8, description="Tokens per model message (paper: 4096 per response).")
+    heldout_tasks: int = Field(24, ge=0, description="Held-out synthetic tasks scored greedily after each round.")
+
+
+class SignalConfig(_Section):
+    enabled: list[Literal["forgetting", "boundary", "rare"]] = Field(
+        ["forgetting", "boundary", "rare"], description="Signals to mine; leave one out for an ablation."
+    )
+    forgetting_window: int = Field(10, ge=1, description="W: past scores per task; the paper gives no value.")
+    rare_theta: float = Field(5.0, gt=0, lt=100, description="A pattern is rare below theta percent of trajectories (paper: 5).")
+    rare_min_total: int = Field(20, ge=1, description="N_min: trajectories seen before rarity is judged.")
+    pattern: Literal["tool_sequence", "tool_bigrams"] = Field(
+        "tool_sequence", description="Action pattern of a trajectory: its tool-name sequence, or its tool-name bigrams."
+    )
+    max_signals_per_round: int = Field(24, ge=1, description="Signals passed to synthesis per round, kinds interleaved.")
+
+
+class SynthesisConfig(_Section):
+    mode: Literal["signal", "random"] = Field(
+        "signal", description="'signal' explores where signals point; 'random' draws targets uniformly (the control)."
+    )
+    synthesizer: Literal["programmatic"] = Field("programmatic", description="'programmatic' needs no LLM.")
+    explorations_per_signal: int = Field(2, ge=1, description="Independent exploration runs per signal (multi-round).")
+    steps_per_exploration: int = Field(5, ge=1, description="Environment steps per exploration run (multi-step).")
+    min_task_steps: int = Field(3, ge=1, description="Minimal reference length of a synthesized task (paper: 3).")
+    max_task_steps: int = Field(5, ge=1, description="Longest reference kept, so the policy can fit it in one message.")
+
+
+class PoolConfig(_Section):
+    seed_size: int = Field(100, ge=1, description="Tasks of D_0 from unguided exploration (paper: 100).")
+    policy: Literal["append", "dedupe"] = Field("append", description="How validated tasks join the pool; the paper appends.")
+    max_size: int | None = Field(None, ge=1, description="Cap on the pool; None keeps every task (the paper).")
+
+
+class TrainingConfig(_Section):
+    learning_rate: float = Field(2e-4, gt=0, description="AdamW rate (paper: 1e-6 for 4B-30B models; tiny models need more).")
+    steps_per_round: int = Field(2, ge=1, description="Optimizer steps on each round's groups (paper: F=10 steps per round).")
+    epsilon_low: float = Field(0.20, ge=0, description="Lower clip range (paper: 0.20).")
+    epsilon_high: float = Field(0.28, ge=0, description="Upper clip range (paper: 0.28).")
+    beta: float = Field(1e-3, ge=0, description="KL coefficient (paper: 1e-3).")
+    use_lora: bool = Field(False, description="Train a LoRA adapter (large models) instead of full weights.")
+    lora_rank: int = Field(16, ge=1, description="LoRA rank when use_lora is on.")
+
+
+class TrackingConfig(_Section):
+    mlflow_uri: str | None = Field(None, description="MLflow tracking URI; None uses SQLite under state_dir.")
+    experiment: str = Field("coevolve", description="MLflow experiment name.")
+    registered_model: str = Field("coevolve-policy", description="Registry name; one version per round.")
+
+
+class PipelineConfig(_Section):
+    run_id: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$", description="Names a run; rounds of one run share a pool.")
+    state_dir: Path = Field(Path(".coevolve"), description="Holds the warehouse, MLflow store, checkpoints, pool snapshots.")
+    seed: int = Field(0, description="Seeds exploration, sampling and training.")
+    rounds: int = Field(3, ge=1, description="Rounds the evolve command runs.")
+    environment: EnvironmentConfig = EnvironmentConfig()
+    policy: PolicyConfig = PolicyConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    signals: SignalConfig = SignalConfig()
+    synthesis: SynthesisConfig = SynthesisConfig()
+    pool: PoolConfig = PoolConfig()
+    training: TrainingConfig = TrainingConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> PipelineConfig:
+        if self.synthesis.max_task_steps < self.synthesis.min_task_steps:
+            raise ValueError(
+                f"synthesis.max_task_steps ({self.synthesis.max_task_steps}) is below synthesis.min_task_steps "
+                f"({self.synthesis.min_task_steps}); raise max_task_steps or lower min_task_steps."
+            )
+        return self
+
+    # Paths derived from state_dir, so one setting moves every store.
+    @property
+    def warehouse_path(self) -> Path:
+        return self.state_dir / "warehouse.duckdb"
+
+    @property
+    def mlflow_tracking_uri(self) -> str:
+        return self.tracking.mlflow_uri or f"sqlite:///{(self.state_dir / 'mlflow.db').resolve()}"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.state_dir / "mlartifacts"
+
+    def run_dir(self) -> Path:
+        return self.state_dir / "runs" / self.run_id
+
+    def checkpoint_dir(self, round_: int) -> Path:
+        return self.run_dir() / "checkpoints" / f"round-{round_:03d}"
+
+    def pool_path(self, round_: int) -> Path:
+        return self.run_dir() / "pools" / f"pool-{round_:03d}.parquet"
+
+    def with_overrides(self, overrides: dict[str, Any]) -> PipelineConfig:
+        return load_config(data=_deep_merge(self.model_dump(mode="json"), overrides))
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _nested(dotted: str, value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    node = out
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """Turn ``["rollout.group_size=8", ...]`` into a nested dict; values are parsed as YAML scalars."""
+    merged: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"Override {pair!r} has no '='; write it as section.field=value, e.g. rollout.group_size=8.")
+        key, raw = pair.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"Override {pair!r}: the value is not valid YAML ({exc}).") from exc
+        merged = _deep_merge(merged, _nested(key.strip(), value))
+    return merged
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith("COEVOLVE_") or name in ("COEVOLVE_CONFIG",):
+            continue
+        dotted = name[len("COEVOLVE_") :].lower().replace("__", ".")
+        merged = _deep_merge(merged, _nested(dotted, yaml.safe_load(raw) if raw else raw))
+    return merged
+
+
+def _explain(exc: ValidationError) -> str:
+    lines = ["The configuration is invalid:"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  - {where}: unknown field; check its spelling against `coevolve config --show`.")
+        else:
+            lines.append(f"  - {where}: {err['msg']} (got {err.get('input')!r}).")
+    return "\n".join(lines)
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    environ: dict[str, str] | None = None,
+    data: dict[str, Any] | None = None,
+) -> PipelineConfig:
+    """Build the configuration from a YAML file, the environment and CLI overrides.
+
+    Raises ConfigError, with what to change, for a missing or malformed file and for any
+    invalid value.
+    """
+    merged: dict[str, Any] = dict(data or {})
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"Config file {file} does not exist; pass an existing YAML file to --config.")
+        try:
+            loaded = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"Config file {file} is not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"Config file {file} must hold a mapping of sections, not {type(loaded).__name__}.")
+        merged = _deep_merge(merged, loaded)
+    merged = _deep_merge(merged, _env_overrides(dict(os.environ if environ is None else environ)))
+    merged = _deep_merge(merged, parse_overrides(overrides or []))
+    try:
+        return PipelineConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc)) from None

@@ -1,0 +1,223 @@
+"""MLflow tracking: one MLflow run per round linking checkpoint version, pool digest and flow run.
+
+Every MLflow call of the project lives here. The tracker talks to the store through an
+`MlflowClient` (no fluent global state), so several trackers and threads can coexist.
+
+Lineage is kept in tags on both sides, so it can be queried either way:
+the run and the model version both carry ``pool_digest`` and ``flow_run_id``;
+`find_versions_for_pool` goes digest -> versions, `pool_for_version` goes version -> digest.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import mlflow.artifacts  # noqa: E402
+import mlflow.data  # noqa: E402
+import polars as pl  # noqa: E402
+from mlflow import MlflowClient  # noqa: E402
+from mlflow.entities import DatasetInput, InputTag, Metric, Param  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
+
+from coevolve.errors import DataError, InfrastructureError  # noqa: E402
+
+# MLflow reserves the alias "latest" (models:/<name>/latest already means the newest version),
+# so the newest round's version gets this alias instead.
+CURRENT_ALIAS = "current"
+
+RUN_NAME_TAG = "coevolve.run_name"
+VERSION_TAG = "coevolve.model_version"
+POOL_DIGEST_TAG = "pool_digest"
+FLOW_RUN_TAG = "flow_run_id"
+
+# The dataset digest column of MLflow's store holds at most 36 characters; the full digest goes
+# into the dataset name and the tags.
+_DATASET_DIGEST_CHARS = 32
+
+
+def _quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+class Tracker:
+    """Records rounds in MLflow and answers lineage queries between pools and model versions."""
+
+    def __init__(
+        self, tracking_uri: str, experiment: str, artifacts_dir: Path, registered_model: str | None = None
+    ) -> None:
+        self.tracking_uri = tracking_uri
+        self.registered_model = registered_model
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        try:
+            self.experiment_id = self._experiment(experiment, Path(artifacts_dir))
+        except MlflowException as exc:
+            raise InfrastructureError(f"MLflow store {tracking_uri} is not usable: {exc}") from exc
+
+    def _experiment(self, experiment: str, artifacts_dir: Path) -> str:
+        found = self.client.get_experiment_by_name(experiment)
+        if found is not None:
+            return found.experiment_id
+        artifacts = artifacts_dir.resolve()
+        artifacts.mkdir(parents=True, exist_ok=True)
+        try:
+            return self.client.create_experiment(experiment, artifact_location=artifacts.as_uri())
+        except MlflowException as exc:
+            # Another process created it between the lookup and the create.
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            return self.client.get_experiment_by_name(experiment).experiment_id
+
+    # -- runs --------------------------------------------------------------------------------------
+
+    def _runs_named(self, run_name: str, finished_only: bool) -> list[Any]:
+        query = f"tags.`{RUN_NAME_TAG}` = '{_quote(run_name)}'"
+        if finished_only:
+            query += " and attributes.status = 'FINISHED'"
+        return list(self.client.search_runs([self.experiment_id], query, order_by=["attributes.start_time DESC"]))
+
+    def _info(self, run: Any) -> dict[str, str]:
+        tags = run.data.tags
+        name = tags.get("registered_model", "")
+        version = tags.get(VERSION_TAG, "")
+        return {"mlflow_run_id": run.info.run_id, "model_version": version, "model_uri": f"models:/{name}/{version}"}
+
+    def log_round(
+        self,
+        run_name: str,
+        params: dict[str, Any],
+        metrics: dict[str, float],
+        pool_path: Path,
+        pool_digest: str,
+        checkpoint_dir: Path,
+        registered_model: str,
+        flow_run_id: str,
+        tags: dict[str, str],
+    ) -> dict[str, str]:
+        """Logs one round in one MLflow run and registers its checkpoint as a new model version.
+
+        Idempotent: when a finished run with this run_name already registered a version, its info
+        is returned and nothing is logged. A run left unfinished by a crash is marked FAILED and
+        the round is logged again from scratch.
+        """
+        self.registered_model = registered_model
+        for run in self._runs_named(run_name, finished_only=True):
+            if run.data.tags.get(VERSION_TAG):
+                return self._info(run)
+        for stale in self._runs_named(run_name, finished_only=False):
+            if stale.info.status == "RUNNING":
+                self.client.set_terminated(stale.info.run_id, "FAILED")
+        if not Path(pool_path).is_file():
+            raise DataError(f"Pool snapshot {pool_path} does not exist; write it before logging the round.")
+        if not Path(checkpoint_dir).is_dir():
+            raise DataError(f"Checkpoint directory {checkpoint_dir} does not exist; save the checkpoint first.")
+
+        link = {POOL_DIGEST_TAG: pool_digest, FLOW_RUN_TAG: flow_run_id, **{k: str(v) for k, v in tags.items()}}
+        run = self.client.create_run(
+            self.experiment_id, run_name=run_name, tags={RUN_NAME_TAG: run_name, "registered_model": registered_model, **link}
+        )
+        run_id = run.info.run_id
+        try:
+            self.client.log_batch(
+                run_id,
+                metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()],
+                params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+            )
+            self._log_pool(run_id, Path(pool_path), pool_digest)
+            self.client.log_artifacts(run_id, str(checkpoint_dir), "checkpoint")
+            version = self._register(registered_model, f"{run.info.artifact_uri}/checkpoint", run_id, {RUN_NAME_TAG: run_name, **link})
+            self.client.set_tag(run_id, VERSION_TAG, version)
+            self.client.set_terminated(run_id, "FINISHED")
+        except BaseException:
+            self.client.set_terminated(run_id, "FAILED")
+            raise
+        return {"mlflow_run_id": run_id, "model_version": version, "model_uri": f"models:/{registered_model}/{version}"}
+
+    def _log_pool(self, run_id: str, pool_path: Path, pool_digest: str) -> None:
+        frame = pl.read_parquet(pool_path)
+        with warnings.catch_warnings():
+            # A local path matches two equivalent source types; MLflow warns and picks one.
+            warnings.simplefilter("ignore")
+            dataset = mlflow.data.from_polars(
+                frame, source=str(pool_path.resolve()), name=f"pool-{pool_digest}",
+                digest=pool_digest[:_DATASET_DIGEST_CHARS],
+            )
+        self.client.log_inputs(
+            run_id, [DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "training")])]
+        )
+        self.client.log_artifact(run_id, str(pool_path), "pool")
+
+    def _register(self, name: str, source: str, run_id: str, tags: dict[str, str]) -> str:
+        try:
+            self.client.create_registered_model(name)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        # MLflow 3 resolves runs:/ sources to logged models; the full artifact URI registers the directory.
+        version = self.client.create_model_version(name, source, run_id=run_id, tags=tags)
+        self.client.set_registered_model_alias(name, CURRENT_ALIAS, version.version)
+        return str(version.version)
+
+    # -- registry and lineage ----------------------------------------------------------------------
+
+    def set_alias(self, name: str, version: str, alias: str) -> None:
+        self.client.set_registered_model_alias(name, alias, str(version))
+
+    def version_for_alias(self, name: str, alias: str = CURRENT_ALIAS) -> str:
+        """The version an alias points at, e.g. the newest round's checkpoint."""
+        try:
+            return str(self.client.get_model_version_by_alias(name, alias).version)
+        except MlflowException as exc:
+            raise DataError(f"Model {name!r} has no alias {alias!r}: {exc}") from exc
+
+    def download_checkpoint(self, name: str, version: str, dst_dir: Path) -> Path:
+        """Copies a registered checkpoint directory to dst_dir and returns its local path."""
+        try:
+            source = self.client.get_model_version(name, str(version)).source
+        except MlflowException as exc:
+            raise DataError(f"Model {name!r} has no version {version}: {exc}") from exc
+        Path(dst_dir).mkdir(parents=True, exist_ok=True)
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(dst_dir)))
+
+    def find_versions_for_pool(self, digest: str, name: str | None = None) -> list[str]:
+        """Model versions trained with the pool of this digest (of `name`, or of every model)."""
+        query = f"tags.{POOL_DIGEST_TAG} = '{_quote(digest)}'"
+        name = name or self.registered_model
+        if name:
+            query = f"name = '{_quote(name)}' and " + query
+        versions = self.client.search_model_versions(query)
+        return sorted((str(v.version) for v in versions), key=int)
+
+    def pool_for_version(self, version: str, name: str | None = None) -> str:
+        """The pool digest a model version was trained with."""
+        name = name or self.registered_model or self._only_model()
+        try:
+            found = self.client.get_model_version(name, str(version))
+        except MlflowException as exc:
+            raise DataError(f"Model {name!r} has no version {version}: {exc}") from exc
+        digest = found.tags.get(POOL_DIGEST_TAG)
+        if not digest:
+            raise DataError(f"Model {name!r} version {version} has no {POOL_DIGEST_TAG} tag; it was not logged by log_round.")
+        return digest
+
+    def _only_model(self) -> str:
+        names = [m.name for m in self.client.search_registered_models()]
+        if len(names) != 1:
+            raise DataError(f"Name the registered model: the store holds {len(names)} ({', '.join(names)}).")
+        return names[0]
+
+    def log_figure(self, run_name: str, path: Path) -> None:
+        """Attaches a figure file to the run named run_name (a new run when there is none)."""
+        runs = self._runs_named(run_name, finished_only=False)
+        if runs:
+            self.client.log_artifact(runs[0].info.run_id, str(path), "figures")
+            return
+        run = self.client.create_run(
+            self.experiment_id, run_name=run_name, tags={RUN_NAME_TAG: run_name, "coevolve.kind": "figures"}
+        )
+        self.client.log_artifact(run.info.run_id, str(path), "figures")
+        self.client.set_terminated(run.info.run_id, "FINISHED")

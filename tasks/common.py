@@ -1,0 +1,83 @@
+"""Plumbing every stage's Prefect task shares: the warehouse, the engine, resumable stages, the round lock.
+
+A stage that finished records its output in the warehouse (``stage_runs``); running the round
+again returns that output instead of redoing the work, so a round that failed midway resumes
+where it stopped without duplicating rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from coevolve.config import PipelineConfig
+from coevolve.errors import RoundLockedError
+
+# Pool membership round that holds the run's held-out split: never drawn for training.
+HELDOUT_ROUND = -1
+
+
+@contextlib.contextmanager
+def open_warehouse(config: PipelineConfig) -> Iterator[Any]:
+    from storage.warehouse import Warehouse
+
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    warehouse = Warehouse(config.warehouse_path)
+    try:
+        yield warehouse
+    finally:
+        warehouse.close()
+
+
+def resumable(config: PipelineConfig, round_: int, stage: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Return the stage's recorded output if it already finished, else compute and record it."""
+    with open_warehouse(config) as wh:
+        done = wh.stage_output(config.run_id, round_, stage)
+    if done is not None:
+        return done
+    output = compute()
+    with open_warehouse(config) as wh:
+        wh.mark_stage(config.run_id, round_, stage, output)
+    return output
+
+
+def load_engine(checkpoint: str, config: PipelineConfig):
+    from agent.engine import TransformersEngine
+
+    return TransformersEngine(checkpoint, torch_threads=config.policy.torch_threads, seed=config.seed)
+
+
+def max_context(engine) -> int | None:
+    model = getattr(engine, "model", None)
+    return getattr(getattr(model, "config", None), "max_position_embeddings", None)
+
+
+@contextlib.contextmanager
+def round_lock(config: PipelineConfig, round_: int) -> Iterator[None]:
+    """Hold the run's lock for the round; a second process running the same run stops at once.
+
+    The lock is an OS file lock, so a process killed with -9 releases it and a re-run resumes.
+    """
+    from filelock import FileLock, Timeout
+
+    lock_path = config.run_dir() / "round.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RoundLockedError(
+            f"Run {config.run_id!r} is already running a round in another process (lock {lock_path}). "
+            "Wait for it to finish; rounds of one run execute one at a time."
+        ) from None
+    try:
+        (lock_path.parent / "round.owner").write_text(f"pid={os.getpid()} round={round_}\n")
+        yield
+    finally:
+        lock.release()
+
+
+def as_path(value: str | Path) -> Path:
+    return Path(value)

@@ -1,0 +1,107 @@
+"""Preparation stage: what a round needs before rollout.
+
+Round 0 builds the run's starting point: the seed pool D_0 from unguided exploration, a
+held-out split of synthetic tasks the policy never trains on, and checkpoint 0 (for the
+embedded default, a tiny model fine-tuned on demonstrations of the seed pool only). Later
+rounds pick up the checkpoint the previous round's update wrote, after checking it is there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from coevolve.config import PipelineConfig
+from coevolve.errors import DataError
+from coevolve.records import Task, digest
+
+BUILTIN_TINY = "builtin:tiny"
+
+
+def build_initial_pools(config: PipelineConfig) -> tuple[list[Task], list[Task]]:
+    """The seed pool and the held-out split, disjoint, both reproducible from ``config.seed``."""
+    from envs.explorer import build_tasks
+
+    seed_pool = build_tasks(config.pool.seed_size, config.seed, origin="seed")
+    heldout = build_tasks(
+        config.rollout.heldout_tasks, config.seed + 7919, origin="heldout", exclude={t.task_id for t in seed_pool}
+    )
+    return seed_pool, heldout
+
+
+def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task]) -> str:
+    """Checkpoint 0: the builtin tiny policy (built once per seed pool and settings) or the configured model."""
+    if config.policy.model != BUILTIN_TINY:
+        return config.policy.model
+    from agent.tiny import build_tiny_policy
+    from envs.bfcl import BfclEnvironment
+    from envs.explorer import demonstration
+
+    env = BfclEnvironment(
+        max_steps_per_turn=config.environment.max_steps_per_turn,
+        max_observation_chars=config.environment.max_observation_chars,
+    )
+    conversations = [demonstration(task, env) for task in seed_pool]
+    key = digest({"pool": sorted(t.task_id for t in seed_pool), "policy": config.policy.model_dump(), "seed": config.seed})
+    out_dir = config.state_dir / "models" / f"tiny-{key[:12]}"
+    return str(build_tiny_policy(out_dir, conversations, config.policy, config.seed))
+
+
+def checkpoint_is_usable(path: str) -> bool:
+    """A local checkpoint needs its config and weights; a hub id cannot be checked offline."""
+    local = Path(path)
+    if not local.exists():
+        return not path.startswith(("/", ".")) and "/" in path  # looks like a hub id
+    return (local / "config.json").is_file() and any(local.glob("*.safetensors"))
+
+
+# --- Prefect task -------------------------------------------------------------------------------
+from prefect import get_run_logger, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from coevolve.errors import is_retryable  # noqa: E402
+from tasks.common import HELDOUT_ROUND, open_warehouse, resumable  # noqa: E402
+
+
+@task(name="prepare", retries=1, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
+def prepare_task(config: PipelineConfig, round_: int) -> dict:
+    """Round 0: seed pool, held-out split, checkpoint 0. Later rounds: the previous round's checkpoint."""
+    logger = get_run_logger()
+    if round_ > 0:
+        with open_warehouse(config) as wh:
+            previous = wh.stage_output(config.run_id, round_ - 1, "update")
+        if previous is None:
+            raise DataError(f"Round {round_ - 1} of run {config.run_id!r} has not finished its update; run it before round {round_}.")
+        checkpoint = previous["checkpoint"]
+        if not checkpoint_is_usable(checkpoint):
+            raise DataError(f"Checkpoint {checkpoint} of round {round_} is missing or incomplete (no config.json or weights).")
+        return {"checkpoint": checkpoint}
+
+    def compute() -> dict:
+        from tasks.evaluate import evaluate_checkpoint
+
+        seed_pool, heldout = build_initial_pools(config)
+        with open_warehouse(config) as wh:
+            wh.ensure_run(config.run_id, config.model_dump(mode="json"))
+            wh.write_tasks(seed_pool + heldout)
+            wh.set_pool(config.run_id, 0, [t.task_id for t in seed_pool])
+            wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in heldout])
+        logger.info("seed pool %d tasks, held-out split %d tasks", len(seed_pool), len(heldout))
+        checkpoint = initial_checkpoint(config, seed_pool)
+        baseline = evaluate_checkpoint(config, checkpoint, heldout, round_=HELDOUT_ROUND)
+        logger.info("checkpoint 0 at %s: held-out success %.3f", checkpoint, baseline)
+        return {"checkpoint": checkpoint, "pool_size": len(seed_pool), "heldout": len(heldout), "baseline_heldout_success": baseline}
+
+    return resumable(config, round_, "prepare", compute)
+
+
+def first_unfinished_round(finished: list[int]) -> int:
+    """Rounds run in order, so the next one is right after the last finished round."""
+    return max(finished) + 1 if finished else 0
+
+
+@task(name="next-round", cache_policy=NO_CACHE)
+def next_round_task(config: PipelineConfig) -> int:
+    """The round an evolution should run next: 0 for a new run."""
+    with open_warehouse(config) as wh:
+        finished = [s.round for s in wh.rounds(config.run_id)]
+    return first_unfinished_round(finished)

@@ -1,0 +1,234 @@
+"""Rollout stage: the policy plays every task of a batch, n samples each, against fresh environments.
+
+All episodes of a batch advance together: each loop asks the engine for one message for every
+episode that is still running (one batched generate call), then steps each episode's environment.
+Token bookkeeping is exact: ``completion_ids`` holds the model's tokens (mask 1, with behaviour
+logprobs) and the environment's tokens (mask 0) in conversation order, which is what the GRPO
+update trains on.
+
+Run alone: ``coevolve round --round R`` runs it as the first task of a round.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tqdm.auto import tqdm
+
+from coevolve.config import EnvironmentConfig
+from coevolve.records import Message, Step, Task, Trajectory
+
+
+class Engine(Protocol):
+    """What rollout needs from a generation backend (agent/engine.py)."""
+
+    tokenizer: object
+    chat: object
+
+    def generate(self, prompts: list[list[int]], temperature: float, max_new_tokens: int) -> list: ...
+
+
+@dataclass
+class _Episode:
+    task: Task
+    sample: int
+    env: object
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    completion_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    turn: int = 0
+    finish_reason: str | None = None
+    started: float = field(default_factory=time.perf_counter)
+    duration_s: float = 0.0
+
+    @property
+    def context_ids(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+    def finish(self, reason: str) -> None:
+        self.finish_reason = reason
+        self.duration_s = time.perf_counter() - self.started
+
+
+def _make_environment(env_config: EnvironmentConfig):
+    from envs.bfcl import BfclEnvironment
+
+    return BfclEnvironment(
+        max_steps_per_turn=env_config.max_steps_per_turn,
+        max_observation_chars=env_config.max_observation_chars,
+    )
+
+
+def play_episodes(
+    engine: Engine,
+    tasks: list[Task],
+    *,
+    samples: int,
+    temperature: float,
+    max_new_tokens: int,
+    env_config: EnvironmentConfig,
+    run_id: str,
+    round_: int,
+    max_context_tokens: int | None = None,
+    batch_size: int = 64,
+    progress: bool = True,
+    desc: str = "rollout",
+) -> list[Trajectory]:
+    """Play ``samples`` episodes of every task and return one Trajectory per episode.
+
+    An episode ends when the environment says the task is over ("done"), when it used
+    ``env_config.max_steps`` model messages ("max_steps"), when a message hit the token limit or
+    the context is full ("length"), or when a message was unparseable garbage ("error"). Only
+    "done" episodes can earn a reward; the others are failures with their reason recorded.
+    """
+    episodes: list[_Episode] = []
+    for task in tasks:
+        for sample in range(samples):
+            env = _make_environment(env_config)
+            messages = env.reset(task)
+            episodes.append(_Episode(task=task, sample=sample, env=env, prompt_ids=engine.chat.prompt_ids(messages)))
+
+    bar = tqdm(total=len(episodes), desc=desc, unit="ep", disable=not progress, leave=False)
+    active = list(episodes)
+    while active:
+        for start in range(0, len(active), batch_size):
+            chunk = active[start : start + batch_size]
+            generations = engine.generate([e.context_ids for e in chunk], temperature=temperature, max_new_tokens=max_new_tokens)
+            for episode, generation in zip(chunk, generations):
+                _advance(engine, episode, generation, env_config, max_context_tokens, max_new_tokens)
+                if episode.finish_reason is not None:
+                    bar.update(1)
+        active = [e for e in active if e.finish_reason is None]
+    bar.close()
+    return [_to_trajectory(e, run_id, round_) for e in episodes]
+
+
+def _advance(engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens) -> None:
+    episode.completion_ids.extend(generation.token_ids)
+    episode.completion_mask.extend([1] * len(generation.token_ids))
+    episode.logprobs.extend(float(x) for x in generation.logprobs)
+    text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True).strip()
+
+    if generation.finish_reason == "length":
+        episode.steps.append(Step(turn=episode.turn, index=len(episode.steps), model_text=text, error="message hit the token limit", completion_tokens=len(generation.token_ids)))
+        episode.finish("length")
+        return
+
+    outcome = episode.env.step(text)
+    episode.steps.append(
+        Step(
+            turn=episode.turn,
+            index=len(episode.steps),
+            model_text=text,
+            calls=list(outcome.calls),
+            observations=list(outcome.observations),
+            error=outcome.error,
+            completion_tokens=len(generation.token_ids),
+        )
+    )
+    if outcome.error and not outcome.calls and outcome.error.startswith("unparseable"):
+        episode.finish("error")
+        return
+    if outcome.done:
+        episode.finish("done")
+        return
+    if outcome.turn_ended:
+        episode.turn += 1
+    if len(episode.steps) >= env_config.max_steps:
+        episode.finish("max_steps")
+        return
+    continuation = engine.chat.continuation_ids(list(outcome.messages))
+    episode.completion_ids.extend(continuation)
+    episode.completion_mask.extend([0] * len(continuation))
+    episode.logprobs.extend([0.0] * len(continuation))
+    if max_context_tokens is not None and len(episode.context_ids) + max_new_tokens > max_context_tokens:
+        episode.finish("length")
+
+
+def _to_trajectory(episode: _Episode, run_id: str, round_: int) -> Trajectory:
+    if episode.finish_reason == "done":
+        reward, success, _ = episode.env.score()
+    else:
+        reward, success = 0.0, False
+    return Trajectory(
+        run_id=run_id,
+        round=round_,
+        task_id=episode.task.task_id,
+        sample=episode.sample,
+        steps=episode.steps,
+        prompt_ids=episode.prompt_ids,
+        completion_ids=episode.completion_ids,
+        completion_mask=episode.completion_mask,
+        logprobs=episode.logprobs,
+        reward=float(reward),
+        success=bool(success),
+        finish_reason=episode.finish_reason or "error",
+        duration_s=round(episode.duration_s, 4),
+    )
+
+
+def draw_batch(pool: list[Task], size: int, seed: int, round_: int) -> list[Task]:
+    """The round's batch: a seeded sample without replacement (the whole pool if it is smaller)."""
+    rng = random.Random(f"{seed}:{round_}:batch")
+    if len(pool) <= size:
+        return list(pool)
+    return rng.sample(pool, size)
+
+
+def success_rate(trajectories: list[Trajectory]) -> float:
+    return sum(t.success for t in trajectories) / len(trajectories) if trajectories else 0.0
+
+
+def conversation(task: Task, env_config: EnvironmentConfig) -> list[Message]:
+    """The opening messages an episode of ``task`` starts from (useful for inspection)."""
+    return _make_environment(env_config).reset(task)
+
+
+# --- Prefect task -------------------------------------------------------------------------------
+from prefect import get_run_logger, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from coevolve.config import PipelineConfig  # noqa: E402
+from coevolve.errors import DataError, is_retryable  # noqa: E402
+from tasks.common import load_engine, max_context, open_warehouse, resumable  # noqa: E402
+
+
+@task(name="rollout", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
+def rollout_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
+    """Play the round's batch with checkpoint ``round_`` and store the trajectories."""
+
+    def compute() -> dict:
+        import torch
+
+        with open_warehouse(config) as wh:
+            pool = wh.pool(config.run_id, round_)
+        if not pool:
+            raise DataError(f"Pool {round_} of run {config.run_id!r} is empty; round {round_ - 1} must finish first.")
+        batch = draw_batch(pool, config.rollout.tasks_per_round, config.seed, round_)
+        torch.manual_seed(config.seed * 1000 + round_)  # same seed, same samples on a re-run
+        engine = load_engine(checkpoint, config)
+        trajectories = play_episodes(
+            engine,
+            batch,
+            samples=config.rollout.group_size,
+            temperature=config.rollout.temperature,
+            max_new_tokens=config.rollout.max_new_tokens,
+            env_config=config.environment,
+            run_id=config.run_id,
+            round_=round_,
+            max_context_tokens=max_context(engine),
+        )
+        with open_warehouse(config) as wh:
+            wh.write_trajectories(trajectories)
+        reasons: dict[str, int] = {}
+        for t in trajectories:
+            reasons[t.finish_reason] = reasons.get(t.finish_reason, 0) + 1
+        get_run_logger().info("round %d: %d episodes, success %.3f, finish reasons %s", round_, len(trajectories), success_rate(trajectories), reasons)
+        return {"trajectories": len(trajectories), "tasks": len(batch), "success_rate": success_rate(trajectories), "finish_reasons": reasons}
+
+    return resumable(config, round_, "rollout", compute)

@@ -1,0 +1,175 @@
+"""Synthesis stage: explore the environment where signals point and abstract what was found into tasks.
+
+For each selected signal the programmatic synthesizer (the offline default, no LLM):
+1. writes a signal-conditioned context: summary, failure cause, instability pattern, focus
+   patterns, exploration objectives and what not to repeat, from the signal's evidence;
+2. runs several independent explorations (multi-round), each several environment steps long
+   (multi-step), from the signal's task's initial state, focused on the context's tools;
+3. abstracts each exploration's (action, observation, run) triplets into a task with a
+   minimal reference sequence and a templated query.
+
+The random control (``synthesis.mode = "random"``) draws the same number of exploration
+targets uniformly from the pool and the tools, with everything else unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from coevolve.config import SynthesisConfig
+from coevolve.records import Candidate, Provenance, Signal, Task
+
+# Exploration guidance per signal kind, as in the method description.
+GUIDANCE: dict[str, str] = {
+    "forgetting": "Practise the exact operations the agent used to master, with varied parameters, from simple to complex.",
+    "rare": "Explore variations of the rarely used actions: parameter combinations and edge cases.",
+    "boundary": "Explore what separates success from failure on this task, at several difficulty levels.",
+    "random": "Explore uniformly drawn tools from a uniformly drawn state (control arm).",
+}
+
+
+def build_context(signal: Signal, task: Task, tool_sequence: list[str], known_tools: list[str]) -> dict[str, Any]:
+    """The signal-conditioned context that steers exploration, built from the signal's evidence."""
+    reference_tools = task.tools
+    used = [t for t in tool_sequence if t in known_tools]
+    if signal.kind == "forgetting":
+        cause = f"scored {signal.evidence.get('score')} after scoring {max(signal.evidence.get('window') or [0])} before"
+        focus = reference_tools
+    elif signal.kind == "boundary":
+        rewards = signal.evidence.get("group_rewards") or []
+        cause = f"{sum(r < 0.5 for r in rewards)} of {len(rewards)} samples failed the same task"
+        focus = list(dict.fromkeys(reference_tools + used))
+    else:
+        pattern = str(signal.evidence.get("pattern", ""))
+        cause = f"pattern {pattern} appears in {signal.evidence.get('count')} of {signal.evidence.get('total')} trajectories"
+        focus = [t for t in dict.fromkeys(pattern.split(">")) if t in known_tools] or reference_tools
+    missing = [t for t in reference_tools if t not in used]
+    return {
+        "summary": f"{signal.kind} signal on task {task.task_id}: {task.description or task.turns[0][:120]}",
+        "failure_cause": cause,
+        "instability_pattern": {"called": used, "reference": reference_tools, "missed": missing},
+        "focus_patterns": focus,
+        "exploration_objectives": GUIDANCE[signal.kind],
+        "do_not_repeat": [[c.render() for c in turn] for turn in task.reference],
+    }
+
+
+def _explore_and_abstract(
+    task: Task, focus: list[str], provenance: Provenance, config: SynthesisConfig, rng: random.Random, run_prefix: str
+) -> list[Task]:
+    from envs.explorer import abstract, explore
+
+    made: list[Task] = []
+    for run in range(config.explorations_per_signal):
+        triplets = explore(
+            task.initial_config,
+            task.involved_classes,
+            rng,
+            config.steps_per_exploration,
+            focus_tools=focus,
+            run_id=f"{run_prefix}#{run}",
+        )
+        new = abstract(
+            triplets,
+            task.initial_config,
+            task.involved_classes,
+            provenance,
+            min_steps=config.min_task_steps,
+            max_steps=config.max_task_steps,
+        )
+        if new is not None:
+            made.append(new)
+    return made
+
+
+def tools_of(task: Task) -> list[str]:
+    from envs.bfcl import BfclEnvironment
+
+    env = BfclEnvironment()
+    env.reset(task)
+    return env.tool_names()
+
+
+def synthesize_from_signals(
+    signals: list[Signal],
+    tasks_by_id: dict[str, Task],
+    tool_sequences: dict[str, list[str]],
+    config: SynthesisConfig,
+    round_: int,
+    seed: int,
+    progress: bool = True,
+) -> tuple[list[Candidate], dict[str, dict[str, Any]]]:
+    """Candidates for every signal, and the context each signal's exploration followed."""
+    candidates: list[Candidate] = []
+    contexts: dict[str, dict[str, Any]] = {}
+    for signal in tqdm(signals, desc="synthesize", unit="signal", disable=not progress, leave=False):
+        task = tasks_by_id.get(signal.task_id)
+        if task is None:
+            continue
+        context = build_context(signal, task, tool_sequences.get(signal.trajectory_id, []), tools_of(task))
+        contexts[signal.signal_id] = context
+        provenance = Provenance(
+            origin=signal.kind, round=round_, parent_trajectory_id=signal.trajectory_id, signal_id=signal.signal_id
+        )
+        rng = random.Random(f"{seed}:{round_}:{signal.signal_id}")
+        for new in _explore_and_abstract(task, context["focus_patterns"], provenance, config, rng, signal.signal_id):
+            candidates.append(Candidate(task=new, signal_id=signal.signal_id))
+    return candidates, contexts
+
+
+def synthesize_random(
+    pool: list[Task], count: int, config: SynthesisConfig, round_: int, seed: int, progress: bool = True
+) -> list[Candidate]:
+    """The control arm: ``count`` exploration targets drawn uniformly (state and tools)."""
+    rng = random.Random(f"{seed}:{round_}:random")
+    candidates: list[Candidate] = []
+    for i in tqdm(range(count), desc="synthesize (random)", unit="target", disable=not progress, leave=False):
+        task = rng.choice(pool)
+        tools = tools_of(task)
+        focus = rng.sample(tools, k=min(len(tools), rng.randint(2, 3)))
+        provenance = Provenance(origin="random", round=round_, signal_id=f"random:{round_}:{i}")
+        for new in _explore_and_abstract(task, focus, provenance, config, rng, f"random:{round_}:{i}"):
+            candidates.append(Candidate(task=new, signal_id=provenance.signal_id))
+    return candidates
+
+
+# --- Prefect task -------------------------------------------------------------------------------
+from prefect import get_run_logger, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from coevolve.config import PipelineConfig  # noqa: E402
+from coevolve.errors import is_retryable  # noqa: E402
+from tasks.common import open_warehouse, resumable  # noqa: E402
+
+
+@task(name="synthesize", retries=2, retry_delay_seconds=2, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
+def synthesize_task(config: PipelineConfig, round_: int, selected: list[str]) -> list[dict]:
+    """Candidates for the round (as dicts: task, signal_id), from the selected signals or the random control."""
+    from tasks.mine import mine_signals
+
+    def compute() -> dict:
+        with open_warehouse(config) as wh:
+            pool = wh.pool(config.run_id, round_)
+            frame = wh.trajectory_frame(config.run_id, upto_round=round_)
+        contexts: dict = {}
+        if config.synthesis.mode == "random":
+            candidates = synthesize_random(pool, len(selected), config.synthesis, round_, config.seed)
+        else:
+            wanted = set(selected)
+            signals = [s for s in mine_signals(frame, round_, config.run_id, config.signals) if s.signal_id in wanted]
+            signals.sort(key=lambda s: selected.index(s.signal_id))
+            current = frame.filter(frame["round"] == round_)
+            sequences = dict(zip(current["trajectory_id"].to_list(), current["tool_sequence"].to_list()))
+            candidates, contexts = synthesize_from_signals(
+                signals, {t.task_id: t for t in pool}, sequences, config.synthesis, round_, config.seed
+            )
+        get_run_logger().info("round %d: %d candidates from %d targets", round_, len(candidates), len(selected))
+        return {
+            "candidates": [{"task": c.task.to_dict(), "signal_id": c.signal_id} for c in candidates],
+            "contexts": contexts,
+        }
+
+    return resumable(config, round_, "synthesize", compute)["candidates"]

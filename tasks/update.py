@@ -1,0 +1,236 @@
+"""The update stage: one GRPO update of the policy on a round's trajectory groups, through TRL.
+
+The round's rollouts already exist (the rollout stage wrote them, with behaviour logprobs), so
+nothing is generated here: TRL's GRPOTrainer receives them through its ``rollout_func`` hook and does
+everything else itself: group-normalized advantages, the clipped objective (epsilon_low/high), the
+KL penalty against the starting checkpoint (beta), the optimizer, LoRA through peft.
+
+How a round maps onto TRL:
+- one dataset row per task (its id is the "prompt"); TRL repeats each row group_size times and the
+  rollout hook hands back that task's stored trajectories in order;
+- one generation batch holds every group; each optimizer step accumulates over all groups, and
+  the batch is reused for ``steps_per_round`` steps (TRL's ``num_iterations``);
+- ``completion_mask`` becomes TRL's ``env_mask``, so tool results never enter the loss;
+- the stored logprobs replace TRL's recomputed "old" logprobs, so the importance ratio is taken
+  against the policy that actually sampled (same checkpoint: ratio ~1 at the first step);
+- the reward function returns the stored reward.
+
+Groups whose rewards are all equal have zero advantage, so they are dropped; when none is left the
+stage copies the input checkpoint and reports itself skipped.
+
+torch, transformers and trl are imported inside the functions so that light workers can import the
+flows that reference this module cheaply.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from coevolve.config import PipelineConfig
+from coevolve.errors import DataError, is_retryable
+from coevolve.records import Trajectory
+
+# Keys of TRL's per-step logs that describe bookkeeping rather than training.
+_IGNORED_LOG_KEYS = {"epoch", "step", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+def group_trajectories(trajectories: list[Trajectory], group_size: int) -> tuple[dict[str, list[Trajectory]], dict[str, int]]:
+    """Split a round's trajectories into GRPO groups that can teach something.
+
+    Returns the kept groups (task id -> trajectories ordered by sample) and counts of dropped ones:
+    ``malformed`` (not exactly group_size samples) and ``flat`` (every reward equal).
+    """
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        by_task[trajectory.task_id].append(trajectory)
+    kept: dict[str, list[Trajectory]] = {}
+    dropped = {"malformed": 0, "flat": 0}
+    for task_id, group in by_task.items():
+        group.sort(key=lambda t: t.sample)
+        if len(group) != group_size:
+            dropped["malformed"] += 1
+        elif len({t.reward for t in group}) < 2:
+            dropped["flat"] += 1
+        else:
+            kept[task_id] = group
+    return kept, dropped
+
+
+def _check(trajectory: Trajectory) -> None:
+    n = len(trajectory.completion_ids)
+    if not trajectory.prompt_ids or n == 0:
+        raise DataError(f"Trajectory {trajectory.trajectory_id} has no prompt or no completion tokens.")
+    if len(trajectory.completion_mask) != n or len(trajectory.logprobs) != n:
+        raise DataError(
+            f"Trajectory {trajectory.trajectory_id}: completion_ids ({n}), completion_mask "
+            f"({len(trajectory.completion_mask)}) and logprobs ({len(trajectory.logprobs)}) must have equal lengths."
+        )
+
+
+def _save_atomically(out_dir: Path, write: Any) -> None:
+    # Write beside the target and swap it in, so a retried or interrupted update never leaves half a checkpoint.
+    staging = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    write(staging)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    staging.rename(out_dir)
+
+
+def _summarize_logs(log_history: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean over optimizer steps of every numeric value TRL logged (loss, kl, clip ratios, rewards...)."""
+    sums: dict[str, list[float]] = defaultdict(list)
+    for entry in log_history:
+        for key, value in entry.items():
+            if key not in _IGNORED_LOG_KEYS and isinstance(value, (int, float)):
+                sums[key].append(float(value))
+    return {key: sum(values) / len(values) for key, values in sums.items()}
+
+
+def grpo_update(checkpoint_in: Path, trajectories: list[Trajectory], config: PipelineConfig, out_dir: Path) -> dict:
+    """Train the policy at checkpoint_in on the round's groups with TRL's GRPOTrainer; save to out_dir.
+
+    Returns statistics: loss, steps, groups, duration_s, skipped, dropped group counts, and the
+    per-step means of what TRL logs (kl, clip_ratio/*, reward, reward_std, ...).
+    """
+    started = time.perf_counter()
+    checkpoint_in, out_dir = Path(checkpoint_in), Path(out_dir)
+    group_size = config.rollout.group_size
+    groups, dropped = group_trajectories(trajectories, group_size)
+    base_stats = {"groups_flat": dropped["flat"], "groups_malformed": dropped["malformed"], "trajectories": len(trajectories)}
+    if not groups:
+        _save_atomically(out_dir, lambda staging: shutil.copytree(checkpoint_in, staging))
+        return {
+            **base_stats,
+            "skipped": True,
+            "reason": "no group with reward variance",
+            "loss": 0.0,
+            "steps": 0,
+            "groups": 0,
+            "duration_s": round(time.perf_counter() - started, 3),
+        }
+    for group in groups.values():
+        for trajectory in group:
+            _check(trajectory)
+
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agent.engine import load_policy
+
+    torch.set_num_threads(config.policy.torch_threads)
+    model, tokenizer = load_policy(checkpoint_in)
+    cuda = torch.cuda.is_available()
+    task_ids = list(groups)
+
+    def replay_rollouts(prompts: list[str], trainer: Any) -> dict[str, list]:
+        # TRL asks for group_size completions of each task id; hand back the stored ones in sample order.
+        handed: dict[str, int] = defaultdict(int)
+        out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "stored_reward")}
+        for task_id in prompts:
+            trajectory = groups[task_id][handed[task_id] % group_size]
+            handed[task_id] += 1
+            out["prompt_ids"].append(list(trajectory.prompt_ids))
+            out["completion_ids"].append(list(trajectory.completion_ids))
+            out["logprobs"].append([float(x) for x in trajectory.logprobs])
+            out["env_mask"].append([int(m) for m in trajectory.completion_mask])
+            out["stored_reward"].append(float(trajectory.reward))
+        return out
+
+    def stored_reward(prompts: list[str], completions: list[Any], stored_reward: list[float], **_: Any) -> list[float]:
+        return list(stored_reward)
+
+    class ReplayGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer whose "old" logprobs are the behaviour logprobs stored with the rollouts."""
+
+        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+            output = super()._generate_and_score_completions(inputs)
+            behaviour = output.get("sampling_per_token_logps")
+            if behaviour is not None:
+                output["old_per_token_logps"] = behaviour
+            return output
+
+    peft_config = None
+    if config.training.use_lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=config.training.lora_rank, lora_alpha=2 * config.training.lora_rank, target_modules="all-linear", task_type="CAUSAL_LM"
+        )
+
+    with tempfile.TemporaryDirectory(prefix="grpo-") as scratch:
+        args = GRPOConfig(
+            output_dir=scratch,
+            per_device_train_batch_size=group_size,
+            gradient_accumulation_steps=len(task_ids),
+            steps_per_generation=len(task_ids),
+            num_generations=group_size,
+            num_iterations=config.training.steps_per_round,
+            max_steps=config.training.steps_per_round,
+            learning_rate=config.training.learning_rate,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            beta=config.training.beta,
+            epsilon=config.training.epsilon_low,
+            epsilon_high=config.training.epsilon_high,
+            # TRL scales logits by this before taking logprobs: it must match the sampling temperature.
+            temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0,
+            max_completion_length=max(len(t.completion_ids) for g in groups.values() for t in g),
+            mask_truncated_completions=False,
+            shuffle_dataset=False,
+            use_cpu=not cuda,
+            bf16=cuda and torch.cuda.is_bf16_supported(),
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1,
+            disable_tqdm=True,
+            seed=config.seed,
+            dataloader_num_workers=0,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the rollout hook is flagged experimental on every construction
+            trainer = ReplayGRPOTrainer(
+                model=model,
+                reward_funcs=[stored_reward],
+                args=args,
+                train_dataset=Dataset.from_dict({"prompt": task_ids}),
+                processing_class=tokenizer,
+                rollout_func=replay_rollouts,
+                peft_config=peft_config,
+            )
+        result = trainer.train()
+        logged = _summarize_logs(trainer.state.log_history)
+
+        def write(staging: Path) -> None:
+            trained = trainer.model
+            if peft_config is not None:
+                trained.save_pretrained(staging / "adapter", safe_serialization=True)
+                trained = trained.merge_and_unload()
+            trained.save_pretrained(staging, safe_serialization=True)
+            tokenizer.save_pretrained(staging)
+
+        _save_atomically(out_dir, write)
+
+    return {
+        **logged,
+        **base_stats,
+        "skipped": False,
+        "loss": float(result.training_loss),
+        "steps": int(result.global_step),
+        "groups": len(task_ids),
+        "duration_s": round(time.perf_counter() - started, 3),
+    }
+
+
+@task(name="update", retries=1, retry_condition_fn=is_retryable)
+def update_task(checkpoint_in: str, trajectories: list[Trajectory], config: PipelineConfig, out_dir: str) -> dict:
+    return grpo_update(Path(checkpoint_in), trajectories, config, Path(out_dir))

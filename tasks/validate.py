@@ -1,0 +1,126 @@
+"""Validation stage: keep only the candidates the environment confirms, and grow the pool.
+
+Every candidate is replayed from its initial state in a fresh environment. It is accepted when
+its whole reference executes without an error and changes the environment's state, when it is
+long enough, and when it is new: not a held-out task, not a pool task, and not the same
+normalized action sequence as one. Every rejection carries its reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coevolve.config import PoolConfig, SynthesisConfig
+from coevolve.records import Candidate, Task, Verdict, digest
+
+
+def _normal(value: Any) -> Any:
+    if isinstance(value, str):
+        return " ".join(value.lower().split())
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return [_normal(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _normal(v) for k, v in sorted(value.items())}
+    return value
+
+
+def action_key(task: Task) -> str:
+    """The normalized action sequence: same classes, same calls up to case, spacing and 1 == 1.0."""
+    calls = [[(c.name, _normal(c.arguments)) for c in turn] for turn in task.reference]
+    return digest({"classes": sorted(task.involved_classes), "calls": calls})
+
+
+def judge(candidate: Task, min_steps: int) -> Verdict:
+    """Replay ``candidate`` in a fresh environment and decide on its own merits."""
+    from envs.explorer import replay
+
+    calls = candidate.num_reference_calls
+    if calls < min_steps:
+        return Verdict(False, f"too short: {calls} reference calls, at least {min_steps} required")
+    try:
+        ok, reason, changed = replay(candidate)
+    except Exception as exc:  # a candidate must never crash the round
+        return Verdict(False, f"replay raised {type(exc).__name__}: {exc}")
+    if not ok:
+        return Verdict(False, f"replay failed: {reason}")
+    if not changed:
+        return Verdict(False, "no state change: the reference only reads")
+    return Verdict(True, f"replayed cleanly ({calls} calls)")
+
+
+def validate_candidates(
+    candidates: list[Candidate], pool: list[Task], heldout_ids: set[str], config: SynthesisConfig
+) -> list[Candidate]:
+    """Each candidate with its verdict, in input order."""
+    seen_ids = {t.task_id: t.task_id for t in pool}
+    seen_actions = {action_key(t): t.task_id for t in pool}
+    judged: list[Candidate] = []
+    for cand in candidates:
+        task = cand.task
+        key = action_key(task)
+        if task.task_id in heldout_ids:
+            verdict = Verdict(False, "same as a held-out task")
+        elif task.task_id in seen_ids:
+            verdict = Verdict(False, f"duplicate of {seen_ids[task.task_id]}")
+        elif key in seen_actions:
+            verdict = Verdict(False, f"same action sequence as {seen_actions[key]}")
+        else:
+            verdict = judge(task, config.min_task_steps)
+        if verdict.accepted:
+            seen_ids[task.task_id] = task.task_id
+            seen_actions[key] = task.task_id
+        judged.append(Candidate(task=task, signal_id=cand.signal_id, verdict=verdict))
+    return judged
+
+
+def next_pool(pool: list[Task], judged: list[Candidate], config: PoolConfig) -> list[Task]:
+    """Pool r+1. The paper's policy appends every accepted task and never removes one."""
+    accepted = [c.task for c in judged if c.verdict is not None and c.verdict.accepted]
+    grown = list(pool) + accepted
+    if config.policy == "dedupe":
+        keep: dict[str, Task] = {}
+        for task in grown:
+            keep.setdefault(action_key(task), task)
+        grown = list(keep.values())
+    if config.max_size is not None and len(grown) > config.max_size:
+        # Oldest tasks leave first, so the newest evidence always enters.
+        grown = grown[len(grown) - config.max_size :]
+    return grown
+
+
+# --- Prefect task -------------------------------------------------------------------------------
+from prefect import get_run_logger, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from coevolve.config import PipelineConfig  # noqa: E402
+from coevolve.errors import is_retryable  # noqa: E402
+from tasks.common import HELDOUT_ROUND, open_warehouse, resumable  # noqa: E402
+
+
+@task(name="validate", retries=2, retry_delay_seconds=2, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
+def validate_task(config: PipelineConfig, round_: int, candidates: list[dict]) -> dict:
+    """Judge the candidates, store every verdict, and write pool ``round_ + 1``."""
+
+    def compute() -> dict:
+        with open_warehouse(config) as wh:
+            pool = wh.pool(config.run_id, round_)
+            heldout = {t.task_id for t in wh.pool(config.run_id, HELDOUT_ROUND)}
+        parsed = [Candidate(task=Task.from_dict(c["task"]), signal_id=c.get("signal_id")) for c in candidates]
+        judged = validate_candidates(parsed, pool, heldout, config.synthesis)
+        grown = next_pool(pool, judged, config.pool)
+        accepted = [c.task for c in judged if c.verdict and c.verdict.accepted]
+        with open_warehouse(config) as wh:
+            wh.write_candidates(config.run_id, round_, judged)
+            wh.write_tasks(accepted)
+            wh.set_pool(config.run_id, round_ + 1, [t.task_id for t in grown])
+        reasons: dict[str, int] = {}
+        for c in judged:
+            if c.verdict and not c.verdict.accepted:
+                key = c.verdict.reason.split(":")[0]
+                reasons[key] = reasons.get(key, 0) + 1
+        get_run_logger().info("round %d: accepted %d, rejected %d %s; pool %d -> %d", round_, len(accepted), len(judged) - len(accepted), reasons, len(pool), len(grown))
+        return {"accepted": len(accepted), "rejected": len(judged) - len(accepted), "pool_size": len(grown), "rejections": reasons}
+
+    return resumable(config, round_, "validate", compute)

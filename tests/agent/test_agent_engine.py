@@ -1,0 +1,72 @@
+"""The transformers engine: batched sampling with the behaviour logprobs GRPO trains against."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from agent.engine import TransformersEngine
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    return TransformersEngine(tiny_dir, torch_threads=1, seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts(engine, demos):
+    return [engine.chat.prompt_ids(conv[:2]) for conv in demos]
+
+
+def test_every_token_has_one_logprob(engine, prompts):
+    for generation in engine.generate(prompts, temperature=1.0, max_new_tokens=12):
+        assert len(generation.logprobs) == len(generation.token_ids) > 0
+        assert all(lp <= 0.0 and math.isfinite(lp) for lp in generation.logprobs)
+
+
+def test_stops_with_eos_included_or_reports_length(engine, prompts):
+    finished = engine.generate(prompts, temperature=0.0, max_new_tokens=40)
+    assert all(g.finish_reason == "stop" and g.token_ids[-1] == engine.chat.eos_token_id for g in finished)
+    cut = engine.generate(prompts, temperature=0.0, max_new_tokens=2)
+    assert all(g.finish_reason == "length" and len(g.token_ids) == 2 for g in cut)
+
+
+def test_greedy_is_deterministic_and_independent_of_batch_padding(engine, prompts):
+    batched = engine.generate(prompts, temperature=0.0, max_new_tokens=20)
+    again = engine.generate(prompts, temperature=0.0, max_new_tokens=20)
+    alone = engine.generate([prompts[1]], temperature=0.0, max_new_tokens=20)
+    assert [g.token_ids for g in batched] == [g.token_ids for g in again]
+    assert alone[0].token_ids == batched[1].token_ids
+
+
+def test_sampled_logprobs_match_a_full_forward_pass_at_the_temperature(engine, prompts):
+    import torch
+
+    temperature = 0.7
+    generation = engine.generate(prompts[:2], temperature=temperature, max_new_tokens=10)[1]
+    ids = torch.tensor([prompts[1] + generation.token_ids])
+    with torch.inference_mode():
+        logits = engine.model(input_ids=ids).logits[0, len(prompts[1]) - 1 : -1] / temperature
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(generation.token_ids)[:, None]).squeeze(-1)
+    assert torch.allclose(expected, torch.tensor(generation.logprobs), atol=1e-4)
+
+
+def test_reload_switches_checkpoints(tmp_path, tiny_dir, prompts):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    engine = TransformersEngine(tiny_dir)
+    perturbed = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    with torch.no_grad():
+        perturbed.lm_head.weight.mul_(-1.0)
+    perturbed.save_pretrained(tmp_path / "other")
+    engine.tokenizer.save_pretrained(tmp_path / "other")
+    before = engine.generate(prompts[:1], temperature=0.0, max_new_tokens=8)[0].token_ids
+    engine.reload(tmp_path / "other")
+    after = engine.generate(prompts[:1], temperature=0.0, max_new_tokens=8)[0].token_ids
+    assert before != after
+
+
+def test_empty_batch_gives_no_generations(engine):
+    assert engine.generate([], temperature=0.0, max_new_tokens=4) == []

@@ -1,0 +1,68 @@
+"""The typed configuration: defaults, sources in order, and errors that say how to fix them."""
+
+import pytest
+
+from coevolve.config import PipelineConfig, load_config, parse_overrides
+from coevolve.errors import ConfigError
+
+
+def test_defaults_validate_and_keep_the_papers_clip_and_kl():
+    config = load_config(environ={})
+    assert config.training.epsilon_low == 0.20
+    assert config.training.epsilon_high == 0.28
+    assert config.training.beta == 1e-3
+    assert config.signals.rare_theta == 5.0
+
+
+def test_cli_overrides_beat_environment_which_beats_file(tmp_path):
+    file = tmp_path / "c.yaml"
+    file.write_text("rollout:\n  group_size: 3\n  tasks_per_round: 5\n")
+    config = load_config(file, ["rollout.group_size=7"], environ={"COEVOLVE_ROLLOUT__TASKS_PER_ROUND": "9"})
+    assert config.rollout.group_size == 7
+    assert config.rollout.tasks_per_round == 9
+
+
+def test_unknown_field_names_the_field():
+    with pytest.raises(ConfigError, match="rollout.group_sise: unknown field"):
+        load_config(overrides=["rollout.group_sise=4"], environ={})
+
+
+def test_out_of_range_value_says_what_was_given():
+    with pytest.raises(ConfigError, match=r"rollout.group_size: .*greater than or equal to 2.*got 1"):
+        load_config(overrides=["rollout.group_size=1"], environ={})
+
+
+def test_malformed_yaml_file_is_a_config_error(tmp_path):
+    file = tmp_path / "bad.yaml"
+    file.write_text("rollout: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(file, environ={})
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml", environ={})
+
+
+def test_override_without_equals_explains_the_form():
+    with pytest.raises(ConfigError, match="section.field=value"):
+        parse_overrides(["rollout.group_size"])
+
+
+def test_inconsistent_task_lengths_are_rejected_with_a_fix():
+    with pytest.raises(ConfigError, match="raise max_task_steps"):
+        load_config(overrides=["synthesis.min_task_steps=6", "synthesis.max_task_steps=4"], environ={})
+
+
+def test_state_paths_follow_state_dir(tmp_path):
+    config = PipelineConfig(state_dir=tmp_path, run_id="r1")
+    assert config.warehouse_path == tmp_path / "warehouse.duckdb"
+    assert config.pool_path(2).parent == tmp_path / "runs" / "r1" / "pools"
+    assert config.mlflow_tracking_uri.startswith("sqlite:///")
+
+
+def test_the_papers_preset_validates():
+    from pathlib import Path
+
+    config = load_config(Path(__file__).parents[2] / "configs" / "paper.yaml", environ={})
+    assert (config.rollout.group_size, config.rollout.tasks_per_round, config.training.learning_rate) == (8, 32, 1e-6)

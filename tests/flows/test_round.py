@@ -1,0 +1,75 @@
+"""A whole round end to end: real Prefect flow run, DuckDB file, MLflow store, TRL trainer, bfcl-eval classes."""
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.conftest import tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def finished_round(prefect_api, tmp_path_factory):
+    from flows.round import coevolve_round
+
+    config = tiny_config(tmp_path_factory.mktemp("state"))
+    summary = coevolve_round(round_=0, config=config.model_dump(mode="json"))
+    return config, summary
+
+
+def test_round_stores_every_trajectory_once(finished_round):
+    from storage.warehouse import Warehouse
+
+    config, summary = finished_round
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        rows = wh.sql("SELECT count(*) AS n, count(DISTINCT trajectory_id) AS d FROM trajectories WHERE run_id = 'e2e'")
+        steps = wh.sql("SELECT count(*) AS n FROM steps")
+    assert rows["n"][0] == rows["d"][0] == 4 * 2 == summary["rollouts"]
+    assert steps["n"][0] >= summary["rollouts"]
+
+
+def test_round_writes_pool_one_with_every_verdict(finished_round):
+    from storage.warehouse import Warehouse
+
+    config, summary = finished_round
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        pool0 = wh.pool("e2e", 0)
+        pool1 = wh.pool("e2e", 1)
+        verdicts = wh.sql("SELECT accepted, reason FROM candidates WHERE run_id = 'e2e' AND round = 0")
+    assert len(pool1) == len(pool0) + summary["accepted"] == summary["pool_size"]
+    assert verdicts.height == summary["accepted"] + summary["rejected"]
+    assert all(reason for reason in verdicts["reason"].to_list())
+
+
+def test_pool_snapshot_matches_its_digest(finished_round):
+    from storage.pool import read_pool_snapshot
+
+    config, summary = finished_round
+    tasks = read_pool_snapshot(config.pool_path(1), expected_digest=summary["pool_digest"])
+    assert len(tasks) == summary["pool_size"]
+
+
+def test_mlflow_links_checkpoint_pool_and_flow_run(finished_round):
+    config, summary = finished_round
+    client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
+    version = client.get_model_version(config.tracking.registered_model, summary["model_version"])
+    assert version.tags["pool_digest"] == summary["pool_digest"]
+    assert version.tags["flow_run_id"] == summary["flow_run_id"] != ""
+    run = client.get_run(version.run_id)
+    assert run.data.metrics["rollouts"] == summary["rollouts"]
+    assert client.get_model_version_by_alias(config.tracking.registered_model, "latest").version == version.version
+
+
+def test_running_a_finished_round_again_changes_nothing(finished_round):
+    from flows.round import coevolve_round
+    from storage.warehouse import Warehouse
+
+    config, summary = finished_round
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        before = wh.sql("SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, (SELECT count(*) FROM pool_membership) AS p")
+    again = coevolve_round(round_=0, config=config.model_dump(mode="json"))
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        after = wh.sql("SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, (SELECT count(*) FROM pool_membership) AS p")
+    assert before.to_dicts() == after.to_dicts()
+    assert again["model_version"] == summary["model_version"]

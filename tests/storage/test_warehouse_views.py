@@ -1,0 +1,81 @@
+"""The analysis views give the expected numbers on a small hand-built run."""
+
+from __future__ import annotations
+
+import pytest
+
+from coevolve.records import Candidate, Signal, Verdict
+from storage.warehouse import Warehouse
+
+RUN = "run-a"
+
+
+@pytest.fixture
+def history(warehouse: Warehouse, make_task, make_trajectory) -> Warehouse:
+    """Round 0: t0 solved twice, t1 once; round 1: t0 forgotten, t1 solved twice, cd fails on t0."""
+    t0, t1 = make_task(0), make_task(1)
+    t2, t3 = make_task(2, origin="boundary", round=1), make_task(3, origin="rare", round=1)
+    warehouse.write_tasks([t0, t1, t2, t3])
+    warehouse.set_pool(RUN, 0, [t0.task_id, t1.task_id])
+    warehouse.set_pool(RUN, 1, [t0.task_id, t1.task_id, t2.task_id, t3.task_id])
+    trajs = [
+        make_trajectory(t0.task_id, 0, True), make_trajectory(t0.task_id, 1, True),
+        make_trajectory(t1.task_id, 0, True), make_trajectory(t1.task_id, 1, False),
+        make_trajectory(t0.task_id, 0, False, round=1, observations=("ok", "Error: no such directory")),
+        make_trajectory(t0.task_id, 1, False, round=1, observations=("ok", "error: no such directory")),
+        make_trajectory(t1.task_id, 0, True, round=1, observations=('{"error": "exists"}', "ok")),
+        make_trajectory(t1.task_id, 1, True, round=1),
+    ]
+    warehouse.write_trajectories(trajs)
+    warehouse.write_signals([
+        Signal(RUN, 0, "boundary", trajs[2].trajectory_id, t1.task_id, {}),
+        Signal(RUN, 0, "boundary", trajs[3].trajectory_id, t1.task_id, {}),
+        Signal(RUN, 0, "rare", trajs[0].trajectory_id, t0.task_id, {}),
+        Signal(RUN, 1, "forgetting", trajs[4].trajectory_id, t0.task_id, {}),
+    ])
+    candidates = [Candidate(make_task(10 + i, origin="boundary"), f"boundary:{i}", Verdict(True, "ok")) for i in range(3)]
+    candidates.append(Candidate(make_task(20, origin="rare"), "rare:0", Verdict(False, "no reward")))
+    candidates.append(Candidate(make_task(21, origin="rare"), "rare:1"))
+    warehouse.write_candidates(RUN, 0, candidates)
+    return warehouse
+
+
+def test_success_by_round(history: Warehouse) -> None:
+    rows = history.sql("SELECT round, trajectories, tasks, successes, success_rate FROM v_success_by_round ORDER BY round")
+    assert rows.rows() == [(0, 4, 2, 3, 0.75), (1, 4, 2, 2, 0.5)]
+
+
+def test_success_by_task(history: Warehouse, make_task) -> None:
+    rows = history.sql("SELECT task_id, origin, attempts, successes, first_round, last_round FROM v_success_by_task")
+    by_task = {r[0]: r[1:] for r in rows.rows()}
+    assert by_task[make_task(0).task_id] == ("seed", 4, 2, 0, 1)
+    assert by_task[make_task(1).task_id] == ("seed", 4, 3, 0, 1)
+
+
+def test_tool_failure_rates_count_error_observations_per_tool(history: Warehouse) -> None:
+    rows = history.sql("SELECT tool_name, calls, failed_calls, failure_rate FROM v_tool_failure_rates ORDER BY tool_name")
+    assert rows.rows() == [("cd", 8, 2, 0.25), ("mkdir", 8, 1, 0.125)]
+
+
+def test_signal_mix_counts_and_shares_kinds_per_round(history: Warehouse) -> None:
+    rows = history.sql("SELECT round, kind, signals, share FROM v_signal_mix ORDER BY round, kind")
+    assert rows.rows() == [(0, "boundary", 2, pytest.approx(2 / 3)), (0, "rare", 1, pytest.approx(1 / 3)),
+                           (1, "forgetting", 1, 1.0)]
+
+
+def test_pool_growth_counts_new_tasks_by_origin(history: Warehouse) -> None:
+    rows = history.sql(
+        "SELECT round, pool_size, new_tasks, new_seed, new_boundary, new_rare, new_forgetting "
+        "FROM v_pool_growth ORDER BY round"
+    )
+    assert rows.rows() == [(0, 2, 2, 2, 0, 0, 0), (1, 4, 2, 0, 1, 1, 0)]
+
+
+def test_forgetting_events_find_a_solved_task_failing_later(history: Warehouse, make_task) -> None:
+    rows = history.sql("SELECT task_id, round, score, best_before, signalled FROM v_forgetting_events")
+    assert rows.rows() == [(make_task(0).task_id, 1, 0.0, 1.0, True)]
+
+
+def test_acceptance_rates_leave_pending_candidates_out_of_the_rate(history: Warehouse) -> None:
+    rows = history.sql("SELECT round, accepted, rejected, pending, acceptance_rate FROM v_acceptance_rates")
+    assert rows.rows() == [(0, 3, 1, 1, 0.75)]

@@ -1,0 +1,131 @@
+"""Signal mining: each signal as the method defines it, checked against a plain reference."""
+
+from collections import defaultdict
+
+import polars as pl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coevolve.config import SignalConfig
+from tasks.mine import count_by_kind, mine_signals, select_for_synthesis
+
+
+def frame(rows):
+    return pl.DataFrame(
+        [
+            {
+                "trajectory_id": f"run/r{r}/{t}/s{s}",
+                "run_id": "run",
+                "round": r,
+                "task_id": t,
+                "sample": s,
+                "reward": float(reward),
+                "success": reward > 0.5,
+                "finish_reason": "done",
+                "tool_sequence": list(seq),
+            }
+            for r, t, s, reward, seq in rows
+        ],
+        schema_overrides={"tool_sequence": pl.List(pl.String)},
+    )
+
+
+def only(kind, **kw):
+    return SignalConfig(enabled=[kind], **kw)
+
+
+def test_boundary_marks_every_sample_of_a_mixed_group():
+    rows = [(0, "a", 0, 1, ["ls"]), (0, "a", 1, 0, ["ls"]), (0, "b", 0, 1, ["ls"]), (0, "b", 1, 1, ["ls"])]
+    signals = mine_signals(frame(rows), 0, "run", only("boundary"))
+    assert sorted(s.trajectory_id for s in signals) == ["run/r0/a/s0", "run/r0/a/s1"]
+    assert signals[0].evidence["group_rewards"] == [1.0, 0.0]
+
+
+def test_forgetting_needs_an_earlier_pass_and_a_current_fail():
+    rows = [(0, "a", 0, 1, ["ls"]), (1, "a", 0, 0, ["ls"]), (0, "b", 0, 0, ["ls"]), (1, "b", 0, 0, ["ls"])]
+    signals = mine_signals(frame(rows), 1, "run", only("forgetting"))
+    assert [s.trajectory_id for s in signals] == ["run/r1/a/s0"]
+    assert signals[0].evidence == {"window": [1.0], "score": 0.0}
+
+
+def test_forgetting_window_forgets_passes_older_than_w():
+    rows = [(0, "a", 0, 1, [])] + [(r, "a", 0, 0, []) for r in range(1, 4)]
+    assert mine_signals(frame(rows), 3, "run", only("forgetting", forgetting_window=2)) == []
+    assert len(mine_signals(frame(rows), 3, "run", only("forgetting", forgetting_window=3))) == 1
+
+
+def test_rare_waits_for_n_min_then_marks_rare_sequences():
+    common = [(0, "a", s, 1, ["ls", "cd"]) for s in range(19)]
+    rows = common + [(0, "b", 0, 0, ["mv", "cd"])]
+    assert mine_signals(frame(rows), 0, "run", only("rare", rare_min_total=21)) == []
+    signals = mine_signals(frame(rows), 0, "run", only("rare", rare_min_total=20, rare_theta=6))
+    assert [s.trajectory_id for s in signals] == ["run/r0/b/s0"]
+    assert signals[0].evidence == {"pattern": "mv>cd", "count": 1, "total": 20}
+
+
+def test_rare_bigrams_fire_on_a_rare_pair_inside_common_tools():
+    rows = [(0, "a", s, 1, ["ls", "cd", "mv"]) for s in range(19)] + [(0, "b", 0, 1, ["cd", "ls", "mv"])]
+    signals = mine_signals(frame(rows), 0, "run", only("rare", rare_min_total=1, rare_theta=10, pattern="tool_bigrams"))
+    assert [s.trajectory_id for s in signals] == ["run/r0/b/s0"]
+
+
+def test_trajectories_without_tool_calls_are_never_rare():
+    rows = [(0, "a", s, 1, ["ls"]) for s in range(30)] + [(0, "b", 0, 0, [])]
+    assert mine_signals(frame(rows), 0, "run", only("rare", rare_min_total=1)) == []
+
+
+def test_disabled_signals_are_not_mined():
+    rows = [(0, "a", 0, 1, ["ls"]), (0, "a", 1, 0, ["ls"])]
+    assert count_by_kind(mine_signals(frame(rows), 0, "run", SignalConfig(enabled=[]))) == {"forgetting": 0, "boundary": 0, "rare": 0}
+
+
+def test_selection_interleaves_kinds_and_spreads_tasks():
+    rows = [(0, t, s, s % 2, ["ls"]) for t in "ab" for s in range(4)]
+    signals = mine_signals(frame(rows), 0, "run", only("boundary"))
+    picked = select_for_synthesis(signals, 2)
+    assert {s.task_id for s in picked} == {"a", "b"}
+
+
+def reference_signals(rows, round_, config):
+    """Row-by-row reading of the definitions, for comparison."""
+    out = set()
+    by_task = defaultdict(list)
+    for r, t, s, reward, seq in sorted(rows):
+        by_task[t].append((r, s, reward))
+    for r, t, s, reward, seq in rows:
+        if r != round_:
+            continue
+        history = [x[2] for x in by_task[t] if x[0] < round_][-config.forgetting_window :]
+        if history and max(history) >= 0.5 and reward < 0.5:
+            out.add(("forgetting", t, s))
+        group = [x[2] for x in by_task[t] if x[0] == round_]
+        if any(g > 0.5 for g in group) and any(g < 0.5 for g in group):
+            out.add(("boundary", t, s))
+    upto = [row for row in rows if row[0] <= round_]
+    if len(upto) >= config.rare_min_total:
+        counts = defaultdict(int)
+        for row in upto:
+            if row[4]:
+                counts[">".join(row[4])] += 1
+        for r, t, s, reward, seq in rows:
+            p = ">".join(seq)
+            if r == round_ and seq and 0 < counts[p] / len(upto) < config.rare_theta / 100:
+                out.add(("rare", t, s))
+    return out
+
+
+row_strategy = st.tuples(
+    st.integers(0, 2),
+    st.sampled_from(["a", "b", "c"]),
+    st.integers(0, 3),
+    st.sampled_from([0.0, 1.0, 0.5]),
+    st.lists(st.sampled_from(["ls", "cd", "mv"]), max_size=3),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(row_strategy, min_size=1, max_size=40, unique_by=lambda r: (r[0], r[1], r[2])), st.integers(0, 2))
+def test_polars_signals_match_the_row_by_row_reference(rows, round_):
+    config = SignalConfig(forgetting_window=2, rare_min_total=3, rare_theta=20)
+    got = {(s.kind, s.task_id, int(s.trajectory_id.rsplit("/s", 1)[1])) for s in mine_signals(frame(rows), round_, "run", config)}
+    assert got == reference_signals(rows, round_, config)

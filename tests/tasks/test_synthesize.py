@@ -1,0 +1,60 @@
+"""Synthesis: exploration follows the signal's evidence; the random control spends the same volume."""
+
+import pytest
+
+from coevolve.config import SynthesisConfig
+from coevolve.records import Signal
+from envs.explorer import build_tasks
+from tasks.synthesize import build_context, synthesize_from_signals, synthesize_random, tools_of
+
+
+@pytest.fixture(scope="module")
+def task():
+    return build_tasks(1, seed=5)[0]
+
+
+def signal(kind, task, evidence):
+    return Signal("run", 1, kind, f"run/r1/{task.task_id}/s0", task.task_id, evidence)
+
+
+def test_forgetting_context_focuses_on_the_tasks_own_operations(task):
+    context = build_context(signal("forgetting", task, {"window": [1.0], "score": 0.0}), task, [], tools_of(task))
+    assert context["focus_patterns"] == task.tools
+    assert "varied parameters" in context["exploration_objectives"]
+    assert context["do_not_repeat"] == [[c.render() for c in turn] for turn in task.reference]
+
+
+def test_rare_context_focuses_on_the_rare_patterns_tools(task):
+    tool = task.tools[0]
+    context = build_context(signal("rare", task, {"pattern": f"{tool}>{tool}", "count": 1, "total": 50}), task, [tool], tools_of(task))
+    assert context["focus_patterns"] == [tool]
+    assert "1 of 50" in context["failure_cause"]
+
+
+def test_boundary_context_names_the_missed_reference_tools(task):
+    context = build_context(signal("boundary", task, {"group_rewards": [1.0, 0.0]}), task, [], tools_of(task))
+    assert context["instability_pattern"]["missed"] == task.tools
+    assert context["failure_cause"] == "1 of 2 samples failed the same task"
+
+
+def test_candidates_carry_their_signal_as_provenance(task):
+    s = signal("boundary", task, {"group_rewards": [1.0, 0.0]})
+    candidates, contexts = synthesize_from_signals([s], {task.task_id: task}, {}, SynthesisConfig(), 1, 0, progress=False)
+    assert candidates and s.signal_id in contexts
+    for c in candidates:
+        assert c.signal_id == s.signal_id
+        assert c.task.provenance.origin == "boundary" and c.task.provenance.parent_trajectory_id == s.trajectory_id
+        assert c.task.initial_config == task.initial_config
+
+
+def test_synthesis_is_reproducible_from_the_seed(task):
+    s = signal("forgetting", task, {"window": [1.0], "score": 0.0})
+    run = lambda: [c.task.task_id for c in synthesize_from_signals([s], {task.task_id: task}, {}, SynthesisConfig(), 1, 7, progress=False)[0]]
+    assert run() == run()
+
+
+def test_random_control_explores_the_same_number_of_targets(task):
+    config = SynthesisConfig(explorations_per_signal=1)
+    candidates = synthesize_random([task], 4, config, 1, 0, progress=False)
+    assert 0 < len(candidates) <= 4
+    assert all(c.task.provenance.origin == "random" for c in candidates)
