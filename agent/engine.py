@@ -89,8 +89,8 @@ class TransformersEngine:
         # Left padding shifts real tokens right; positions must count real tokens only.
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
 
-        tokens: list[list[int]] = [[] for _ in range(batch)]
-        logps: list[list[float]] = [[] for _ in range(batch)]
+        chosen_steps: list[Any] = []
+        logprob_steps: list[Any] = []
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         past = None
         step_ids, step_pos = input_ids, positions
@@ -113,17 +113,25 @@ class TransformersEngine:
                     logprobs = torch.log_softmax(logits, dim=-1)
                     chosen = logits.argmax(dim=-1)
                 chosen = torch.where(done, torch.full_like(chosen, pad), chosen)
-                picked = logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
-                for row in (~done).nonzero().flatten().tolist():
-                    tokens[row].append(int(chosen[row]))
-                    logps[row].append(float(picked[row]))
+                chosen_steps.append(chosen)
+                logprob_steps.append(logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1))
                 done = done | (chosen == eos)
                 if bool(done.all()):
                     break
                 step_ids = chosen.unsqueeze(-1)
                 step_pos = step_pos[:, -1:] + 1
                 attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=self.device)], -1)
-        return [
-            Generation(token_ids=t, logprobs=lp, finish_reason="stop" if t and t[-1] == eos else "length")
-            for t, lp in zip(tokens, logps)
-        ]
+        # One transfer at the end instead of per-token Python work inside the loop.
+        all_tokens = torch.stack(chosen_steps, dim=1).tolist()
+        all_logprobs = torch.stack(logprob_steps, dim=1).tolist()
+        generations = []
+        for row_tokens, row_logprobs in zip(all_tokens, all_logprobs):
+            length = row_tokens.index(eos) + 1 if eos in row_tokens else len(row_tokens)
+            generations.append(
+                Generation(
+                    token_ids=row_tokens[:length],
+                    logprobs=row_logprobs[:length],
+                    finish_reason="stop" if row_tokens[length - 1] == eos else "length",
+                )
+            )
+        return generations

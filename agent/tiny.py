@@ -117,6 +117,21 @@ def _lr_at(step: int, total: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def _assistant_loss(model: Any, input_ids: Any, attention: Any, labels: Any) -> Any:
+    """Next-token loss on supervised positions only.
+
+    Demonstrations are mostly prompt (a long tool list); projecting only the few assistant
+    positions onto the vocabulary skips most of the output layer's work.
+    """
+    import torch
+
+    hidden = model.model(input_ids=input_ids, attention_mask=attention).last_hidden_state[:, :-1]
+    targets = labels[:, 1:]
+    keep = targets != -100
+    logits = model.lm_head(hidden[keep])
+    return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
+
+
 def sft(model: Any, examples: list[tuple[list[int], list[int]]], config: PolicyConfig, pad_id: int, seed: int) -> list[float]:
     """Supervised fine-tuning on assistant tokens only; returns the loss of every step."""
     import torch
@@ -145,7 +160,7 @@ def sft(model: Any, examples: list[tuple[list[int], list[int]]], config: PolicyC
             labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, config.sft_steps, config.sft_learning_rate)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        loss = _assistant_loss(model, input_ids, attention, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

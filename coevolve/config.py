@@ -31,7 +31,21 @@ class EnvironmentConfig(_Section):
     max_steps: int = Field(30, ge=1, description="Model messages per episode before it counts as a failure (paper: 30).")
     max_steps_per_turn: int = Field(4, ge=1, description="Model messages per user turn; a turn ends when the model calls no tool.")
     max_observation_chars: int = Field(
-        240, ge=16, description="Tool results longer than this are cut in the prompt: small models have short contexts."
+        80,
+        ge=16,
+        description=(
+            "Tool results longer than this are cut in the prompt. Short for the builtin tiny model: results are most "
+            "of its tokens and it only needs to see that the calls ran (paper-scale configs raise it)."
+        ),
+    )
+
+
+    tool_descriptions: bool = Field(
+        False,
+        description=(
+            "Describe each tool in the system prompt. Off for the builtin tiny model: the bare signatures are a third "
+            "as long, so it trains and generates several times faster; turn on for real LLMs (configs/paper.yaml)."
+        ),
     )
 
 

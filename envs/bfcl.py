@@ -63,8 +63,17 @@ class BfclEnvironment:
 
     name = ENVIRONMENT_NAME
 
-    def __init__(self, max_steps_per_turn: int = 4, max_observation_chars: int = 240, stop_on_failure: bool = True):
+    def __init__(
+        self,
+        max_steps_per_turn: int = 4,
+        max_observation_chars: int = 240,
+        stop_on_failure: bool = True,
+        tool_descriptions: bool = True,
+    ):
         self.max_steps_per_turn = max_steps_per_turn
+        # Without descriptions the tool list is about a third as long: small models with short
+        # contexts train and generate several times faster on it.
+        self.tool_descriptions = tool_descriptions
         self.max_observation_chars = max_observation_chars
         # A failed turn already fixes the reward at 0; stopping saves the rest of the rollout.
         self.stop_on_failure = stop_on_failure
@@ -98,7 +107,7 @@ class BfclEnvironment:
             for names in self._meta.missed.values():
                 hidden.update(names)
         lines = [
-            bfcl_api.tool_line(doc)
+            bfcl_api.tool_line(doc, self.tool_descriptions)
             for cls in self._task.involved_classes
             for doc in bfcl_api.func_docs(cls)
             if doc["name"] not in hidden

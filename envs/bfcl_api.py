@@ -194,7 +194,7 @@ def snapshot(instances: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def tool_line(doc: dict[str, Any]) -> str:
+def tool_line(doc: dict[str, Any], description: bool = True) -> str:
     """``name(param: type, opt: type = default) - short description`` from an official function doc."""
     properties = doc.get("parameters", {}).get("properties", {})
     required = set(doc.get("parameters", {}).get("required", []))
@@ -205,6 +205,8 @@ def tool_line(doc: dict[str, Any]) -> str:
             default = spec.get("default")
             text += " = None" if default in (None, "None") else f" = {default!r}"
         params.append(text)
+    if not description:
+        return f"{doc['name']}({', '.join(params)})"
     description = doc.get("description", "")
     if "Tool description:" in description:
         description = description.split("Tool description:", 1)[1]

@@ -437,12 +437,11 @@ class Warehouse:
 
     def trajectory_frame(self, run_id: str, upto_round: int | None = None) -> pl.DataFrame:
         """Trajectory outcomes of a run (no token data), rounds <= upto_round: what signal mining reads."""
-        limit = "" if upto_round is None else f" AND round <= {int(upto_round)}"
         with self._connect() as con:
             return con.sql(
                 "SELECT trajectory_id, run_id, round, task_id, sample, reward, success, finish_reason, tool_sequence "
-                f"FROM trajectories WHERE run_id = ?{limit} ORDER BY round, task_id, sample",
-                params=[run_id],
+                "FROM trajectories WHERE run_id = ? AND (? IS NULL OR round <= ?) ORDER BY round, task_id, sample",
+                params=[run_id, upto_round, upto_round],
             ).pl()
 
     def rounds(self, run_id: str) -> list[RoundSummary]:

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from coevolve.config import PipelineConfig
+from coevolve.config import EnvironmentConfig, PipelineConfig
 from coevolve.errors import RoundLockedError
 
 # Pool membership round that holds the run's held-out split: never drawn for training.
@@ -41,6 +41,17 @@ def resumable(config: PipelineConfig, round_: int, stage: str, compute: Callable
     with open_warehouse(config) as wh:
         wh.mark_stage(config.run_id, round_, stage, output)
     return output
+
+
+def make_environment(env_config: EnvironmentConfig):
+    """A fresh environment as the configuration describes it (one per episode)."""
+    from envs.bfcl import BfclEnvironment
+
+    return BfclEnvironment(
+        max_steps_per_turn=env_config.max_steps_per_turn,
+        max_observation_chars=env_config.max_observation_chars,
+        tool_descriptions=env_config.tool_descriptions,
+    )
 
 
 def load_engine(checkpoint: str, config: PipelineConfig):

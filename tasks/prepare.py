@@ -33,13 +33,10 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task]) -> str:
     if config.policy.model != BUILTIN_TINY:
         return config.policy.model
     from agent.tiny import build_tiny_policy
-    from envs.bfcl import BfclEnvironment
     from envs.explorer import demonstration
+    from tasks.common import make_environment
 
-    env = BfclEnvironment(
-        max_steps_per_turn=config.environment.max_steps_per_turn,
-        max_observation_chars=config.environment.max_observation_chars,
-    )
+    env = make_environment(config.environment)
     conversations = [demonstration(task, env) for task in seed_pool]
     key = digest({"pool": sorted(t.task_id for t in seed_pool), "policy": config.policy.model_dump(), "seed": config.seed})
     out_dir = config.state_dir / "models" / f"tiny-{key[:12]}"

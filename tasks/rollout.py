@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from coevolve.config import EnvironmentConfig
 from coevolve.records import Message, Step, Task, Trajectory
+from tasks.common import make_environment
 
 
 class Engine(Protocol):
@@ -55,15 +56,6 @@ class _Episode:
         self.duration_s = time.perf_counter() - self.started
 
 
-def _make_environment(env_config: EnvironmentConfig):
-    from envs.bfcl import BfclEnvironment
-
-    return BfclEnvironment(
-        max_steps_per_turn=env_config.max_steps_per_turn,
-        max_observation_chars=env_config.max_observation_chars,
-    )
-
-
 def play_episodes(
     engine: Engine,
     tasks: list[Task],
@@ -89,7 +81,7 @@ def play_episodes(
     episodes: list[_Episode] = []
     for task in tasks:
         for sample in range(samples):
-            env = _make_environment(env_config)
+            env = make_environment(env_config)
             messages = env.reset(task)
             episodes.append(_Episode(task=task, sample=sample, env=env, prompt_ids=engine.chat.prompt_ids(messages)))
 
@@ -186,7 +178,7 @@ def success_rate(trajectories: list[Trajectory]) -> float:
 
 def conversation(task: Task, env_config: EnvironmentConfig) -> list[Message]:
     """The opening messages an episode of ``task`` starts from (useful for inspection)."""
-    return _make_environment(env_config).reset(task)
+    return make_environment(env_config).reset(task)
 
 
 # --- Prefect task -------------------------------------------------------------------------------

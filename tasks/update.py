@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError, is_retryable
@@ -234,3 +235,21 @@ def grpo_update(checkpoint_in: Path, trajectories: list[Trajectory], config: Pip
 @task(name="update", retries=1, retry_condition_fn=is_retryable)
 def update_task(checkpoint_in: str, trajectories: list[Trajectory], config: PipelineConfig, out_dir: str) -> dict:
     return grpo_update(Path(checkpoint_in), trajectories, config, Path(out_dir))
+
+
+@task(name="update-round", retries=1, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
+def update_round_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
+    """Train checkpoint ``round_`` on the round's stored groups; checkpoint ``round_ + 1`` goes to the run folder."""
+    from prefect import get_run_logger
+
+    from tasks.common import open_warehouse, resumable
+
+    def compute() -> dict:
+        with open_warehouse(config) as wh:
+            trajectories = wh.trajectories(config.run_id, round_)
+        out_dir = config.checkpoint_dir(round_ + 1)
+        stats = grpo_update(Path(checkpoint), trajectories, config, out_dir)
+        get_run_logger().info("round %d: GRPO %s", round_, {k: stats[k] for k in ("groups", "steps", "loss", "skipped") if k in stats})
+        return {"checkpoint": str(out_dir), "stats": stats}
+
+    return resumable(config, round_, "update", compute)

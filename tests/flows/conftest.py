@@ -11,7 +11,12 @@ def prefect_api(tmp_path_factory):
         yield
 
 
-def tiny_config(state_dir, **overrides):
+@pytest.fixture(scope="session")
+def tiny_config():
+    return make_tiny_config
+
+
+def make_tiny_config(state_dir, **overrides):
     """A round that finishes in about a minute on two cores, with every stage real."""
     from coevolve.config import load_config
 

@@ -4,13 +4,11 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.conftest import tiny_config
-
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def finished_round(prefect_api, tmp_path_factory):
+def finished_round(prefect_api, tiny_config, tmp_path_factory):
     from flows.round import coevolve_round
 
     config = tiny_config(tmp_path_factory.mktemp("state"))
@@ -58,7 +56,7 @@ def test_mlflow_links_checkpoint_pool_and_flow_run(finished_round):
     assert version.tags["flow_run_id"] == summary["flow_run_id"] != ""
     run = client.get_run(version.run_id)
     assert run.data.metrics["rollouts"] == summary["rollouts"]
-    assert client.get_model_version_by_alias(config.tracking.registered_model, "latest").version == version.version
+    assert client.get_model_version_by_alias(config.tracking.registered_model, "current").version == version.version
 
 
 def test_running_a_finished_round_again_changes_nothing(finished_round):

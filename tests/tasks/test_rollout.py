@@ -1,0 +1,71 @@
+"""Rollout: every episode ends with a reason, garbage never crashes a round, token bookkeeping is exact."""
+
+from pathlib import Path
+
+import pytest
+
+from coevolve.config import EnvironmentConfig, PolicyConfig
+from envs.explorer import build_tasks, demonstration
+from tasks.common import make_environment
+from tasks.rollout import draw_batch, play_episodes
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return build_tasks(3, seed=21)
+
+
+@pytest.fixture(scope="module")
+def untrained_engine(tmp_path_factory, tasks):
+    """A random-init policy: its output is garbage, which is exactly what this module needs."""
+    from agent.engine import TransformersEngine
+    from agent.tiny import build_tiny_policy
+
+    env = make_environment(EnvironmentConfig())
+    conversations = [demonstration(t, env) for t in tasks]
+    config = PolicyConfig(sft_steps=0, hidden_size=32, num_layers=1, vocab_size=400)
+    path = build_tiny_policy(Path(tmp_path_factory.mktemp("policy")) / "m", conversations, config, seed=0)
+    return TransformersEngine(path, torch_threads=1, seed=0)
+
+
+def play(engine, tasks, **kw):
+    settings = dict(samples=2, temperature=1.0, max_new_tokens=24, env_config=EnvironmentConfig(max_steps=3), run_id="t", round_=0, progress=False)
+    settings.update(kw)
+    return play_episodes(engine, tasks, **settings)
+
+
+def test_garbage_output_ends_episodes_as_failures_with_a_reason(untrained_engine, tasks):
+    trajectories = play(untrained_engine, tasks)
+    assert len(trajectories) == 6
+    assert {t.finish_reason for t in trajectories} <= {"done", "error", "length", "max_steps"}
+    assert all(t.reward == 0.0 and not t.success for t in trajectories if t.finish_reason != "done")
+
+
+def test_completion_tokens_masks_and_logprobs_line_up(untrained_engine, tasks):
+    for t in play(untrained_engine, tasks):
+        assert len(t.completion_ids) == len(t.completion_mask) == len(t.logprobs)
+        generated = sum(s.completion_tokens for s in t.steps)
+        assert sum(t.completion_mask) == generated
+        assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.completion_mask) if m == 0)
+        assert all(lp <= 0.0 for lp in t.logprobs)
+
+
+def test_a_message_cut_by_the_token_limit_ends_the_episode(untrained_engine, tasks):
+    trajectories = play(untrained_engine, tasks, max_new_tokens=1, temperature=1.0)
+    cut = [t for t in trajectories if t.finish_reason == "length"]
+    assert cut and all(len(t.steps) == 1 and t.steps[0].error for t in cut)
+
+
+def test_the_step_limit_bounds_every_episode(untrained_engine, tasks):
+    for t in play(untrained_engine, tasks, env_config=EnvironmentConfig(max_steps=1)):
+        assert len(t.steps) == 1
+
+
+def test_trajectory_ids_name_run_round_task_and_sample(untrained_engine, tasks):
+    ids = [t.trajectory_id for t in play(untrained_engine, tasks[:1])]
+    assert ids == [f"t/r0/{tasks[0].task_id}/s0", f"t/r0/{tasks[0].task_id}/s1"]
+
+
+def test_the_batch_is_a_seeded_sample_of_the_pool(tasks):
+    assert draw_batch(tasks, 2, seed=1, round_=0) == draw_batch(tasks, 2, seed=1, round_=0)
+    assert draw_batch(tasks, 10, seed=1, round_=0) == tasks
