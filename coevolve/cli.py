@@ -77,6 +77,11 @@ def summary_row(summary: dict[str, Any], seconds: float) -> str:
 def _load(args: argparse.Namespace) -> PipelineConfig:
     config = load_config(args.config, args.set)
     prepare_environment(config)
+    import logging
+
+    # MLflow and its migrations log at INFO on first use; the table is the output people read.
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     return config
 
 

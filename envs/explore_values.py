@@ -52,6 +52,11 @@ def _entries(inst: dict[str, Any], kind: str | None = None) -> list[str]:
     return sorted(names)
 
 
+def _sorted(values) -> list:
+    """A deterministic order for values of mixed types (scenario files mix int and str ids)."""
+    return sorted(values, key=lambda v: (type(v).__name__, str(v)))
+
+
 def _pick(rng: random.Random, values: list[Any], fallback: list[Any]) -> Any:
     return rng.choice(values) if values else rng.choice(fallback)
 
@@ -89,32 +94,32 @@ def _tweet_id(inst: dict[str, Any], rng: random.Random) -> int:
 
 
 def _tweet_user(inst: dict[str, Any], rng: random.Random) -> str:
-    users = sorted({t["username"] for t in inst["TwitterAPI"].tweets.values()})
+    users = _sorted({t["username"] for t in inst["TwitterAPI"].tweets.values()})
     return _pick(rng, users, PEOPLE)
 
 
 def _tweet_word(inst: dict[str, Any], rng: random.Random) -> str:
     words = [w.strip(".,!?#") for t in inst["TwitterAPI"].tweets.values() for w in t["content"].split()]
     words = [w for w in words if len(w) > 3]
-    return _pick(rng, sorted(set(words)), WORDS)
+    return _pick(rng, _sorted(set(words)), WORDS)
 
 
 def _ticket_id(inst: dict[str, Any], rng: random.Random) -> int:
-    return _pick(rng, sorted(t["id"] for t in inst["TicketAPI"].ticket_queue), [1])
+    return _pick(rng, _sorted(t["id"] for t in inst["TicketAPI"].ticket_queue), [1])
 
 
 def _message_user_id(inst: dict[str, Any], rng: random.Random) -> str:
-    return _pick(rng, sorted(inst["MessageAPI"].user_map.values()), ["USR001"])
+    return _pick(rng, _sorted(inst["MessageAPI"].user_map.values()), ["USR001"])
 
 
 def _inbox_receiver(inst: dict[str, Any], rng: random.Random) -> str:
-    receivers = sorted({list(m)[0] for m in inst["MessageAPI"].inbox})
+    receivers = _sorted({list(m)[0] for m in inst["MessageAPI"].inbox})
     return _pick(rng, receivers, ["USR002"])
 
 
 def _message_word(inst: dict[str, Any], rng: random.Random) -> str:
     words = [w.strip(".,!?") for m in inst["MessageAPI"].inbox for w in list(m.values())[0].split()]
-    return _pick(rng, sorted({w for w in words if len(w) > 3}), WORDS)
+    return _pick(rng, _sorted({w for w in words if len(w) > 3}), WORDS)
 
 
 def _numbers(rng: random.Random) -> list[float]:
@@ -187,7 +192,7 @@ VALUES: dict[tuple[str, str], Generator] = {
     ("ticket_login", "password"): lambda i, r: "pass" + str(r.randint(100, 999)),
     ("add_contact", "user_name"): lambda i, r: r.choice(NEW_CONTACTS),
     ("delete_message", "receiver_id"): _inbox_receiver,
-    ("get_user_id", "user"): lambda i, r: _pick(r, sorted(i["MessageAPI"].user_map), NEW_CONTACTS),
+    ("get_user_id", "user"): lambda i, r: _pick(r, _sorted(i["MessageAPI"].user_map), NEW_CONTACTS),
     ("message_login", "user_id"): _message_user_id,
     ("search_messages", "keyword"): _message_word,
     ("send_message", "receiver_id"): _message_user_id,
@@ -243,6 +248,6 @@ def login_call(class_name: str, instances: dict[str, Any]) -> tuple[str, dict[st
     if class_name == "TicketAPI" and not instance.current_user:
         return "ticket_login", {"username": "alice", "password": "pass123"}
     if class_name == "MessageAPI" and not instance.current_user:
-        users = sorted(instance.user_map.values())
+        users = _sorted(instance.user_map.values())
         return ("message_login", {"user_id": users[0]}) if users else None
     return None

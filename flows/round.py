@@ -18,7 +18,7 @@ from tasks.mine import mine_task
 from tasks.prepare import prepare_task
 from tasks.rollout import rollout_task
 from tasks.synthesize import synthesize_task
-from tasks.update import update_round_task
+from tasks.update import update_task
 from tasks.validate import validate_task
 from tasks.version import version_task
 
@@ -33,7 +33,7 @@ def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dic
         mined = mine_task(cfg, round_)
         candidates = synthesize_task(cfg, round_, mined["selected"])
         validated = validate_task(cfg, round_, candidates)
-        updated = update_round_task(cfg, round_, prepared["checkpoint"])
+        updated = update_task(cfg, round_, prepared["checkpoint"])
         evaluated = evaluate_task(cfg, round_, updated["checkpoint"])
         outputs = {"rollout": rollout, "mine": mined, "validate": validated, "update": updated, "evaluate": evaluated}
         summary = version_task(cfg, round_, outputs)

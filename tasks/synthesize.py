@@ -14,6 +14,7 @@ targets uniformly from the pool and the tools, with everything else unchanged.
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
@@ -64,22 +65,26 @@ def _explore_and_abstract(
 
     made: list[Task] = []
     for run in range(config.explorations_per_signal):
-        triplets = explore(
-            task.initial_config,
-            task.involved_classes,
-            rng,
-            config.steps_per_exploration,
-            focus_tools=focus,
-            run_id=f"{run_prefix}#{run}",
-        )
-        new = abstract(
-            triplets,
-            task.initial_config,
-            task.involved_classes,
-            provenance,
-            min_steps=config.min_task_steps,
-            max_steps=config.max_task_steps,
-        )
+        try:
+            triplets = explore(
+                task.initial_config,
+                task.involved_classes,
+                rng,
+                config.steps_per_exploration,
+                focus_tools=focus,
+                run_id=f"{run_prefix}#{run}",
+            )
+            new = abstract(
+                triplets,
+                task.initial_config,
+                task.involved_classes,
+                provenance,
+                min_steps=config.min_task_steps,
+                max_steps=config.max_task_steps,
+            )
+        except Exception as exc:  # one broken exploration must not end the round
+            logging.getLogger(__name__).warning("exploration %s#%d failed: %s: %s", run_prefix, run, type(exc).__name__, exc)
+            continue
         if new is not None:
             made.append(new)
     return made

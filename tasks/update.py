@@ -208,6 +208,10 @@ def grpo_update(checkpoint_in: Path, trajectories: list[Trajectory], config: Pip
                 rollout_func=replay_rollouts,
                 peft_config=peft_config,
             )
+        from transformers.trainer_callback import PrinterCallback
+
+        # The stage returns TRL's logs as statistics; printing every step would bury the round table.
+        trainer.remove_callback(PrinterCallback)
         result = trainer.train()
         logged = _summarize_logs(trainer.state.log_history)
 
@@ -232,13 +236,8 @@ def grpo_update(checkpoint_in: Path, trajectories: list[Trajectory], config: Pip
     }
 
 
-@task(name="update", retries=1, retry_condition_fn=is_retryable)
-def update_task(checkpoint_in: str, trajectories: list[Trajectory], config: PipelineConfig, out_dir: str) -> dict:
-    return grpo_update(Path(checkpoint_in), trajectories, config, Path(out_dir))
-
-
-@task(name="update-round", retries=1, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
-def update_round_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
+@task(name="update", retries=1, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
+def update_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
     """Train checkpoint ``round_`` on the round's stored groups; checkpoint ``round_ + 1`` goes to the run folder."""
     from prefect import get_run_logger
 
