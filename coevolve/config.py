@@ -40,11 +40,12 @@ class EnvironmentConfig(_Section):
     )
 
 
-    tool_descriptions: bool = Field(
-        False,
+    tool_list: Literal["described", "signatures", "names"] = Field(
+        "names",
         description=(
-            "Describe each tool in the system prompt. Off for the builtin tiny model: the bare signatures are a third "
-            "as long, so it trains and generates several times faster; turn on for real LLMs (configs/paper.yaml)."
+            "How the system prompt lists tools: with signatures and descriptions, signatures only, or bare names. "
+            "Bare names for the builtin tiny model: its prompts get about 5x shorter, so SFT and rollouts run several "
+            "times faster and it learns arguments from demonstrations; 'described' for real LLMs (configs/paper.yaml)."
         ),
     )
 
@@ -57,12 +58,20 @@ class PolicyConfig(_Section):
             "held-out tasks); otherwise a Hugging Face model id or a local path, loaded the same way."
         ),
     )
-    sft_steps: int = Field(600, ge=0, description="SFT steps for 'builtin:tiny': enough for partial skill, so rounds have signal.")
-    sft_learning_rate: float = Field(3e-3, gt=0, description="Tiny random-init models need a large SFT rate.")
-    sft_batch_size: int = Field(32, ge=1, description="Demonstrations per SFT step.")
+    sft_tasks: int = Field(
+        1000,
+        ge=1,
+        description=(
+            "Demonstrations the builtin tiny model is fine-tuned on: the seed pool plus more tasks from the same unguided "
+            "explorer, never held-out ones. On the 100 seed tasks alone it memorizes (78% on them, 0% held-out)."
+        ),
+    )
+    sft_steps: int = Field(800, ge=0, description="SFT steps for 'builtin:tiny': about 6 minutes here, partial skill so rounds have signal.")
+    sft_learning_rate: float = Field(6e-3, gt=0, description="Tiny random-init models need a large rate (6e-3 beat 3e-3 at equal steps).")
+    sft_batch_size: int = Field(16, ge=1, description="Demonstrations per SFT step.")
     hidden_size: int = Field(128, ge=16, description="Width of the builtin tiny model.")
-    num_layers: int = Field(4, ge=1, description="Depth of the builtin tiny model.")
-    vocab_size: int = Field(2048, ge=300, description="Byte-level BPE vocabulary trained on the seed pool's text.")
+    num_layers: int = Field(2, ge=1, description="Depth of the builtin tiny model: 2 layers train twice as fast as 4 at similar skill.")
+    vocab_size: int = Field(2048, ge=300, description="Byte-level BPE vocabulary trained on the demonstrations' text.")
     torch_threads: int = Field(1, ge=1, description="CPU threads for torch: one is fastest for tiny models on shared cores.")
 
 
@@ -73,7 +82,7 @@ class RolloutConfig(_Section):
     temperature: float = Field(0.9, ge=0, description="Sampling temperature of training rollouts (paper: 0.9).")
     eval_temperature: float = Field(0.0, ge=0, description="Evaluation decoding; 0 is greedy (paper: greedy).")
     max_new_tokens: int = Field(96, ge=8, description="Tokens per model message (paper: 4096 per response).")
-    heldout_tasks: int = Field(24, ge=0, description="Held-out synthetic tasks scored greedily after each round.")
+    heldout_tasks: int = Field(50, ge=0, description="Held-out synthetic tasks scored greedily after each round.")
 
 
 class SignalConfig(_Section):

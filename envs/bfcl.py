@@ -24,6 +24,7 @@ CATEGORIES: tuple[str, ...] = (
     "multi_turn_miss_param",
     "multi_turn_long_context",
 )
+TOOL_LISTS = ("described", "signatures", "names")
 INSTRUCTION = (
     "Reply with a python list of calls like [f(a=1), g(b='x')]; reply done when the request is complete."
 )
@@ -68,12 +69,14 @@ class BfclEnvironment:
         max_steps_per_turn: int = 4,
         max_observation_chars: int = 240,
         stop_on_failure: bool = True,
-        tool_descriptions: bool = True,
+        tool_list: str = "described",
     ):
         self.max_steps_per_turn = max_steps_per_turn
-        # Without descriptions the tool list is about a third as long: small models with short
-        # contexts train and generate several times faster on it.
-        self.tool_descriptions = tool_descriptions
+        if tool_list not in TOOL_LISTS:
+            raise ValueError(f"tool_list must be one of {TOOL_LISTS}, not {tool_list!r}")
+        # Shorter lists suit small models with short contexts: they train and generate several
+        # times faster, and learn the tools' arguments from demonstrations instead.
+        self.tool_list = tool_list
         self.max_observation_chars = max_observation_chars
         # A failed turn already fixes the reward at 0; stopping saves the rest of the rollout.
         self.stop_on_failure = stop_on_failure
@@ -107,7 +110,7 @@ class BfclEnvironment:
             for names in self._meta.missed.values():
                 hidden.update(names)
         lines = [
-            bfcl_api.tool_line(doc, self.tool_descriptions)
+            bfcl_api.tool_line(doc, self.tool_list)
             for cls in self._task.involved_classes
             for doc in bfcl_api.func_docs(cls)
             if doc["name"] not in hidden

@@ -194,8 +194,14 @@ def snapshot(instances: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def tool_line(doc: dict[str, Any], description: bool = True) -> str:
-    """``name(param: type, opt: type = default) - short description`` from an official function doc."""
+def tool_line(doc: dict[str, Any], style: str = "described") -> str:
+    """One tool of the system prompt, from an official function doc.
+
+    described: ``name(param: type, opt: type = default) - short description``; signatures: the
+    same without the description; names: the bare name.
+    """
+    if style == "names":
+        return doc["name"]
     properties = doc.get("parameters", {}).get("properties", {})
     required = set(doc.get("parameters", {}).get("required", []))
     params = []
@@ -205,7 +211,7 @@ def tool_line(doc: dict[str, Any], description: bool = True) -> str:
             default = spec.get("default")
             text += " = None" if default in (None, "None") else f" = {default!r}"
         params.append(text)
-    if not description:
+    if style == "signatures":
         return f"{doc['name']}({', '.join(params)})"
     description = doc.get("description", "")
     if "Tool description:" in description:

@@ -50,7 +50,7 @@ def make_environment(env_config: EnvironmentConfig):
     return BfclEnvironment(
         max_steps_per_turn=env_config.max_steps_per_turn,
         max_observation_chars=env_config.max_observation_chars,
-        tool_descriptions=env_config.tool_descriptions,
+        tool_list=env_config.tool_list,
     )
 
 

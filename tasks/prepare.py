@@ -28,17 +28,34 @@ def build_initial_pools(config: PipelineConfig) -> tuple[list[Task], list[Task]]
     return seed_pool, heldout
 
 
-def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task]) -> str:
-    """Checkpoint 0: the builtin tiny policy (built once per seed pool and settings) or the configured model."""
+def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> str:
+    """Checkpoint 0: the builtin tiny policy (built once per seed pool and settings) or the configured model.
+
+    The tiny policy is fine-tuned on demonstrations of the seed pool plus more tasks from the same
+    unguided explorer (``policy.sft_tasks`` in all); held-out tasks are excluded by id.
+    """
     if config.policy.model != BUILTIN_TINY:
         return config.policy.model
     from agent.tiny import build_tiny_policy
-    from envs.explorer import demonstration
+    from envs.explorer import build_tasks, demonstration
     from tasks.common import make_environment
 
+    extra = build_tasks(
+        max(0, config.policy.sft_tasks - len(seed_pool)),
+        config.seed + 104729,
+        origin="seed",
+        exclude={t.task_id for t in seed_pool + heldout},
+    )
     env = make_environment(config.environment)
-    conversations = [demonstration(task, env) for task in seed_pool]
-    key = digest({"pool": sorted(t.task_id for t in seed_pool), "policy": config.policy.model_dump(), "seed": config.seed})
+    conversations = [demonstration(task, env) for task in seed_pool + extra]
+    key = digest(
+        {
+            "tasks": sorted(t.task_id for t in seed_pool + extra),
+            "policy": config.policy.model_dump(),
+            "environment": config.environment.model_dump(),
+            "seed": config.seed,
+        }
+    )
     out_dir = config.state_dir / "models" / f"tiny-{key[:12]}"
     return str(build_tiny_policy(out_dir, conversations, config.policy, config.seed))
 
@@ -83,7 +100,7 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
             wh.set_pool(config.run_id, 0, [t.task_id for t in seed_pool])
             wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in heldout])
         logger.info("seed pool %d tasks, held-out split %d tasks", len(seed_pool), len(heldout))
-        checkpoint = initial_checkpoint(config, seed_pool)
+        checkpoint = initial_checkpoint(config, seed_pool, heldout)
         baseline = evaluate_checkpoint(config, checkpoint, heldout, round_=HELDOUT_ROUND)
         logger.info("checkpoint 0 at %s: held-out success %.3f", checkpoint, baseline)
         return {"checkpoint": checkpoint, "pool_size": len(seed_pool), "heldout": len(heldout), "baseline_heldout_success": baseline}

@@ -24,7 +24,7 @@ def make_tiny_config(state_dir, **overrides):
         "state_dir": str(state_dir),
         "run_id": "e2e",
         "seed": 3,
-        "policy": {"sft_steps": 40, "hidden_size": 32, "num_layers": 1, "vocab_size": 600, "sft_batch_size": 8},
+        "policy": {"sft_tasks": 16, "sft_steps": 40, "hidden_size": 32, "num_layers": 1, "vocab_size": 600, "sft_batch_size": 8},
         "pool": {"seed_size": 12},
         "rollout": {"tasks_per_round": 4, "group_size": 2, "max_new_tokens": 40, "heldout_tasks": 4},
         "environment": {"max_steps": 6},
