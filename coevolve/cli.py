@@ -1,7 +1,8 @@
-"""Command line: ``coevolve evolve | round | sql | config | status``.
+"""Command line: ``coevolve evolve | round | evaluate | sql | config | status``.
 
     coevolve evolve [--config FILE] [--set section.field=value ...] [--rounds N]
     coevolve round --round R [--config FILE] [--set ...]
+    coevolve evaluate --checkpoint PATH [--categories base,miss_func,...] [--limit N] [--no-heldout]
     coevolve sql "SELECT * FROM v_success_by_round"
     coevolve config --show
     coevolve status
@@ -46,6 +47,7 @@ def prepare_environment(config: PipelineConfig) -> None:
     os.environ.setdefault("BFCL_PROJECT_ROOT", str(state / "bfcl"))
     # The per-round table is the main output; Prefect's own INFO lines go to its API and UI.
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 
 
@@ -141,6 +143,22 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    config = _load(args)
+    from flows.evaluate import coevolve_evaluate
+    from tasks.evaluate import category_name
+
+    # Checked before the flow starts, so a typo fails in a second with the valid names.
+    categories = [category_name(c.strip()) for c in args.categories.split(",") if c.strip()]
+    results = coevolve_evaluate(
+        checkpoint=args.checkpoint, categories=categories, heldout=not args.no_heldout,
+        config=config.model_dump(mode="json"), limit=args.limit,
+    )
+    for split, accuracy in results.items():
+        print(f"{split:<26} {accuracy:.3f}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     config = _load(args)
     from tasks.common import open_warehouse
@@ -182,6 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--show", action="store_true")
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("evaluate", help="Score a checkpoint greedily on official BFCL categories and the held-out split.")
+    common(p)
+    p.add_argument("--checkpoint", required=True, help="Model directory or Hugging Face id.")
+    p.add_argument("--categories", default="multi_turn_base", help="Comma-separated: base, miss_func, miss_param, long_context.")
+    p.add_argument("--no-heldout", action="store_true", help="Skip the run's held-out synthetic split.")
+    p.add_argument("--limit", type=int, default=None, help="Score only the first N tasks of each split.")
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("status", help="Print the finished rounds of a run.")
     common(p)

@@ -76,13 +76,48 @@ class PolicyConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    engine: Literal["transformers"] = Field("transformers", description="Generation backend. transformers runs anywhere.")
+    engine: Literal["transformers", "vllm", "openai"] = Field(
+        "transformers",
+        description=(
+            "Generation backend. 'transformers' runs anywhere; 'vllm' runs vllm.LLM in-process (GPU machines with the "
+            "vllm extra, or the CPU build in .venv-vllm); 'openai' sends token-id prompts to an OpenAI-compatible "
+            "vLLM server at base_url (start it with --logprobs-mode processed_logprobs)."
+        ),
+    )
+    base_url: str | None = Field(
+        None, description="Server URL for engine 'openai', e.g. http://127.0.0.1:8000/v1 (required for that engine)."
+    )
+    served_model: str | None = Field(
+        None,
+        description=(
+            "Model name on the 'openai' server; None sends the round's checkpoint path, which is the name vLLM serves a "
+            "folder under, so a server restarted on each checkpoint needs no setting."
+        ),
+    )
+    api_key_env: str = Field(
+        "COEVOLVE_OPENAI_API_KEY",
+        description="Environment variable holding the 'openai' server's API key, so keys never sit in config files; unset sends none.",
+    )
+    request_timeout_s: float = Field(300.0, gt=0, description="Seconds one 'openai' completion may take: long messages on a busy server.")
+    request_retries: int = Field(3, ge=0, description="Retries of a failed 'openai' request (connection, timeout, 5xx) before the stage fails.")
+    concurrency: int = Field(32, ge=1, description="Requests in flight to the 'openai' server, so its continuous batching sees the batch.")
+    vllm_dtype: str = Field("auto", description="Weights dtype of engine 'vllm'; 'auto' keeps the checkpoint's.")
+    vllm_gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1, description="GPU memory share of engine 'vllm': half leaves room for the update stage's trainer."
+    )
+    vllm_max_model_len: int | None = Field(None, ge=16, description="Context length of engine 'vllm'; None uses the model's.")
     tasks_per_round: int = Field(12, ge=1, description="Tasks drawn from the pool per round (paper: 32 per step).")
     group_size: int = Field(6, ge=2, description="Samples per task, the GRPO group n (paper: 8). At least 2 for an advantage.")
     temperature: float = Field(0.9, ge=0, description="Sampling temperature of training rollouts (paper: 0.9).")
     eval_temperature: float = Field(0.0, ge=0, description="Evaluation decoding; 0 is greedy (paper: greedy).")
     max_new_tokens: int = Field(96, ge=8, description="Tokens per model message (paper: 4096 per response).")
     heldout_tasks: int = Field(50, ge=0, description="Held-out synthetic tasks scored greedily after each round.")
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> RolloutConfig:
+        if self.engine == "openai" and not self.base_url:
+            raise ValueError("rollout.engine is 'openai' but rollout.base_url is not set; give the server URL, e.g. http://127.0.0.1:8000/v1.")
+        return self
 
 
 class SignalConfig(_Section):
@@ -102,11 +137,49 @@ class SynthesisConfig(_Section):
     mode: Literal["signal", "random"] = Field(
         "signal", description="'signal' explores where signals point; 'random' draws targets uniformly (the control)."
     )
-    synthesizer: Literal["programmatic"] = Field("programmatic", description="'programmatic' needs no LLM.")
+    synthesizer: Literal["programmatic", "llm"] = Field(
+        "programmatic",
+        description=(
+            "'programmatic' needs no LLM (the offline default); 'llm' has a chat model on an OpenAI-compatible endpoint "
+            "write the contexts, propose each exploration call and write the queries, as in the paper."
+        ),
+    )
+    llm_base_url: str = Field(
+        "http://127.0.0.1:8000/v1",
+        description="OpenAI-compatible API root (ending in /v1) of the LLM synthesizer and the LLM judge; a local vLLM server by default.",
+    )
+    llm_model: str = Field("", description="Model name sent to the endpoint; required when synthesizer is 'llm' or the judge is on.")
+    llm_api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        description="Name of the environment variable holding the endpoint's API key, so no secret lives in a config file; unset sends none.",
+    )
+    llm_temperature: float = Field(0.7, ge=0, description="Sampling temperature of synthesis calls: some variety across exploration runs.")
+    llm_max_tokens: int = Field(384, ge=16, description="Tokens per LLM reply; contexts and single calls are short.")
+    llm_timeout_s: float = Field(120.0, gt=0, description="Seconds per LLM request before it counts as an infrastructure failure.")
     explorations_per_signal: int = Field(2, ge=1, description="Independent exploration runs per signal (multi-round).")
     steps_per_exploration: int = Field(5, ge=1, description="Environment steps per exploration run (multi-step).")
     min_task_steps: int = Field(3, ge=1, description="Minimal reference length of a synthesized task (paper: 3).")
     max_task_steps: int = Field(5, ge=1, description="Longest reference kept, so the policy can fit it in one message.")
+
+
+class ValidationConfig(_Section):
+    llm_judge: bool = Field(
+        False,
+        description=(
+            "Also ask an LLM (synthesis.llm_* endpoint) to judge each replayed candidate on the paper's five criteria; "
+            "off by default because the embedded run has no LLM endpoint."
+        ),
+    )
+    embedding_dedupe: bool = Field(
+        False,
+        description=(
+            "Reject candidates whose query is too similar to a pool task's (all-MiniLM-L6-v2 embeddings, optional extra "
+            "'similarity'); off by default: exact and normalized action-sequence dedupe already runs."
+        ),
+    )
+    similarity_threshold: float = Field(
+        0.95, gt=0, le=1, description="Cosine similarity at or above which a candidate's query counts as a near-duplicate."
+    )
 
 
 class PoolConfig(_Section):
@@ -141,6 +214,7 @@ class PipelineConfig(_Section):
     rollout: RolloutConfig = RolloutConfig()
     signals: SignalConfig = SignalConfig()
     synthesis: SynthesisConfig = SynthesisConfig()
+    validation: ValidationConfig = ValidationConfig()
     pool: PoolConfig = PoolConfig()
     training: TrainingConfig = TrainingConfig()
     tracking: TrackingConfig = TrackingConfig()
@@ -151,6 +225,12 @@ class PipelineConfig(_Section):
             raise ValueError(
                 f"synthesis.max_task_steps ({self.synthesis.max_task_steps}) is below synthesis.min_task_steps "
                 f"({self.synthesis.min_task_steps}); raise max_task_steps or lower min_task_steps."
+            )
+        needs_llm = self.synthesis.synthesizer == "llm" or self.validation.llm_judge
+        if needs_llm and not self.synthesis.llm_model:
+            raise ValueError(
+                "synthesis.llm_model is empty but synthesis.synthesizer is 'llm' or validation.llm_judge is on; "
+                "set synthesis.llm_model to the endpoint's model name (and synthesis.llm_base_url to its /v1 root)."
             )
         return self
 

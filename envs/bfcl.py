@@ -70,6 +70,7 @@ class BfclEnvironment:
         max_observation_chars: int = 240,
         stop_on_failure: bool = True,
         tool_list: str = "described",
+        irrelevance_check: bool = False,
     ):
         self.max_steps_per_turn = max_steps_per_turn
         if tool_list not in TOOL_LISTS:
@@ -80,6 +81,10 @@ class BfclEnvironment:
         self.max_observation_chars = max_observation_chars
         # A failed turn already fixes the reward at 0; stopping saves the rest of the rollout.
         self.stop_on_failure = stop_on_failure
+        # bfcl-eval's multi-turn runner never calls its multi_turn_irrelevance_checker: calls in a turn
+        # whose reference is empty run (and can break the next turn's state check) but do not fail it.
+        # Off matches the official scores; on also fails such a turn at once, as that checker would.
+        self.irrelevance_check = irrelevance_check
         self._task: Task | None = None
         self._model: dict[str, Any] = {}
         self._truth: dict[str, Any] = {}
@@ -152,7 +157,7 @@ class BfclEnvironment:
 
     def _check_turn(self, turn: int, reference: list[ToolCall], truth_results: list[str]) -> dict[str, Any] | None:
         if not reference:
-            if self._turn_called:
+            if self._turn_called and self.irrelevance_check:
                 return _failure(
                     turn,
                     "multi_turn:irrelevance_error:decoder_success",

@@ -29,6 +29,8 @@ from coevolve.errors import DataError, InfrastructureError  # noqa: E402
 # MLflow reserves the alias "latest" (models:/<name>/latest already means the newest version),
 # so the newest round's version gets this alias instead.
 CURRENT_ALIAS = "current"
+# The version with the highest held-out success so far (the earliest one on ties).
+BEST_ALIAS = "best"
 
 RUN_NAME_TAG = "coevolve.run_name"
 VERSION_TAG = "coevolve.model_version"
@@ -101,14 +103,20 @@ class Tracker:
         """Logs one round in one MLflow run and registers its checkpoint as a new model version.
 
         Idempotent: when a finished run with this run_name already registered a version, its info
-        is returned and nothing is logged. A run left unfinished by a crash is marked FAILED and
-        the round is logged again from scratch.
+        is returned and nothing is logged. A run left unfinished by a crash after it registered its
+        version is finished instead of logged again, so a round never gets two versions; one that
+        crashed earlier is marked FAILED and the round is logged again from scratch.
         """
         self.registered_model = registered_model
         for run in self._runs_named(run_name, finished_only=True):
             if run.data.tags.get(VERSION_TAG):
                 return self._info(run)
         for stale in self._runs_named(run_name, finished_only=False):
+            if stale.info.status == "FINISHED":
+                continue
+            registered = self._versions_of_run(registered_model, stale.info.run_id)
+            if registered:
+                return self._adopt(stale.info.run_id, registered_model, registered[0])
             if stale.info.status == "RUNNING":
                 self.client.set_terminated(stale.info.run_id, "FAILED")
         if not Path(pool_path).is_file():
@@ -136,6 +144,20 @@ class Tracker:
             self.client.set_terminated(run_id, "FAILED")
             raise
         return {"mlflow_run_id": run_id, "model_version": version, "model_uri": f"models:/{registered_model}/{version}"}
+
+    def _versions_of_run(self, name: str, run_id: str) -> list[str]:
+        try:
+            found = self.client.search_model_versions(f"name = '{_quote(name)}' and run_id = '{_quote(run_id)}'")
+        except MlflowException:
+            return []  # the registered model does not exist yet
+        return sorted((str(v.version) for v in found), key=int)
+
+    def _adopt(self, run_id: str, name: str, version: str) -> dict[str, str]:
+        # Everything the run logs comes before its registration, so only the closing calls are missing.
+        self.client.set_registered_model_alias(name, CURRENT_ALIAS, version)
+        self.client.set_tag(run_id, VERSION_TAG, version)
+        self.client.set_terminated(run_id, "FINISHED")
+        return {"mlflow_run_id": run_id, "model_version": version, "model_uri": f"models:/{name}/{version}"}
 
     def _log_pool(self, run_id: str, pool_path: Path, pool_digest: str) -> None:
         frame = pl.read_parquet(pool_path)
@@ -210,6 +232,33 @@ class Tracker:
             raise DataError(f"Name the registered model: the store holds {len(names)} ({', '.join(names)}).")
         return names[0]
 
+    def update_best(self, name: str, metric: str = "heldout_success") -> str | None:
+        """Points alias "best" at the version whose run logged the highest ``metric``; returns it.
+
+        Recomputed from every version each time, so a re-run or a resumed round sets the same
+        alias; on ties the earliest version keeps it. None when no version has the metric.
+        """
+        try:
+            versions = self.client.search_model_versions(f"name = '{_quote(name)}'")
+        except MlflowException:
+            return None
+        scored: list[tuple[float, int]] = []
+        for version in versions:
+            if not version.run_id:
+                continue
+            value = self.client.get_run(version.run_id).data.metrics.get(metric)
+            if value is not None:
+                scored.append((float(value), -int(version.version)))
+        if not scored:
+            return None
+        best = str(-max(scored)[1])
+        self.client.set_registered_model_alias(name, BEST_ALIAS, best)
+        return best
+
+    def attach_artifact(self, mlflow_run_id: str, path: Path, folder: str = "figures") -> None:
+        """Adds a file to an existing run (finished or not), under ``folder``; the same name replaces it."""
+        self.client.log_artifact(mlflow_run_id, str(path), folder)
+
     def log_figure(self, run_name: str, path: Path) -> None:
         """Attaches a figure file to the run named run_name (a new run when there is none)."""
         runs = self._runs_named(run_name, finished_only=False)
@@ -221,3 +270,22 @@ class Tracker:
         )
         self.client.log_artifact(run.info.run_id, str(path), "figures")
         self.client.set_terminated(run.info.run_id, "FINISHED")
+
+    def log_evaluation(self, run_name: str, metrics: dict[str, float], params: dict[str, Any], tags: dict[str, str]) -> str:
+        """Logs one evaluation of a checkpoint as its own finished MLflow run; returns the run id."""
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=run_name,
+            tags={RUN_NAME_TAG: run_name, "coevolve.kind": "evaluation", **{k: str(v) for k, v in tags.items()}},
+        )
+        try:
+            self.client.log_batch(
+                run.info.run_id,
+                metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()],
+                params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+            )
+        except BaseException:
+            self.client.set_terminated(run.info.run_id, "FAILED")
+            raise
+        self.client.set_terminated(run.info.run_id, "FINISHED")
+        return run.info.run_id

@@ -1,25 +1,48 @@
-"""Evaluation stage: a checkpoint's greedy success on the run's held-out synthetic tasks.
+"""Evaluation stage: a checkpoint's greedy success on the run's held-out split and on official BFCL categories.
 
 Held-out tasks come from the same explorer as the seed pool but another seed, and the
-validator refuses any candidate equal to one, so the policy never trains on them.
-Results go to the warehouse's ``evaluations`` table, one row per task.
+validator refuses any candidate equal to one, so the policy never trains on them. Official
+categories are the BFCL v3 multi-turn entries (all 200 of multi_turn_base is the paper's protocol).
+Results go to the warehouse's ``evaluations`` table, one row per task, under
+(run, round, split); the split of an official category is its name, so a long-context entry and
+its base twin (same task_id) never share a key.
+
+The round flow calls ``evaluate_task``; ``flows/evaluate.py`` (``coevolve evaluate``) calls
+``evaluate_split_task`` once per split.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from coevolve.config import PipelineConfig
+from coevolve.errors import ConfigError
 from coevolve.records import Task
-from tasks.common import load_engine, max_context, open_warehouse
+from tasks.common import HELDOUT_ROUND, load_engine, max_context, open_warehouse
 from tasks.rollout import play_episodes, success_rate
+
+HELDOUT_SPLIT = "heldout"
+# Evaluation rows of a checkpoint that no round of the run produced (a hub model, a checkpoint
+# from elsewhere): they share this round, so the newest such evaluation replaces the previous one.
+EXTERNAL_ROUND = -2
 
 
 def evaluate_checkpoint(
-    config: PipelineConfig, checkpoint: str, tasks: list[Task], round_: int, split: str = "heldout"
+    config: PipelineConfig,
+    checkpoint: str,
+    tasks: list[Task],
+    round_: int,
+    split: str = HELDOUT_SPLIT,
+    engine: Any | None = None,
 ) -> float:
-    """Greedy success rate of ``checkpoint`` on ``tasks``; rows are stored under (run, round, split)."""
+    """Greedy success rate of ``checkpoint`` on ``tasks``; rows are stored under (run, round, split).
+
+    Pass ``engine`` to reuse a loaded model across splits.
+    """
     if not tasks:
         return 0.0
-    engine = load_engine(checkpoint, config)
+    engine = engine or load_engine(checkpoint, config)
     trajectories = play_episodes(
         engine,
         tasks,
@@ -42,12 +65,62 @@ def evaluate_checkpoint(
     return success_rate(trajectories)
 
 
+def category_name(name: str) -> str:
+    """``base`` or ``multi_turn_base`` -> ``multi_turn_base``; an unknown name fails with the choices."""
+    from envs.bfcl import CATEGORIES
+
+    full = name if name.startswith("multi_turn_") else f"multi_turn_{name}"
+    if full not in CATEGORIES:
+        raise ConfigError(f"unknown BFCL category {name!r}; choose from {', '.join(CATEGORIES)} (or without 'multi_turn_')")
+    return full
+
+
+def split_tasks(config: PipelineConfig, split: str, limit: int | None = None) -> list[Task]:
+    """The tasks of one split: the run's held-out pool, or every entry of an official category.
+
+    A run without a held-out split yet gets the one its round 0 would build (same seed, same tasks).
+    """
+    if split == HELDOUT_SPLIT:
+        with open_warehouse(config) as wh:
+            tasks = wh.pool(config.run_id, HELDOUT_ROUND)
+        if not tasks:
+            from tasks.prepare import build_initial_pools
+
+            tasks = build_initial_pools(config)[1]
+            with open_warehouse(config) as wh:
+                wh.write_tasks(tasks)
+                wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in tasks])
+    else:
+        from envs.bfcl import official_tasks
+
+        tasks = official_tasks(category_name(split))
+    return tasks[:limit] if limit is not None else tasks
+
+
+def evaluation_round(config: PipelineConfig, checkpoint: str) -> int:
+    """The round a checkpoint's evaluation rows belong to, as the round flow stores them.
+
+    Round r's update writes checkpoint r+1 and its held-out rows go under round r; checkpoint 0
+    (round 0's prepare) goes under HELDOUT_ROUND; any other checkpoint under EXTERNAL_ROUND.
+    """
+
+    def same(path: str | None) -> bool:
+        return bool(path) and Path(path).resolve() == Path(checkpoint).resolve()
+
+    with open_warehouse(config) as wh:
+        for summary in wh.rounds(config.run_id):
+            if same(summary.checkpoint):
+                return summary.round
+        prepared = wh.stage_output(config.run_id, 0, "prepare") or {}
+    return HELDOUT_ROUND if same(prepared.get("checkpoint")) else EXTERNAL_ROUND
+
+
 # --- Prefect task -------------------------------------------------------------------------------
 from prefect import get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import HELDOUT_ROUND, resumable  # noqa: E402
+from tasks.common import resumable  # noqa: E402
 
 
 @task(name="evaluate", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
@@ -62,3 +135,12 @@ def evaluate_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
         return {"heldout_success": rate, "heldout_tasks": len(heldout)}
 
     return resumable(config, round_, "evaluate", compute)
+
+
+@task(name="evaluate-split", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
+def evaluate_split_task(config: PipelineConfig, checkpoint: str, split: str, round_: int, limit: int | None = None) -> dict:
+    """Score ``checkpoint`` greedily on one split (``heldout`` or an official category) and store the rows."""
+    tasks = split_tasks(config, split, limit)
+    rate = evaluate_checkpoint(config, checkpoint, tasks, round_, split)
+    get_run_logger().info("%s: accuracy %.3f on %d tasks", split, rate, len(tasks))
+    return {"split": split, "accuracy": rate, "tasks": len(tasks)}

@@ -39,91 +39,124 @@ def _patterns(frame: pl.LazyFrame, kind: str) -> pl.LazyFrame:
     return frame.with_columns(patterns.fill_null(pl.lit([], dtype=pl.List(pl.String))).alias("patterns"))
 
 
-def mine_signals(frame: pl.DataFrame, round_: int, run_id: str, config: SignalConfig) -> list[Signal]:
-    """All enabled signals of ``round_`` from the run's trajectory frame (rounds <= round_)."""
-    lazy = frame.lazy().filter(pl.col("round") <= round_)
+# Columns mining reads; everything else in the trajectory frame is dropped before any work.
+COLUMNS = ("trajectory_id", "round", "task_id", "sample", "reward", "tool_sequence")
+
+
+def mine_frames(frame: pl.DataFrame, round_: int, config: SignalConfig) -> dict[str, pl.DataFrame]:
+    """The enabled signals of ``round_`` as one frame per kind, sorted by trajectory_id.
+
+    Columns: trajectory_id, task_id and the kind's evidence (forgetting: window, reward;
+    boundary: rewards; rare: pattern, count, total). Linear in the frame's rows: the history is
+    scanned with grouped aggregations and only this round's rows are joined; the kinds' plans run
+    in parallel. benchmarks/mining.py measures it.
+    """
+    lazy = frame.lazy().select(COLUMNS).filter(pl.col("round") <= round_)
+    current = lazy.filter(pl.col("round") == round_).select("trajectory_id", "task_id", "sample", "reward").collect()
+    plans: dict[str, pl.LazyFrame] = {}
+    if not current.is_empty():
+        if "forgetting" in config.enabled:
+            plans["forgetting"] = _forgetting(lazy, current, round_, config.forgetting_window)
+        if "boundary" in config.enabled:
+            plans["boundary"] = _boundary(current)
+        total = int((frame["round"] <= round_).sum())
+        if "rare" in config.enabled and total >= config.rare_min_total:
+            plans["rare"] = _rare(lazy, round_, config, total)
+    return dict(zip(plans, pl.collect_all(list(plans.values())))) if plans else {}
+
+
+def signals_from_frames(frames: dict[str, pl.DataFrame], round_: int, run_id: str) -> list[Signal]:
+    """Signal records from mine_frames' output, kinds in SIGNAL_KINDS order."""
     signals: list[Signal] = []
-    if "forgetting" in config.enabled:
-        signals += _forgetting(lazy, round_, run_id, config.forgetting_window)
-    if "boundary" in config.enabled:
-        signals += _boundary(lazy, round_, run_id)
-    if "rare" in config.enabled:
-        signals += _rare(lazy, round_, run_id, config)
+    for kind in SIGNAL_KINDS:
+        fired = frames.get(kind)
+        if fired is None or fired.is_empty():
+            continue
+        ids, tasks = fired["trajectory_id"].to_list(), fired["task_id"].to_list()
+        if kind == "forgetting":
+            evidence = [{"window": w, "score": r} for w, r in zip(fired["window"].to_list(), fired["reward"].to_list())]
+        elif kind == "boundary":
+            evidence = [{"group_rewards": r} for r in fired["rewards"].to_list()]
+        else:
+            evidence = [
+                {"pattern": p, "count": c, "total": t}
+                for p, c, t in zip(fired["pattern"].to_list(), fired["count"].to_list(), fired["total"].to_list())
+            ]
+        signals += [Signal(run_id, round_, kind, tid, task, ev) for tid, task, ev in zip(ids, tasks, evidence)]
     return signals
 
 
-def _forgetting(lazy: pl.LazyFrame, round_: int, run_id: str, window: int) -> list[Signal]:
+def mine_signals(frame: pl.DataFrame, round_: int, run_id: str, config: SignalConfig) -> list[Signal]:
+    """All enabled signals of ``round_`` from the run's trajectory frame (rounds <= round_)."""
+    return signals_from_frames(mine_frames(frame, round_, config), round_, run_id)
+
+
+def _forgetting(lazy: pl.LazyFrame, current: pl.DataFrame, round_: int, window: int) -> pl.LazyFrame:
+    # Only tasks played this round can fire, so the history is cut to them before grouping.
     history = (
         lazy.filter(pl.col("round") < round_)
-        .sort(["task_id", "round", "sample"])
+        .select("task_id", "round", "sample", "reward")
+        .join(current.lazy().select("task_id").unique(), on="task_id", how="semi")
         .group_by("task_id")
-        .agg(pl.col("reward").tail(window).alias("window"))
+        .agg(pl.col("reward").sort_by(["round", "sample"]).tail(window).alias("window"))
+        .filter(pl.col("window").list.max() >= 0.5)
     )
-    current = lazy.filter(pl.col("round") == round_)
-    fired = (
-        current.join(history, on="task_id", how="inner")
-        .filter((pl.col("window").list.max() >= 0.5) & (pl.col("reward") < 0.5))
+    return (
+        current.lazy()
+        .filter(pl.col("reward") < 0.5)
+        .join(history, on="task_id", how="inner")
+        .select("trajectory_id", "task_id", "window", "reward")
         .sort("trajectory_id")
-        .collect()
     )
-    return [
-        Signal(run_id, round_, "forgetting", row["trajectory_id"], row["task_id"], {"window": list(row["window"]), "score": row["reward"]})
-        for row in fired.iter_rows(named=True)
-    ]
 
 
-def _boundary(lazy: pl.LazyFrame, round_: int, run_id: str) -> list[Signal]:
-    current = lazy.filter(pl.col("round") == round_)
+def _boundary(current: pl.DataFrame) -> pl.LazyFrame:
     groups = (
-        current.group_by("task_id")
+        current.lazy()
+        .group_by("task_id")
         .agg(
             (pl.col("reward") > 0.5).any().alias("has_high"),
             (pl.col("reward") < 0.5).any().alias("has_low"),
             pl.col("reward").sort_by("sample").alias("rewards"),
         )
         .filter(pl.col("has_high") & pl.col("has_low"))
+        .select("task_id", "rewards")
     )
-    fired = current.join(groups, on="task_id", how="inner").sort("trajectory_id").collect()
-    return [
-        Signal(run_id, round_, "boundary", row["trajectory_id"], row["task_id"], {"group_rewards": list(row["rewards"])})
-        for row in fired.iter_rows(named=True)
-    ]
+    return current.lazy().join(groups, on="task_id", how="inner").select("trajectory_id", "task_id", "rewards").sort("trajectory_id")
 
 
-def _rare(lazy: pl.LazyFrame, round_: int, run_id: str, config: SignalConfig) -> list[Signal]:
-    with_patterns = _patterns(lazy, config.pattern)
-    total = with_patterns.select(pl.len()).collect().item()
-    if total < config.rare_min_total:
-        return []
-    counts = (
-        with_patterns.select("patterns")
-        .explode("patterns")
-        .drop_nulls()
-        .group_by("patterns")
-        .agg(pl.len().alias("count"))
-        .rename({"patterns": "pattern"})
-        .filter((pl.col("count") > 0) & (pl.col("count") / total < config.rare_theta / 100))
-    )
-    fired = (
-        with_patterns.filter(pl.col("round") == round_)
-        .explode("patterns")
-        .rename({"patterns": "pattern"})
-        .join(counts, on="pattern", how="inner")
+def _rare(lazy: pl.LazyFrame, round_: int, config: SignalConfig, total: int) -> pl.LazyFrame:
+    """This round's trajectories that contain a rare pattern (the first one, by text, when several).
+
+    For whole tool sequences the list itself is the group key: grouping a list column is several
+    times faster than joining a million sequences into strings, and only the rare ones are
+    joined into their ``a>b>c`` text.
+    """
+    rare_share = pl.col("count") / total < config.rare_theta / 100
+    if config.pattern == "tool_sequence":
+        keyed = lazy.select("trajectory_id", "task_id", "round", pl.col("tool_sequence").alias("key"))
+        # Empty sequences are dropped after grouping: filtering a million lists first copies them all.
+        counts = (
+            keyed.group_by("key")
+            .agg(pl.len().alias("count"))
+            .filter(rare_share & (pl.col("key").list.len() > 0))
+            .with_columns(pl.col("key").list.join(">").alias("pattern"))
+        )
+    else:
+        keyed = (
+            _patterns(lazy, config.pattern)
+            .select("trajectory_id", "task_id", "round", pl.col("patterns").alias("key"))
+            .explode("key")
+            .drop_nulls("key")
+        )
+        counts = keyed.group_by("key").agg(pl.len().alias("count")).filter(rare_share).with_columns(pl.col("key").alias("pattern"))
+    return (
+        keyed.filter(pl.col("round") == round_)
+        .join(counts, on="key", how="inner")
+        .select("trajectory_id", "task_id", "pattern", pl.col("count").cast(pl.Int64), pl.lit(total, dtype=pl.Int64).alias("total"))
         .sort(["trajectory_id", "pattern"])
         .unique(subset=["trajectory_id"], keep="first", maintain_order=True)
-        .collect()
     )
-    return [
-        Signal(
-            run_id,
-            round_,
-            "rare",
-            row["trajectory_id"],
-            row["task_id"],
-            {"pattern": row["pattern"], "count": int(row["count"]), "total": int(total)},
-        )
-        for row in fired.iter_rows(named=True)
-    ]
 
 
 def select_for_synthesis(signals: list[Signal], limit: int) -> list[Signal]:

@@ -3,7 +3,10 @@
 Round 0 builds the run's starting point: the seed pool D_0 from unguided exploration, a
 held-out split of synthetic tasks the policy never trains on, and checkpoint 0 (for the
 embedded default, a tiny model fine-tuned on demonstrations of the seed pool only). Later
-rounds pick up the checkpoint the previous round's update wrote, after checking it is there.
+rounds pick up the checkpoint the previous round's update wrote, after checking it against the
+digest the previous round's version stage recorded, and check the pool they start from (the
+warehouse's pool r and its snapshot file) against the recorded pool digest: a corrupt or missing
+file stops the round with its path instead of training on it.
 """
 
 from __future__ import annotations
@@ -68,6 +71,48 @@ def checkpoint_is_usable(path: str) -> bool:
     return (local / "config.json").is_file() and any(local.glob("*.safetensors"))
 
 
+def verify_round_inputs(config: PipelineConfig, round_: int) -> str:
+    """For round r > 0: the checkpoint and pool that round r-1 recorded, checked against their digests.
+
+    Returns the checkpoint path. Raises DataError naming the file when round r-1 did not finish,
+    when the checkpoint is missing or its digest changed, or when pool r (the snapshot file or the
+    warehouse's membership) no longer matches the recorded pool digest.
+    """
+    from storage.pool import pool_digest, read_pool_snapshot
+    from tasks.common import checkpoint_digest, open_warehouse
+
+    previous = round_ - 1
+    with open_warehouse(config) as wh:
+        updated = wh.stage_output(config.run_id, previous, "update")
+        versioned = wh.stage_output(config.run_id, previous, "version")
+        pool = wh.pool(config.run_id, round_)
+    if updated is None or versioned is None:
+        raise DataError(f"Round {previous} of run {config.run_id!r} has not finished; run it before round {round_}.")
+    checkpoint = str(updated["checkpoint"])
+    if not checkpoint_is_usable(checkpoint):
+        raise DataError(f"Checkpoint {checkpoint} of round {round_} is missing or incomplete (no config.json or weights).")
+    expected = versioned.get("checkpoint_digest")
+    if expected and Path(checkpoint).is_dir():
+        actual = checkpoint_digest(checkpoint)
+        if actual != expected:
+            raise DataError(
+                f"Checkpoint {checkpoint} of round {round_} has digest {actual[:16]}, but round {previous} recorded "
+                f"{expected[:16]}: the files changed after they were versioned. Restore them from MLflow "
+                f"(model {config.tracking.registered_model!r} version {versioned.get('model_version')})."
+            )
+    expected_pool = versioned.get("pool_digest")
+    if expected_pool:
+        read_pool_snapshot(config.pool_path(round_), expected_digest=expected_pool)
+        actual_pool = pool_digest(pool)
+        if actual_pool != expected_pool:
+            raise DataError(
+                f"Pool {round_} of run {config.run_id!r} in the warehouse {config.warehouse_path} has digest "
+                f"{actual_pool[:16]}, but its snapshot {config.pool_path(round_)} was recorded as {expected_pool[:16]}: "
+                "the warehouse's pool membership or tasks changed after the round was versioned."
+            )
+    return checkpoint
+
+
 # --- Prefect task -------------------------------------------------------------------------------
 from prefect import get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
@@ -81,14 +126,7 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
     """Round 0: seed pool, held-out split, checkpoint 0. Later rounds: the previous round's checkpoint."""
     logger = get_run_logger()
     if round_ > 0:
-        with open_warehouse(config) as wh:
-            previous = wh.stage_output(config.run_id, round_ - 1, "update")
-        if previous is None:
-            raise DataError(f"Round {round_ - 1} of run {config.run_id!r} has not finished its update; run it before round {round_}.")
-        checkpoint = previous["checkpoint"]
-        if not checkpoint_is_usable(checkpoint):
-            raise DataError(f"Checkpoint {checkpoint} of round {round_} is missing or incomplete (no config.json or weights).")
-        return {"checkpoint": checkpoint}
+        return {"checkpoint": verify_round_inputs(config, round_)}
 
     def compute() -> dict:
         from tasks.evaluate import evaluate_checkpoint

@@ -10,13 +10,16 @@ For each selected signal the programmatic synthesizer (the offline default, no L
 
 The random control (``synthesis.mode = "random"``) draws the same number of exploration
 targets uniformly from the pool and the tools, with everything else unchanged.
+
+Both synthesizers implement the ``Synthesizer`` protocol; ``synthesis.synthesizer`` picks one:
+"programmatic" (this file) or "llm" (tasks/llm_synthesis.py, any OpenAI-compatible endpoint).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from typing import Any
+from typing import Any, Protocol
 
 from tqdm.auto import tqdm
 
@@ -32,11 +35,36 @@ GUIDANCE: dict[str, str] = {
 }
 
 
+class Synthesizer(Protocol):
+    """Turns signals into candidate tasks: context, re-exploration, abstraction.
+
+    Returns the candidates and, per signal id, the record of how they were made (at least the
+    signal-conditioned context). Never raises on bad data: a broken exploration or malformed model
+    output is skipped with a reason; only InfrastructureError escapes, for Prefect to retry.
+    """
+
+    name: str
+
+    def synthesize(
+        self,
+        signals: list[Signal],
+        tasks_by_id: dict[str, Task],
+        tool_sequences: dict[str, list[str]],
+        config: SynthesisConfig,
+        round_: int,
+        seed: int,
+        progress: bool = True,
+    ) -> tuple[list[Candidate], dict[str, dict[str, Any]]]: ...
+
+
 def build_context(signal: Signal, task: Task, tool_sequence: list[str], known_tools: list[str]) -> dict[str, Any]:
     """The signal-conditioned context that steers exploration, built from the signal's evidence."""
     reference_tools = task.tools
     used = [t for t in tool_sequence if t in known_tools]
-    if signal.kind == "forgetting":
+    if signal.kind == "random":
+        cause = "none: the target was drawn uniformly (control arm)"
+        focus = [t for t in signal.evidence.get("focus_tools", []) if t in known_tools] or reference_tools
+    elif signal.kind == "forgetting":
         cause = f"scored {signal.evidence.get('score')} after scoring {max(signal.evidence.get('window') or [0])} before"
         focus = reference_tools
     elif signal.kind == "boundary":
@@ -117,7 +145,10 @@ def synthesize_from_signals(
         context = build_context(signal, task, tool_sequences.get(signal.trajectory_id, []), tools_of(task))
         contexts[signal.signal_id] = context
         provenance = Provenance(
-            origin=signal.kind, round=round_, parent_trajectory_id=signal.trajectory_id, signal_id=signal.signal_id
+            origin=signal.kind,
+            round=round_,
+            parent_trajectory_id=None if signal.kind == "random" else signal.trajectory_id,
+            signal_id=signal.signal_id,
         )
         rng = random.Random(f"{seed}:{round_}:{signal.signal_id}")
         for new in _explore_and_abstract(task, context["focus_patterns"], provenance, config, rng, signal.signal_id):
@@ -125,20 +156,76 @@ def synthesize_from_signals(
     return candidates, contexts
 
 
-def synthesize_random(
-    pool: list[Task], count: int, config: SynthesisConfig, round_: int, seed: int, progress: bool = True
-) -> list[Candidate]:
-    """The control arm: ``count`` exploration targets drawn uniformly (state and tools)."""
+class ProgrammaticSynthesizer:
+    """The offline synthesizer: evidence-built contexts, focused random walks, templated queries."""
+
+    name = "programmatic"
+
+    def synthesize(
+        self,
+        signals: list[Signal],
+        tasks_by_id: dict[str, Task],
+        tool_sequences: dict[str, list[str]],
+        config: SynthesisConfig,
+        round_: int,
+        seed: int,
+        progress: bool = True,
+    ) -> tuple[list[Candidate], dict[str, dict[str, Any]]]:
+        return synthesize_from_signals(signals, tasks_by_id, tool_sequences, config, round_, seed, progress)
+
+
+def make_synthesizer(config: SynthesisConfig) -> Synthesizer:
+    """The synthesizer ``config.synthesizer`` names."""
+    if config.synthesizer == "llm":
+        from tasks.llm_client import ChatClient
+        from tasks.llm_synthesis import LLMSynthesizer
+
+        return LLMSynthesizer(ChatClient.from_config(config))
+    return ProgrammaticSynthesizer()
+
+
+def random_targets(pool: list[Task], count: int, round_: int, seed: int) -> list[Signal]:
+    """The control arm's ``count`` exploration targets: a uniformly drawn pool task and 2-3 of its tools each.
+
+    They are Signals of kind "random" (signal id ``random:<round>:<i>``), so every synthesizer
+    spends exactly the same volume on them as on ``count`` mined signals.
+    """
     rng = random.Random(f"{seed}:{round_}:random")
-    candidates: list[Candidate] = []
-    for i in tqdm(range(count), desc="synthesize (random)", unit="target", disable=not progress, leave=False):
+    targets: list[Signal] = []
+    for i in range(count if pool else 0):
         task = rng.choice(pool)
         tools = tools_of(task)
         focus = rng.sample(tools, k=min(len(tools), rng.randint(2, 3)))
-        provenance = Provenance(origin="random", round=round_, signal_id=f"random:{round_}:{i}")
-        for new in _explore_and_abstract(task, focus, provenance, config, rng, f"random:{round_}:{i}"):
-            candidates.append(Candidate(task=new, signal_id=provenance.signal_id))
-    return candidates
+        targets.append(Signal("", round_, "random", f"{round_}:{i}", task.task_id, {"focus_tools": focus}))
+    return targets
+
+
+def synthesize_random(
+    pool: list[Task],
+    count: int,
+    config: SynthesisConfig,
+    round_: int,
+    seed: int,
+    progress: bool = True,
+    synthesizer: Synthesizer | None = None,
+) -> list[Candidate]:
+    """The control arm: ``count`` exploration targets drawn uniformly (state and tools)."""
+    return synthesize_targets(random_targets(pool, count, round_, seed), pool, config, round_, seed, progress, synthesizer)[0]
+
+
+def synthesize_targets(
+    targets: list[Signal],
+    pool: list[Task],
+    config: SynthesisConfig,
+    round_: int,
+    seed: int,
+    progress: bool = True,
+    synthesizer: Synthesizer | None = None,
+    tool_sequences: dict[str, list[str]] | None = None,
+) -> tuple[list[Candidate], dict[str, dict[str, Any]]]:
+    """Candidates and records for mined signals or random targets, with the configured synthesizer."""
+    chosen = synthesizer or make_synthesizer(config)
+    return chosen.synthesize(targets, {t.task_id: t for t in pool}, tool_sequences or {}, config, round_, seed, progress)
 
 
 # --- Prefect task -------------------------------------------------------------------------------
@@ -159,19 +246,25 @@ def synthesize_task(config: PipelineConfig, round_: int, selected: list[str]) ->
         with open_warehouse(config) as wh:
             pool = wh.pool(config.run_id, round_)
             frame = wh.trajectory_frame(config.run_id, upto_round=round_)
-        contexts: dict = {}
+        sequences: dict[str, list[str]] = {}
         if config.synthesis.mode == "random":
-            candidates = synthesize_random(pool, len(selected), config.synthesis, round_, config.seed)
+            targets = random_targets(pool, len(selected), round_, config.seed)
         else:
             wanted = set(selected)
-            signals = [s for s in mine_signals(frame, round_, config.run_id, config.signals) if s.signal_id in wanted]
-            signals.sort(key=lambda s: selected.index(s.signal_id))
+            targets = [s for s in mine_signals(frame, round_, config.run_id, config.signals) if s.signal_id in wanted]
+            targets.sort(key=lambda s: selected.index(s.signal_id))
             current = frame.filter(frame["round"] == round_)
             sequences = dict(zip(current["trajectory_id"].to_list(), current["tool_sequence"].to_list()))
-            candidates, contexts = synthesize_from_signals(
-                signals, {t.task_id: t for t in pool}, sequences, config.synthesis, round_, config.seed
-            )
-        get_run_logger().info("round %d: %d candidates from %d targets", round_, len(candidates), len(selected))
+        candidates, contexts = synthesize_targets(targets, pool, config.synthesis, round_, config.seed, tool_sequences=sequences)
+        rejections = sum(len(c.get("rejections", [])) for c in contexts.values())
+        get_run_logger().info(
+            "round %d: %s synthesizer, %d candidates from %d targets (%d rejected model replies)",
+            round_,
+            config.synthesis.synthesizer,
+            len(candidates),
+            len(targets),
+            rejections,
+        )
         return {
             "candidates": [{"task": c.task.to_dict(), "signal_id": c.signal_id} for c in candidates],
             "contexts": contexts,

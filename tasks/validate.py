@@ -4,14 +4,21 @@ Every candidate is replayed from its initial state in a fresh environment. It is
 its whole reference executes without an error and changes the environment's state, when it is
 long enough, and when it is new: not a held-out task, not a pool task, and not the same
 normalized action sequence as one. Every rejection carries its reason.
+
+Two optional checks (``validation`` section, both off by default): an LLM judge on the paper's
+five criteria (tasks/judge.py) after a clean replay, and a near-duplicate check of the query by
+embedding similarity (tasks/similarity.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from coevolve.config import PoolConfig, SynthesisConfig
 from coevolve.records import Candidate, Task, Verdict, digest
+
+if TYPE_CHECKING:
+    from tasks.similarity import NearDuplicateIndex
 
 
 def _normal(value: Any) -> Any:
@@ -51,9 +58,18 @@ def judge(candidate: Task, min_steps: int) -> Verdict:
 
 
 def validate_candidates(
-    candidates: list[Candidate], pool: list[Task], heldout_ids: set[str], config: SynthesisConfig
+    candidates: list[Candidate],
+    pool: list[Task],
+    heldout_ids: set[str],
+    config: SynthesisConfig,
+    llm_judge: Callable[[Task], Verdict] | None = None,
+    near_duplicates: NearDuplicateIndex | None = None,
 ) -> list[Candidate]:
-    """Each candidate with its verdict, in input order."""
+    """Each candidate with its verdict, in input order.
+
+    ``near_duplicates`` holds the pool's queries (tasks/similarity.py); ``llm_judge`` has the last
+    word on candidates that replayed cleanly.
+    """
     seen_ids = {t.task_id: t.task_id for t in pool}
     seen_actions = {action_key(t): t.task_id for t in pool}
     judged: list[Candidate] = []
@@ -68,9 +84,18 @@ def validate_candidates(
             verdict = Verdict(False, f"same action sequence as {seen_actions[key]}")
         else:
             verdict = judge(task, config.min_task_steps)
+        if verdict.accepted and near_duplicates is not None:
+            nearest, score = near_duplicates.check(" ".join(task.turns))
+            if nearest is not None:
+                verdict = Verdict(False, f"near-duplicate query of {nearest} (cosine {score:.3f})")
+        if verdict.accepted and llm_judge is not None:
+            opinion = llm_judge(task)
+            verdict = Verdict(opinion.accepted, opinion.reason if not opinion.accepted else f"{verdict.reason}; {opinion.reason}")
         if verdict.accepted:
             seen_ids[task.task_id] = task.task_id
             seen_actions[key] = task.task_id
+            if near_duplicates is not None:
+                near_duplicates.add(" ".join(task.turns), task.task_id)
         judged.append(Candidate(task=task, signal_id=cand.signal_id, verdict=verdict))
     return judged
 
@@ -108,7 +133,17 @@ def validate_task(config: PipelineConfig, round_: int, candidates: list[dict]) -
             pool = wh.pool(config.run_id, round_)
             heldout = {t.task_id for t in wh.pool(config.run_id, HELDOUT_ROUND)}
         parsed = [Candidate(task=Task.from_dict(c["task"]), signal_id=c.get("signal_id")) for c in candidates]
-        judged = validate_candidates(parsed, pool, heldout, config.synthesis)
+        llm_judge = None
+        if config.validation.llm_judge:
+            from tasks.judge import judge_from_config
+
+            llm_judge = judge_from_config(config.synthesis)
+        near = None
+        if config.validation.embedding_dedupe:
+            from tasks.similarity import NearDuplicateIndex
+
+            near = NearDuplicateIndex([" ".join(t.turns) for t in pool], [t.task_id for t in pool], config.validation.similarity_threshold)
+        judged = validate_candidates(parsed, pool, heldout, config.synthesis, llm_judge, near)
         grown = next_pool(pool, judged, config.pool)
         accepted = [c.task for c in judged if c.verdict and c.verdict.accepted]
         with open_warehouse(config) as wh:

@@ -4,6 +4,10 @@ The pool snapshot is an immutable Parquet file with a content digest. MLflow get
 round holding the params, the metrics, the pool (dataset input and artifact) and the
 checkpoint, registered as a model version whose tags name the pool digest and the Prefect flow
 run; the warehouse's ``rounds`` row records the same links for SQL users.
+
+The stage also records the checkpoint's digest (the next round checks it before loading the
+checkpoint), points the registry alias "best" at the version with the highest held-out success so
+far, and logs the run's learning curve (PNG) to the round's MLflow run.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ def version_task(config: PipelineConfig, round_: int, outputs: dict[str, dict[st
     """Snapshot pool r+1, log the round to MLflow, and close the round in the warehouse."""
     from storage.pool import write_pool_snapshot
     from storage.tracking import Tracker
+    from tasks.common import checkpoint_digest
+    from tasks.plots import learning_curve
 
     def compute() -> dict:
         flow_run_id = str(flow_run.get_id() or "")
@@ -66,6 +72,7 @@ def version_task(config: PipelineConfig, round_: int, outputs: dict[str, dict[st
             pool = wh.pool(config.run_id, round_ + 1)
         pool_path = config.pool_path(round_ + 1)
         summary.pool_digest = write_pool_snapshot(pool, pool_path)
+        weights_digest = checkpoint_digest(summary.checkpoint)
         tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
         metrics = {
             "pool_size": summary.pool_size,
@@ -86,12 +93,18 @@ def version_task(config: PipelineConfig, round_: int, outputs: dict[str, dict[st
             checkpoint_dir=Path(summary.checkpoint),
             registered_model=config.tracking.registered_model,
             flow_run_id=flow_run_id,
-            tags={"coevolve.run_id": config.run_id, "coevolve.round": str(round_)},
+            tags={"coevolve.run_id": config.run_id, "coevolve.round": str(round_), "checkpoint_digest": weights_digest},
         )
         summary.model_version = str(info["model_version"])
+        best = tracker.update_best(config.tracking.registered_model)
+        with open_warehouse(config) as wh:
+            earlier = [s for s in wh.rounds(config.run_id) if s.round < round_]
+        figure = learning_curve(earlier + [summary], config.run_dir() / "figures" / f"learning-curve-{round_:03d}.png")
+        tracker.attach_artifact(info["mlflow_run_id"], figure)
+        # Closing the round comes last: a crash before it re-runs this stage, and every call above is idempotent.
         with open_warehouse(config) as wh:
             wh.finish_round(config.run_id, round_, summary)
-        get_run_logger().info("round %d: model version %s, pool digest %s", round_, summary.model_version, summary.pool_digest[:12])
-        return {**summary.to_dict(), "mlflow_run_id": info["mlflow_run_id"]}
+        get_run_logger().info("round %d: model version %s (best %s), pool digest %s", round_, summary.model_version, best, summary.pool_digest[:12])
+        return {**summary.to_dict(), "mlflow_run_id": info["mlflow_run_id"], "checkpoint_digest": weights_digest, "best_version": best}
 
     return resumable(config, round_, "version", compute)

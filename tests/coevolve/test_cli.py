@@ -36,3 +36,8 @@ def test_the_round_table_has_one_column_per_figure():
     )
     assert row.split() == ["1", "104", "72", "0.250", "1/12/3", "4", "9", "0.125", "61s"]
     assert len(format_row(("round",) + ("x",) * 8)) == len(row)
+
+
+def test_evaluate_with_an_unknown_category_exits_2_naming_the_choices(tmp_path, capsys):
+    code = main(["evaluate", "--checkpoint", str(tmp_path), "--categories", "base,simple", "--set", f"state_dir={tmp_path}"])
+    assert code == 2 and "multi_turn_miss_func" in capsys.readouterr().err

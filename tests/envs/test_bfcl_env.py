@@ -85,9 +85,32 @@ def test_no_call_in_a_turn_with_a_reference_is_an_empty_turn(fs_task):
     assert env.score()[2]["error_type"] == "multi_turn:empty_turn_model_response"
 
 
-def test_calls_in_a_turn_with_empty_reference_are_an_irrelevance_failure(make_task):
+def test_read_only_calls_in_a_turn_with_empty_reference_pass_as_in_bfcl_pipeline(make_task):
     task = make_task(["Do nothing.", "List files."], [[], [ToolCall("ls", {})]])
     env = BfclEnvironment()
+    env.reset(task)
+    env.step("[pwd()]")
+    env.step("done")
+    env.step("[ls()]")
+    env.step("done")
+    assert env.score()[:2] == (1.0, True)
+
+
+def test_state_changes_in_a_turn_with_empty_reference_fail_the_next_turn(make_task):
+    task = make_task(["Do nothing.", "List files."], [[], [ToolCall("ls", {})]])
+    env = BfclEnvironment(stop_on_failure=False)
+    env.reset(task)
+    env.step("[mkdir(dir_name='extra')]")
+    env.step("done")
+    env.step("[ls()]")
+    env.step("done")
+    details = env.score()[2]
+    assert details["turn"] == 1 and details["error_type"] == "multi_turn:instance_state_mismatch"
+
+
+def test_irrelevance_check_fails_calls_in_a_turn_with_empty_reference(make_task):
+    task = make_task(["Do nothing.", "List files."], [[], [ToolCall("ls", {})]])
+    env = BfclEnvironment(irrelevance_check=True)
     env.reset(task)
     env.step("[pwd()]")
     env.step("done")

@@ -35,3 +35,84 @@ def make_tiny_config(state_dir, **overrides):
     for key, value in overrides.items():
         values.setdefault(key, {}).update(value) if isinstance(value, dict) else values.__setitem__(key, value)
     return load_config(data=values, environ={})
+
+
+# --- Rounds in their own processes, through the real CLI -----------------------------------------
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_config_file(config, path: Path) -> Path:
+    """The configuration as the YAML file a user would pass to ``coevolve --config``."""
+    import yaml
+
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return path
+
+
+def cli_env(state_dir: Path, prefect_home: Path | None = None) -> dict[str, str]:
+    """Offline switches plus a Prefect home of its own (default: the state folder's), for a temporary API per process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(
+        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", DO_NOT_TRACK="true",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_DISABLE_TELEMETRY="true", TOKENIZERS_PARALLELISM="false",
+        PREFECT_HOME=str(prefect_home or state_dir / "prefect"), BFCL_PROJECT_ROOT=str(state_dir / "bfcl"), PYTHONPATH=str(REPO),
+    )
+    return env
+
+
+def start_round(
+    config_file: Path, state_dir: Path, round_: int, log: Path, prefect_home: Path | None = None
+) -> subprocess.Popen:
+    """``coevolve round --round R --config FILE`` in a new process group (its temporary Prefect API joins it)."""
+    with log.open("a") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "coevolve.cli", "round", "--round", str(round_), "--config", str(config_file)],
+            cwd=REPO, env=cli_env(state_dir, prefect_home), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """kill -9 the round and every process it started (its group), by the round's process id."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=60)
+
+
+def wait_for_stage(config, round_: int, stage: str, process: subprocess.Popen, timeout_s: float = 600) -> None:
+    """Polls the warehouse (read-only, like an analyst) until ``stage`` of the round is marked finished."""
+    from coevolve.errors import PipelineError
+    from storage.warehouse import Warehouse
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the round exited with {process.returncode} before stage {stage} finished")
+        if config.warehouse_path.exists():
+            try:
+                with Warehouse(config.warehouse_path, read_only=True, lock_timeout_s=5) as wh:
+                    if wh.stage_output(config.run_id, round_, stage) is not None:
+                        return
+            except PipelineError:
+                pass  # the writer holds the file or has not created the schema yet
+        time.sleep(0.1)
+    raise AssertionError(f"stage {stage} of round {round_} did not finish within {timeout_s:.0f} s")
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """Helpers to run rounds through the CLI in separate processes and kill them."""
+    import types
+
+    return types.SimpleNamespace(
+        write_config_file=write_config_file, start_round=start_round, kill_group=kill_group, wait_for_stage=wait_for_stage
+    )

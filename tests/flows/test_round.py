@@ -71,3 +71,36 @@ def test_running_a_finished_round_again_changes_nothing(finished_round):
         after = wh.sql("SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, (SELECT count(*) FROM pool_membership) AS p")
     assert before.to_dicts() == after.to_dicts()
     assert again["model_version"] == summary["model_version"]
+
+
+@pytest.fixture(scope="module")
+def second_round(finished_round):
+    from flows.round import coevolve_round
+
+    config, _ = finished_round
+    return coevolve_round(round_=1, config=config.model_dump(mode="json"))
+
+
+def test_the_next_round_starts_from_the_recorded_checkpoint_and_pool(finished_round, second_round):
+    from storage.warehouse import Warehouse
+    from tasks.common import checkpoint_digest
+
+    config, first = finished_round
+    assert second_round["round"] == 1 and second_round["model_version"] == "2"
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        recorded = wh.stage_output("e2e", 0, "version")
+    assert recorded["checkpoint_digest"] == checkpoint_digest(first["checkpoint"])
+    version = MlflowClient(tracking_uri=config.mlflow_tracking_uri).get_model_version(config.tracking.registered_model, "1")
+    assert version.tags["checkpoint_digest"] == recorded["checkpoint_digest"]
+
+
+def test_every_round_logs_its_learning_curve_and_best_follows_heldout_success(finished_round, second_round):
+    config, first = finished_round
+    client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
+    for summary in (first, second_round):
+        run_id = client.get_model_version(config.tracking.registered_model, summary["model_version"]).run_id
+        names = [a.path for a in client.list_artifacts(run_id, "figures")]
+        assert names == [f"figures/learning-curve-{summary['round']:03d}.png"]
+    expected = "2" if second_round["heldout_success"] > first["heldout_success"] else "1"
+    assert str(client.get_model_version_by_alias(config.tracking.registered_model, "best").version) == expected
+    assert str(client.get_model_version_by_alias(config.tracking.registered_model, "current").version) == "2"

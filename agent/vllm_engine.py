@@ -1,0 +1,117 @@
+"""Generation with an in-process vLLM engine (``vllm.LLM``), with the behaviour logprobs GRPO needs.
+
+Same contract as `agent.engine.TransformersEngine`: token-id prompts in, one `Generation` per prompt
+out (token ids with the EOS when it stopped, their logprobs, "stop" or "length"). Prefix caching is
+on because a round's prompts share long prefixes: the n samples of a task are the same prompt, and
+every step of an episode extends the previous one.
+
+Logprobs come from the sampling distribution (``logprobs_mode="processed_logprobs"``: after
+temperature), matching the transformers engine; greedy requests get the untempered ones.
+`reload` builds a new engine from a checkpoint folder: in-place weight sync does not work with the
+CPU build, and a new round's checkpoint is a new folder anyway.
+
+Needs ``vllm`` importable: the ``vllm`` extra on GPU machines, or ``make setup-vllm`` (``.venv-vllm``,
+the CPU build) here. The module imports neither vllm nor prefect at import time, and scripts that
+construct the engine need a ``if __name__ == "__main__":`` guard (vLLM spawns worker processes).
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+from agent.chat import ChatFormat
+from agent.engine import Generation
+
+
+class VLLMEngine:
+    """Batched sampling from a local checkpoint through ``vllm.LLM``."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        seed: int = 0,
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = True,
+        extra_args: dict[str, Any] | None = None,
+    ) -> None:
+        self.seed = seed
+        self._engine_args: dict[str, Any] = {
+            "dtype": dtype,
+            "max_model_len": max_model_len,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            # Graph capture costs start-up time that short rollout stages never earn back.
+            "enforce_eager": enforce_eager,
+            **(extra_args or {}),
+        }
+        self.llm: Any = None
+        self.reload(model_path)
+
+    def reload(self, model_path: str | Path) -> None:
+        """Switch to another checkpoint: the old engine is shut down, a new one loads the folder."""
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
+        self.shutdown()
+        self.model_path = model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.chat = ChatFormat(self.tokenizer)
+        args = {k: v for k, v in self._engine_args.items() if v is not None}
+        self.llm = LLM(
+            model=str(model_path),
+            seed=self.seed,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            **args,
+        )
+
+    @property
+    def max_context_tokens(self) -> int | None:
+        return int(self.llm.llm_engine.model_config.max_model_len) if self.llm is not None else None
+
+    def shutdown(self) -> None:
+        """Free the engine's workers and memory (also done by `reload`)."""
+        if self.llm is None:
+            return
+        engine = getattr(self.llm, "llm_engine", None)
+        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        self.llm = None
+        gc.collect()
+
+    def generate(self, prompts: list[list[int]], temperature: float, max_new_tokens: int) -> list[Generation]:
+        """Continue every prompt until EOS or max_new_tokens; one Generation per prompt, in order."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not prompts:
+            return []
+        if any(not p for p in prompts):
+            raise ValueError("Every prompt needs at least one token.")
+        eos = self.chat.eos_token_id
+        params = SamplingParams(
+            temperature=temperature,
+            max_tokens=max_new_tokens,
+            logprobs=0,  # the sampled token's own logprob only
+            stop_token_ids=[eos],
+            skip_special_tokens=False,
+            detokenize=False,  # the rollout decodes; text here would be wasted work
+        )
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        generations = []
+        for output in outputs:
+            sample = output.outputs[0]
+            tokens = list(sample.token_ids)
+            logprobs = [float(step[token].logprob) for token, step in zip(tokens, sample.logprobs or [])]
+            if len(logprobs) != len(tokens):
+                raise RuntimeError(f"vLLM returned {len(tokens)} tokens but {len(logprobs)} logprobs.")
+            stopped = bool(tokens) and tokens[-1] == eos
+            generations.append(Generation(token_ids=tokens, logprobs=logprobs, finish_reason="stop" if stopped else "length"))
+        return generations

@@ -1,0 +1,69 @@
+"""Evaluation of one checkpoint as a Prefect flow: the paper's BFCL protocol plus the run's held-out split.
+
+Run: ``coevolve evaluate --checkpoint PATH [--categories base,miss_func] [--limit N]``.
+Each official category (default: all 200 multi_turn_base entries, as in the paper) and the run's
+held-out synthetic split is one retryable task, scored greedily (``rollout.eval_temperature``).
+Rows land in the warehouse's ``evaluations`` table (split = category name or ``heldout``), the
+per-split accuracy goes to MLflow as one evaluation run, and the flow returns it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from prefect import flow
+from prefect.runtime import flow_run
+
+from coevolve.config import PipelineConfig
+from tasks.evaluate import HELDOUT_SPLIT, category_name, evaluate_split_task, evaluation_round
+
+DEFAULT_CATEGORIES = ["multi_turn_base"]
+
+
+def evaluation_run_name(config: PipelineConfig, checkpoint: str, round_: int) -> str:
+    """MLflow run name: the run, the round the rows are stored under, and a short id of the checkpoint."""
+    short = hashlib.sha256(checkpoint.encode()).hexdigest()[:8]
+    return f"{config.run_id}-evaluate-r{round_:03d}-{short}"
+
+
+def log_evaluation(config: PipelineConfig, checkpoint: str, round_: int, results: dict[str, dict[str, Any]], flow_run_id: str) -> str:
+    """Per-split accuracy and task counts as one MLflow run; returns its id."""
+    from storage.tracking import Tracker
+
+    tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
+    metrics = {f"accuracy.{split}": r["accuracy"] for split, r in results.items()}
+    metrics.update({f"tasks.{split}": r["tasks"] for split, r in results.items()})
+    params = {
+        "checkpoint": checkpoint,
+        "splits": ",".join(results),
+        "eval_temperature": config.rollout.eval_temperature,
+        "max_new_tokens": config.rollout.max_new_tokens,
+        "max_steps": config.environment.max_steps,
+        "tool_list": config.environment.tool_list,
+    }
+    tags = {"coevolve.run_id": config.run_id, "coevolve.round": str(round_), "flow_run_id": flow_run_id}
+    return tracker.log_evaluation(evaluation_run_name(config, checkpoint, round_), metrics, params, tags)
+
+
+@flow(name="coevolve-evaluate")
+def coevolve_evaluate(
+    checkpoint: str,
+    categories: list[str] = DEFAULT_CATEGORIES,
+    heldout: bool = True,
+    config: dict[str, Any] | None = None,
+    limit: int | None = None,
+    round_: int | None = None,
+) -> dict[str, float]:
+    """Greedy accuracy of ``checkpoint`` per split: each official category, then ``heldout``.
+
+    ``limit`` keeps the first N tasks of each split (smoke tests); ``round_`` overrides the round the
+    rows are stored under (by default the round whose update wrote the checkpoint, see
+    tasks.evaluate.evaluation_round).
+    """
+    cfg = PipelineConfig.model_validate(config or {})
+    splits = [category_name(c) for c in categories] + ([HELDOUT_SPLIT] if heldout else [])
+    round_ = evaluation_round(cfg, checkpoint) if round_ is None else round_
+    results = {split: evaluate_split_task(cfg, checkpoint, split, round_, limit) for split in splits}
+    log_evaluation(cfg, checkpoint, round_, results, str(flow_run.get_id() or ""))
+    return {split: r["accuracy"] for split, r in results.items()}

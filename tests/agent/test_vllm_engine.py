@@ -1,0 +1,95 @@
+"""The in-process vLLM engine: same contract and same greedy tokens as the transformers engine.
+
+vLLM lives in its own environment (.venv-vllm), so the engine runs in a child process of that
+environment on the served tiny policy and reports its generations as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.engine import TransformersEngine
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = """
+import json, sys
+from agent.vllm_engine import VLLMEngine
+
+if __name__ == "__main__":  # vLLM spawns workers: the guard keeps them from re-running this
+    job = json.load(open(sys.argv[1]))
+    engine = VLLMEngine(job["model"], dtype="float32", max_model_len=2048, seed=0)
+    result = {"max_context": engine.max_context_tokens, "eos": engine.chat.eos_token_id}
+    for name, temperature, tokens in (("greedy", 0.0, 30), ("cut", 0.0, 2), ("sampled", 0.7, 10)):
+        result[name] = [g.__dict__ for g in engine.generate(job["prompts"], temperature=temperature, max_new_tokens=tokens)]
+    result["empty"] = engine.generate([], temperature=0.0, max_new_tokens=4)
+    engine.shutdown()
+    json.dump(result, open(sys.argv[2], "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def local(served_policy_dir):
+    return TransformersEngine(served_policy_dir, torch_threads=1, seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts(local, served_conversations):
+    return [local.chat.prompt_ids(conv[:2]) for conv in served_conversations]
+
+
+@pytest.fixture(scope="module")
+def probe(vllm_python, vllm_environ, served_policy_dir, prompts, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("vllm-probe")
+    (folder / "probe.py").write_text(PROBE)
+    (folder / "job.json").write_text(json.dumps({"model": str(served_policy_dir), "prompts": prompts}))
+    done = subprocess.run(
+        [str(vllm_python), str(folder / "probe.py"), str(folder / "job.json"), str(folder / "out.json")],
+        env=vllm_environ, cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])
+    assert done.returncode == 0, "the vLLM probe failed; its output is above"
+    return json.loads((folder / "out.json").read_text())
+
+
+def test_greedy_tokens_and_logprobs_match_the_transformers_engine(probe, local, prompts):
+    reference = local.generate(prompts, temperature=0.0, max_new_tokens=30)
+    assert [g["token_ids"] for g in probe["greedy"]] == [g.token_ids for g in reference]
+    for got, want in zip(probe["greedy"], reference):
+        assert got["finish_reason"] == want.finish_reason == "stop"
+        assert got["logprobs"] == pytest.approx(want.logprobs, abs=1e-3)
+
+
+def test_stops_with_eos_included_or_reports_length(probe):
+    assert all(g["token_ids"][-1] == probe["eos"] for g in probe["greedy"])
+    assert all(g["finish_reason"] == "length" and len(g["token_ids"]) == 2 for g in probe["cut"])
+
+
+def test_sampled_logprobs_are_those_of_the_tempered_distribution(probe, local, prompts):
+    import torch
+
+    for prompt, generation in zip(prompts, probe["sampled"]):
+        assert len(generation["logprobs"]) == len(generation["token_ids"]) > 0
+        assert all(math.isfinite(lp) and lp <= 0 for lp in generation["logprobs"])
+        ids = torch.tensor([prompt + generation["token_ids"]])
+        with torch.inference_mode():
+            logits = local.model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / 0.7
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(generation["token_ids"])[:, None]).squeeze(-1)
+        assert torch.allclose(expected, torch.tensor(generation["logprobs"]), atol=1e-3)
+
+
+def test_reports_its_context_length_and_answers_an_empty_batch(probe):
+    assert probe["max_context"] == 2048
+    assert probe["empty"] == []
+
+
+def test_the_engine_module_imports_without_vllm():
+    # The main environment has no vllm: choosing another engine must not need it.
+    done = subprocess.run([sys.executable, "-c", "import agent.vllm_engine, sys; assert 'vllm' not in sys.modules"], cwd=REPO)
+    assert done.returncode == 0

@@ -1,0 +1,168 @@
+"""Fixtures every test folder can use: a real OpenAI-compatible vLLM server on loopback.
+
+`openai_server` starts ``python -m vllm.entrypoints.openai.api_server`` from the separate vLLM
+environment (``.venv-vllm``, made by ``make setup-vllm``; ``make test`` makes it too) on a free
+127.0.0.1 port, serving a tiny policy built here by `agent.tiny.build_tiny_policy`. It waits for
+``/v1/models``, yields the base URL, the served model name and the checkpoint folder, and stops the
+server by its process id at the end of the session.
+
+Without ``.venv-vllm`` the tests that need the server are skipped with the reason, so a developer
+without it can still run the suite; with ``COEVOLVE_REQUIRE_VLLM=1`` (set by ``make test``) a
+missing environment fails instead, so CI always exercises vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+SERVER_START_TIMEOUT_S = 300.0
+
+SERVED_SYSTEM = "Tools: mkdir(dir_name), cd(folder), touch(file_name). Reply with calls in brackets, or done."
+SERVED_EXCHANGES = [
+    ("make a folder temp and enter it", "[mkdir(dir_name='temp'), cd(folder='temp')]"),
+    ("create the file notes.txt", "[touch(file_name='notes.txt')]"),
+    ("go into the docs folder", "[cd(folder='docs')]"),
+    ("make a folder logs", "[mkdir(dir_name='logs')]"),
+]
+
+
+@dataclass(frozen=True)
+class OpenAIServer:
+    """A running server: where to send requests, the model name it serves, and that model's folder."""
+
+    base_url: str
+    model: str
+    model_dir: Path
+    log_path: Path
+
+
+def vllm_env() -> dict[str, str]:
+    """The environment vLLM processes run with: offline, no telemetry, loopback only."""
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        DO_NOT_TRACK="true",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_HOST_IP="127.0.0.1",  # otherwise vLLM may pick a non-loopback address
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=str(REPO),
+    )
+    # The CPU build's KV cache, in GiB: small, the models served in tests are tiny.
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return env
+
+
+def _conversations():
+    from coevolve.records import Message
+
+    return [
+        [Message("system", SERVED_SYSTEM), Message("user", request), Message("assistant", calls), Message("tool", "ok"), Message("assistant", "done")]
+        for request, calls in SERVED_EXCHANGES
+    ]
+
+
+@pytest.fixture(scope="session")
+def served_conversations():
+    """The demonstrations the served policy was trained on (their first two messages make good prompts)."""
+    return _conversations()
+
+
+@pytest.fixture(scope="session")
+def vllm_environ() -> dict[str, str]:
+    """Environment variables for child processes of the vLLM environment (repo on PYTHONPATH)."""
+    return vllm_env()
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The interpreter of the vLLM environment; skips (or fails under COEVOLVE_REQUIRE_VLLM=1) without it."""
+    if not VLLM_PYTHON.is_file():
+        reason = f"{VLLM_PYTHON} is missing: run `make setup-vllm` to create the vLLM environment."
+        if os.environ.get("COEVOLVE_REQUIRE_VLLM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return VLLM_PYTHON
+
+
+@pytest.fixture(scope="session")
+def served_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny policy trained on four short exchanges: what the test server serves."""
+    from agent.tiny import build_tiny_policy
+    from coevolve.config import PolicyConfig
+
+    config = PolicyConfig(sft_steps=150, sft_learning_rate=3e-3, sft_batch_size=4, hidden_size=64, num_layers=2, vocab_size=320)
+    return build_tiny_policy(tmp_path_factory.mktemp("served") / "tiny", _conversations(), config, seed=0)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_until_ready(process: subprocess.Popen, base_url: str, log_path: Path) -> None:
+    import httpx
+
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"The vLLM server exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{base_url}/models", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"The vLLM server was not ready after {SERVER_START_TIMEOUT_S:.0f} s:\n{log_path.read_text()[-4000:]}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Stop the server and the workers it spawned: its own process group, by the server's id."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def openai_server(vllm_python: Path, served_policy_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAIServer]:
+    """A real OpenAI-compatible vLLM server (CPU build) on 127.0.0.1 serving the tiny policy."""
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}/v1"
+    model = str(served_policy_dir)
+    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    command = [
+        str(vllm_python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", "float32",  # the checkpoint's dtype: greedy tokens then match the transformers engine
+        "--max-model-len", "2048",
+        "--logprobs-mode", "processed_logprobs",  # behaviour logprobs after temperature
+        "--enforce-eager",
+        "--seed", "0",
+    ]  # fmt: skip
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=vllm_env(), cwd=REPO, start_new_session=True)
+    try:
+        _wait_until_ready(process, base_url, log_path)
+        yield OpenAIServer(base_url=base_url, model=model, model_dir=served_policy_dir, log_path=log_path)
+    finally:
+        _stop(process)

@@ -1,0 +1,104 @@
+"""A round killed with -9 and run again ends exactly as an uninterrupted round with the same seed.
+
+Both runs go through the real CLI in their own processes and state folders. The interrupted one
+is killed right after its rollout is recorded, then again after validation (during the update),
+then run to completion. Warehouse content, the pool snapshot digest, the checkpoint digest and the
+MLflow registry must match the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow
+
+# A round with signals, candidates and a growing pool, so every table has rows to compare.
+CRASH_OVERRIDES = {
+    "policy": {"sft_tasks": 80, "sft_steps": 160, "hidden_size": 48},
+    "rollout": {"group_size": 4},
+}
+
+# Deterministic content of each table (no timestamps or durations), in a fixed order.
+CONTENT = {
+    "trajectories": "SELECT * EXCLUDE (duration_s) FROM trajectories ORDER BY trajectory_id",
+    "steps": "SELECT * FROM steps ORDER BY trajectory_id, step_index",
+    "signals": "SELECT * FROM signals ORDER BY signal_id",
+    "candidates": "SELECT * FROM candidates ORDER BY task_id, signal_key",
+    "pool_membership": "SELECT * FROM pool_membership ORDER BY round, position",
+    "tasks": "SELECT * FROM tasks ORDER BY task_id",
+    "evaluations": "SELECT * FROM evaluations ORDER BY round, split, task_id",
+}
+
+
+def _content(config) -> dict[str, list[dict]]:
+    from storage.warehouse import Warehouse
+
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        return {table: wh.sql(query).to_dicts() for table, query in CONTENT.items()}
+
+
+def _version_output(config) -> dict:
+    from storage.warehouse import Warehouse
+
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        return wh.stage_output(config.run_id, 0, "version")
+
+
+@pytest.fixture(scope="module")
+def both_runs(tiny_config, cli, tmp_path_factory):
+    plain_dir, crashed_dir = tmp_path_factory.mktemp("plain"), tmp_path_factory.mktemp("crashed")
+    plain, crashed = (tiny_config(d / "state", **CRASH_OVERRIDES) for d in (plain_dir, crashed_dir))
+    plain_file = cli.write_config_file(plain, plain_dir / "config.yaml")
+    crashed_file = cli.write_config_file(crashed, crashed_dir / "config.yaml")
+    logs = {name: d / "round.log" for name, d in (("plain", plain_dir), ("crashed", crashed_dir))}
+
+    uninterrupted = cli.start_round(plain_file, plain.state_dir, 0, logs["plain"])
+    try:
+        first = cli.start_round(crashed_file, crashed.state_dir, 0, logs["crashed"])
+        try:
+            cli.wait_for_stage(crashed, 0, "rollout", first)
+        finally:
+            cli.kill_group(first)
+        second = cli.start_round(crashed_file, crashed.state_dir, 0, logs["crashed"])
+        try:
+            cli.wait_for_stage(crashed, 0, "validate", second)
+        finally:
+            cli.kill_group(second)
+        third = cli.start_round(crashed_file, crashed.state_dir, 0, logs["crashed"])
+        assert third.wait(timeout=900) == 0, logs["crashed"].read_text()[-3000:]
+        assert uninterrupted.wait(timeout=900) == 0, logs["plain"].read_text()[-3000:]
+    finally:
+        if uninterrupted.poll() is None:
+            cli.kill_group(uninterrupted)
+    return plain, crashed
+
+
+def test_the_crashed_run_was_really_interrupted_twice(both_runs) -> None:
+    plain, crashed = both_runs
+    assert (crashed.state_dir.parent / "round.log").read_text().count("round    pool") == 1
+
+
+@pytest.mark.parametrize("table", list(CONTENT))
+def test_the_warehouse_holds_the_same_rows(both_runs, table) -> None:
+    plain, crashed = both_runs
+    expected, actual = _content(plain)[table], _content(crashed)[table]
+    assert len(actual) == len(expected)
+    assert actual == expected
+
+
+def test_pool_snapshot_and_checkpoint_digests_match(both_runs) -> None:
+    plain, crashed = both_runs
+    a, b = _version_output(plain), _version_output(crashed)
+    assert a["pool_digest"] == b["pool_digest"]
+    assert a["checkpoint_digest"] == b["checkpoint_digest"]
+
+
+def test_the_registry_has_one_version_and_no_run_left_running(both_runs) -> None:
+    _, crashed = both_runs
+    client = MlflowClient(tracking_uri=crashed.mlflow_tracking_uri)
+    versions = client.search_model_versions(f"name = '{crashed.tracking.registered_model}'")
+    assert [str(v.version) for v in versions] == ["1"]
+    experiment = client.get_experiment_by_name(crashed.tracking.experiment)
+    statuses = [r.info.status for r in client.search_runs([experiment.experiment_id])]
+    assert "RUNNING" not in statuses and statuses.count("FINISHED") == 1

@@ -1,0 +1,125 @@
+"""prefect.yaml end to end: a real local Prefect server, `prefect deploy`, a process worker, one deployment run.
+
+Everything binds 127.0.0.1 on a free port with its own PREFECT_HOME; the worker is stopped before
+the server, both by their process ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+PREFECT = Path(sys.executable).parent / "prefect"
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _env(home: Path, api_url: str, state_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(
+        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", DO_NOT_TRACK="true",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_DISABLE_TELEMETRY="true", TOKENIZERS_PARALLELISM="false",
+        PREFECT_HOME=str(home), PREFECT_API_URL=api_url, BFCL_PROJECT_ROOT=str(state_dir / "bfcl"),
+        PYTHONPATH=str(REPO),
+        PWD=str(REPO),  # prefect.yaml's pull step records {{ $PWD }}: the checkout flow runs start in
+    )
+    return env
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Interrupt the process group (Prefect shuts down cleanly on SIGINT); kill it if it lingers."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
+def _wait_healthy(api_url: str, server: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert server.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(f"{api_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"the Prefect server was not healthy after {timeout_s:.0f} s")
+
+
+def _flow_run_state(api_url: str, flow_run_id: str) -> str:
+    import httpx
+
+    return httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=10).json()["state"]["type"]
+
+
+def test_the_per_round_deployment_runs_a_round_on_a_process_worker(tiny_config, tmp_path) -> None:
+    port = _free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    config = tiny_config(tmp_path / "state", run_id="deployed")
+    env = _env(tmp_path / "prefect-home", api_url, config.state_dir)
+
+    def prefect(*args: str) -> str:
+        done = subprocess.run([str(PREFECT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    server_log, worker_log = tmp_path / "server.log", tmp_path / "worker.log"
+    with server_log.open("w") as out:
+        server = subprocess.Popen(
+            [str(PREFECT), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    worker = None
+    try:
+        _wait_healthy(api_url, server, server_log)
+        prefect("work-pool", "create", "coevolve-cpu", "--type", "process")
+        prefect("--no-prompt", "deploy", "-n", "per-round")
+        with worker_log.open("w") as out:
+            worker = subprocess.Popen(
+                [str(PREFECT), "worker", "start", "--pool", "coevolve-cpu"],
+                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        created = prefect(
+            "deployment", "run", "coevolve-round/per-round",
+            "--params", json.dumps({"round_": 0, "config": config.model_dump(mode="json")}),
+        )
+        flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", created).group(1)
+        deadline = time.monotonic() + 600
+        state = _flow_run_state(api_url, flow_run_id)
+        while state not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(2)
+            state = _flow_run_state(api_url, flow_run_id)
+        assert state == "COMPLETED", worker_log.read_text()[-4000:]
+    finally:
+        if worker is not None:
+            _stop(worker)  # the worker first: it reports to the server while it shuts down
+        _stop(server)
+
+    from storage.warehouse import Warehouse
+
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        (summary,) = wh.rounds("deployed")
+    assert summary.round == 0 and summary.flow_run_id == flow_run_id

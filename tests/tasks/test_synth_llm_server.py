@@ -1,0 +1,73 @@
+"""LLM synthesis against a real OpenAI-compatible server (vLLM CPU, tiny model from tests/conftest.py).
+
+A tiny model writes mostly garbage: these tests show that every garbage reply is rejected with a
+reason, that whatever the model proposes is parsed and executed safely, and that synthesis goes on.
+"""
+
+import pytest
+
+from coevolve.config import SynthesisConfig
+from coevolve.records import Signal
+from envs.explorer import build_tasks
+from tasks.llm_client import ChatClient, LLMRequestError
+from tasks.llm_synthesis import LLMSynthesizer
+from tasks.synthesize import tools_of
+from tasks.validate import validate_candidates
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def chat(openai_server):
+    return ChatClient(openai_server.base_url, openai_server.model, temperature=0.9, max_tokens=48, timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return build_tasks(1, seed=3, classes=["GorillaFileSystem"])[0]
+
+
+def test_the_client_returns_the_models_reply_text(chat):
+    reply = chat.complete([{"role": "user", "content": "make a folder logs"}], temperature=0.0, seed=0)
+    assert isinstance(reply, str)
+
+
+def test_a_request_the_server_refuses_is_a_request_error_not_a_crash(chat):
+    too_long = [{"role": "user", "content": "mkdir " * 5000}]
+    with pytest.raises(LLMRequestError):
+        chat.complete(too_long)
+
+
+def test_garbage_from_a_tiny_model_is_rejected_with_reasons_and_synthesis_goes_on(chat, task):
+    signals = [
+        Signal("run", 1, "boundary", f"run/r1/{task.task_id}/s0", task.task_id, {"group_rewards": [1.0, 0.0]}),
+        Signal("run", 1, "rare", f"run/r1/{task.task_id}/s1", task.task_id, {"pattern": "ls>cd", "count": 1, "total": 40}),
+    ]
+    config = SynthesisConfig(synthesizer="llm", llm_model="m", explorations_per_signal=1, steps_per_exploration=3)
+    candidates, records = LLMSynthesizer(chat).synthesize(signals, {task.task_id: task}, {}, config, 1, 0, progress=False)
+    assert set(records) == {s.signal_id for s in signals}
+    for signal in signals:
+        record = records[signal.signal_id]
+        made = [c for c in candidates if c.signal_id == signal.signal_id]
+        assert made or record["rejections"], "a signal without candidates must say why"
+        assert all(isinstance(r, str) and r for r in record["rejections"])
+    judged = validate_candidates(candidates, [], set(), config)
+    assert all(c.verdict is not None for c in judged)
+
+
+def test_every_step_the_model_proposes_is_executed_or_rejected(chat, task):
+    tools = tools_of(task)
+    context = {
+        "summary": "probe",
+        "failure_cause": "none",
+        "instability_pattern": "none",
+        "focus_patterns": ["mkdir", "cd", "touch"],
+        "exploration_objectives": ["make a folder and enter it"],
+        "do_not_repeat": [],
+    }
+    import random
+
+    triplets, rejections = LLMSynthesizer(chat).explore("boundary", task, context, tools, 4, random.Random(0), "probe#0")
+    executed_or_rejected = len(triplets) + sum(1 for r in rejections if "failed:" not in r)
+    assert executed_or_rejected <= 4
+    assert all(t.action.name in tools for t in triplets)
