@@ -3,6 +3,7 @@
     coevolve evolve [--config FILE] [--set section.field=value ...] [--rounds N]
     coevolve round --round R [--config FILE] [--set ...]
     coevolve evaluate --checkpoint PATH [--categories base,miss_func,...] [--limit N] [--no-heldout]
+    coevolve ablation [--arms static,random,full] [--seeds 1,2,3] [--rounds 3]
     coevolve sql "SELECT * FROM v_success_by_round"
     coevolve config --show
     coevolve status
@@ -171,6 +172,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ablation(args: argparse.Namespace) -> int:
+    config = _load(args)
+    from flows.ablation import ARMS, coevolve_ablation
+
+    arms = args.arms.split(",") if args.arms else list(ARMS)
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise PipelineError(f"Unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}.")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    t0 = time.perf_counter()
+    out = coevolve_ablation(
+        arms=arms, seeds=seeds, rounds=args.rounds, official_limit=args.official_limit, name=args.name,
+        config=config.model_dump(mode="json"),
+    )
+    print(Path(out["report"]).read_text())
+    print(f"report: {out['report']} ({time.perf_counter() - t0:.0f}s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="coevolve", description="Co-evolve an LLM agent and its task pool.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -195,6 +215,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--database", help="Warehouse file (default: the configured state folder's).")
     p.add_argument("--limit", type=int, default=50, help="Rows to print.")
     p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("ablation", help="Static vs random vs signal-guided synthesis (and each signal left out), over seeds.")
+    common(p)
+    p.add_argument("--arms", help="Comma-separated arms (default: all): static, random, full, no-forgetting, no-boundary, no-rare.")
+    p.add_argument("--seeds", default="1,2,3", help="Comma-separated loop seeds; arms are paired by seed.")
+    p.add_argument("--rounds", type=int, default=3, help="Rounds per run.")
+    p.add_argument("--official-limit", type=int, default=50, help="multi_turn_base entries scored per final checkpoint.")
+    p.add_argument("--name", default="ablation", help="Prefix of the runs and the report folder.")
+    p.set_defaults(func=cmd_ablation)
 
     p = sub.add_parser("config", help="Print the effective configuration.")
     common(p)

@@ -134,8 +134,12 @@ class SignalConfig(_Section):
 
 
 class SynthesisConfig(_Section):
-    mode: Literal["signal", "random"] = Field(
-        "signal", description="'signal' explores where signals point; 'random' draws targets uniformly (the control)."
+    mode: Literal["signal", "random", "off"] = Field(
+        "signal",
+        description=(
+            "'signal' explores where signals point; 'random' draws the same number of targets uniformly (the control); "
+            "'off' keeps the seed pool static (GRPO on D_0 alone, the paper's baseline)."
+        ),
     )
     synthesizer: Literal["programmatic", "llm"] = Field(
         "programmatic",
@@ -186,6 +190,13 @@ class PoolConfig(_Section):
     seed_size: int = Field(100, ge=1, description="Tasks of D_0 from unguided exploration (paper: 100).")
     policy: Literal["append", "dedupe"] = Field("append", description="How validated tasks join the pool; the paper appends.")
     max_size: int | None = Field(None, ge=1, description="Cap on the pool; None keeps every task (the paper).")
+    seed: int | None = Field(
+        None,
+        description=(
+            "Seeds the seed pool, the held-out split and the builtin policy; None uses the run's seed. An ablation fixes "
+            "it so every arm and every loop seed starts from the same pool and checkpoint 0."
+        ),
+    )
 
 
 class TrainingConfig(_Section):
@@ -233,6 +244,11 @@ class PipelineConfig(_Section):
                 "set synthesis.llm_model to the endpoint's model name (and synthesis.llm_base_url to its /v1 root)."
             )
         return self
+
+    @property
+    def start_seed(self) -> int:
+        """The seed of everything round 0 builds: seed pool, held-out split, checkpoint 0."""
+        return self.seed if self.pool.seed is None else self.pool.seed
 
     # Paths derived from state_dir, so one setting moves every store.
     @property

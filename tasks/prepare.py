@@ -21,12 +21,12 @@ BUILTIN_TINY = "builtin:tiny"
 
 
 def build_initial_pools(config: PipelineConfig) -> tuple[list[Task], list[Task]]:
-    """The seed pool and the held-out split, disjoint, both reproducible from ``config.seed``."""
+    """The seed pool and the held-out split, disjoint, both reproducible from ``config.start_seed``."""
     from envs.explorer import build_tasks
 
-    seed_pool = build_tasks(config.pool.seed_size, config.seed, origin="seed")
+    seed_pool = build_tasks(config.pool.seed_size, config.start_seed, origin="seed")
     heldout = build_tasks(
-        config.rollout.heldout_tasks, config.seed + 7919, origin="heldout", exclude={t.task_id for t in seed_pool}
+        config.rollout.heldout_tasks, config.start_seed + 7919, origin="heldout", exclude={t.task_id for t in seed_pool}
     )
     return seed_pool, heldout
 
@@ -45,7 +45,7 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
 
     extra = build_tasks(
         max(0, config.policy.sft_tasks - len(seed_pool)),
-        config.seed + 104729,
+        config.start_seed + 104729,
         origin="seed",
         exclude={t.task_id for t in seed_pool + heldout},
     )
@@ -56,11 +56,11 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
             "tasks": sorted(t.task_id for t in seed_pool + extra),
             "policy": config.policy.model_dump(),
             "environment": config.environment.model_dump(),
-            "seed": config.seed,
+            "seed": config.start_seed,
         }
     )
     out_dir = config.state_dir / "models" / f"tiny-{key[:12]}"
-    return str(build_tiny_policy(out_dir, conversations, config.policy, config.seed))
+    return str(build_tiny_policy(out_dir, conversations, config.policy, config.start_seed))
 
 
 def checkpoint_is_usable(path: str) -> bool:

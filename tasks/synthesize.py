@@ -247,6 +247,9 @@ def synthesize_task(config: PipelineConfig, round_: int, selected: list[str]) ->
             pool = wh.pool(config.run_id, round_)
             frame = wh.trajectory_frame(config.run_id, upto_round=round_)
         sequences: dict[str, list[str]] = {}
+        if config.synthesis.mode == "off":
+            get_run_logger().info("round %d: synthesis is off; the pool stays static", round_)
+            return {"candidates": [], "contexts": {}}
         if config.synthesis.mode == "random":
             targets = random_targets(pool, len(selected), round_, config.seed)
         else:

@@ -1,0 +1,184 @@
+"""Ablation report: mean +- sd per arm, paired tests between arms, learning curves, signal mix, pool growth.
+
+Input is what the ablation flow collected: for every (arm, seed) run, its round summaries and the
+official-category accuracy of its final checkpoint. Output is a Markdown file with PNG figures
+beside it, also logged to MLflow as one run.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from coevolve.config import PipelineConfig
+
+SIGNAL_KINDS = ("forgetting", "boundary", "rare")
+
+
+def final_heldout(run: dict[str, Any]) -> float:
+    return float(run["rounds"][-1]["heldout_success"])
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def paired_test(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
+    """Paired t-test of arm a against arm b over the seeds both ran (scipy's ttest_rel).
+
+    Identical scores on every seed give no evidence either way: p is reported as 1.
+    """
+    from scipy import stats
+
+    seeds = sorted(set(a) & set(b))
+    diffs = [a[s] - b[s] for s in seeds]
+    if len(seeds) < 2:
+        return {"n": len(seeds), "mean_diff": diffs[0] if diffs else math.nan, "t": math.nan, "p": math.nan}
+    if all(d == diffs[0] for d in diffs):
+        return {"n": len(seeds), "mean_diff": diffs[0], "t": math.nan, "p": 1.0 if diffs[0] == 0 else math.nan}
+    result = stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds])
+    return {"n": len(seeds), "mean_diff": statistics.fmean(diffs), "t": float(result.statistic), "p": float(result.pvalue)}
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-arm figures and paired tests of 'full' against every other arm."""
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for run in results:
+        arms.setdefault(run["arm"], []).append(run)
+    table = {}
+    for arm, runs in arms.items():
+        heldout = [final_heldout(r) for r in runs]
+        official = [float(r["official"].get("multi_turn_base", math.nan)) for r in runs]
+        accepted = sum(s["accepted"] for r in runs for s in r["rounds"])
+        judged = accepted + sum(s["rejected"] for r in runs for s in r["rounds"])
+        signals = {k: sum(s["signals"].get(k, 0) for r in runs for s in r["rounds"]) for k in SIGNAL_KINDS}
+        table[arm] = {
+            "seeds": [r["seed"] for r in runs],
+            "heldout": _mean_sd(heldout),
+            "official": _mean_sd(official),
+            "final_pool": _mean_sd([float(r["rounds"][-1]["pool_size"]) for r in runs]),
+            "acceptance": accepted / judged if judged else math.nan,
+            "signals": signals,
+        }
+    by_seed = {arm: {r["seed"]: final_heldout(r) for r in runs} for arm, runs in arms.items()}
+    tests = {other: paired_test(by_seed["full"], by_seed[other]) for other in by_seed if other != "full" and "full" in by_seed}
+    return {"arms": table, "tests": tests}
+
+
+def _curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = sorted({r["arm"] for r in results})
+    paths = []
+    fig, (heldout, pool) = plt.subplots(1, 2, figsize=(11, 4))
+    try:
+        for arm in arms:
+            runs = [r for r in results if r["arm"] == arm]
+            rounds = len(runs[0]["rounds"])
+            mean_heldout = [statistics.fmean(r["rounds"][i]["heldout_success"] for r in runs) for i in range(rounds)]
+            mean_pool = [statistics.fmean(r["rounds"][i]["pool_size"] for r in runs) for i in range(rounds)]
+            x = list(range(1, rounds + 1))
+            heldout.plot(x, mean_heldout, marker="o", label=arm)
+            pool.plot(x, mean_pool, marker="o", label=arm)
+        heldout.set(title="held-out success after each round (mean over seeds)", xlabel="round", ylabel="success")
+        pool.set(title="pool size after each round", xlabel="round", ylabel="tasks")
+        heldout.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out_dir / "learning_curves.png")
+        fig.savefig(paths[-1], dpi=110)
+    finally:
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    try:
+        bottom = [0.0] * len(arms)
+        totals = {arm: {k: 0 for k in SIGNAL_KINDS} for arm in arms}
+        for r in results:
+            for s in r["rounds"]:
+                for k in SIGNAL_KINDS:
+                    totals[r["arm"]][k] += s["signals"].get(k, 0)
+        for kind in SIGNAL_KINDS:
+            values = [totals[a][kind] for a in arms]
+            ax.bar(arms, values, bottom=bottom, label=kind)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set(title="signals mined (all seeds and rounds)", ylabel="signals")
+        ax.legend(fontsize=8)
+        ax.tick_params(axis="x", labelrotation=20)
+        fig.tight_layout()
+        paths.append(out_dir / "signal_mix.png")
+        fig.savefig(paths[-1], dpi=110)
+    finally:
+        plt.close(fig)
+    return paths
+
+
+def _fmt(pair: tuple[float, float]) -> str:
+    mean, sd = pair
+    return "n/a" if math.isnan(mean) else f"{mean:.3f} +- {sd:.3f}"
+
+
+def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> dict[str, Any]:
+    """Write report.md and its figures into ``out_dir``; return the summary with the file paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(results)
+    figures = _curves(results, out_dir)
+    lines = [
+        f"# {title}",
+        "",
+        f"{len(results)} runs: arms {', '.join(summary['arms'])}; seeds "
+        f"{', '.join(str(s) for s in sorted({r['seed'] for r in results}))}; {len(results[0]['rounds'])} rounds each.",
+        "",
+        "| arm | held-out success (final) | BFCL multi_turn_base | final pool | acceptance | signals f/b/r |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, row in summary["arms"].items():
+        s = row["signals"]
+        lines.append(
+            f"| {arm} | {_fmt(row['heldout'])} | {_fmt(row['official'])} | {row['final_pool'][0]:.0f} | "
+            f"{row['acceptance']:.2f} | {s['forgetting']}/{s['boundary']}/{s['rare']} |"
+        )
+    lines += ["", "Paired t-tests of `full` against each arm, final held-out success, paired by seed:", ""]
+    lines += ["| full vs | seeds | mean difference | t | p |", "|---|---|---|---|---|"]
+    for other, t in summary["tests"].items():
+        lines.append(f"| {other} | {t['n']} | {t['mean_diff']:+.3f} | {t['t']:.2f} | {t['p']:.3f} |")
+    lines += ["", "Per run (held-out success after each round):", "", "| run | " + " | ".join(f"r{i}" for i in range(len(results[0]["rounds"]))) + " |"]
+    lines.append("|---|" + "---|" * len(results[0]["rounds"]))
+    for r in results:
+        lines.append(f"| {r['run_id']} | " + " | ".join(f"{s['heldout_success']:.3f}" for s in r["rounds"]) + " |")
+    lines += ["", *[f"![{p.stem}]({p.name})" for p in figures], ""]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines))
+    return {**summary, "report": str(report), "figures": [str(p) for p in figures]}
+
+
+# --- Prefect task -------------------------------------------------------------------------------
+from prefect import get_run_logger, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+
+@task(name="report", cache_policy=NO_CACHE)
+def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write the ablation report under the state folder and log it to MLflow as one run."""
+    from storage.tracking import Tracker
+
+    out = write_report(results, config.state_dir / "reports" / name, f"Ablation `{name}`")
+    tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
+    metrics = {}
+    for arm, row in out["arms"].items():
+        if not math.isnan(row["heldout"][0]):
+            metrics[f"heldout.{arm}.mean"] = row["heldout"][0]
+            metrics[f"heldout.{arm}.sd"] = row["heldout"][1]
+    for other, t in out["tests"].items():
+        if not math.isnan(t["p"]):
+            metrics[f"p.full_vs_{other}"] = t["p"]
+    run_id = tracker.log_evaluation(f"{name}-report", metrics, {"runs": len(results)}, {"coevolve.kind": "ablation"})
+    for path in [Path(out["report"]), *map(Path, out["figures"])]:
+        tracker.attach_artifact(run_id, path, "report")
+    get_run_logger().info("ablation report at %s", out["report"])
+    return {**out, "mlflow_run_id": run_id}

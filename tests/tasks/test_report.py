@@ -1,0 +1,49 @@
+"""Ablation report: per-arm mean +- sd, paired tests by seed, and the files a reader opens."""
+
+import math
+
+from tasks.report import paired_test, summarize, write_report
+
+
+def run(arm, seed, heldout, pool=(110, 120), official=0.0):
+    rounds = [
+        {"round": i, "heldout_success": h, "pool_size": p, "accepted": 5, "rejected": 5, "signals": {"forgetting": 1, "boundary": 2, "rare": 3}}
+        for i, (h, p) in enumerate(zip(heldout, pool))
+    ]
+    return {"arm": arm, "seed": seed, "run_id": f"a-{arm}-s{seed}", "rounds": rounds, "official": {"multi_turn_base": official}}
+
+
+RESULTS = [
+    run("full", 1, [0.1, 0.30]), run("full", 2, [0.1, 0.32]), run("full", 3, [0.1, 0.35]),
+    run("static", 1, [0.1, 0.10], pool=(100, 100)), run("static", 2, [0.1, 0.14], pool=(100, 100)), run("static", 3, [0.1, 0.12], pool=(100, 100)),
+]
+
+
+def test_arms_report_mean_and_sd_of_final_heldout_success():
+    arms = summarize(RESULTS)["arms"]
+    mean, sd = arms["full"]["heldout"]
+    assert math.isclose(mean, (0.30 + 0.32 + 0.35) / 3)
+    assert math.isclose(sd, 0.025166, rel_tol=1e-3)
+    assert arms["static"]["final_pool"][0] == 100
+
+
+def test_paired_test_pairs_by_seed_and_finds_a_consistent_gap():
+    test = summarize(RESULTS)["tests"]["static"]
+    assert test["n"] == 3 and test["mean_diff"] > 0.15 and test["p"] < 0.05
+
+
+def test_identical_arms_give_no_evidence():
+    assert paired_test({1: 0.2, 2: 0.3}, {1: 0.2, 2: 0.3})["p"] == 1.0
+
+
+def test_a_single_seed_cannot_be_tested():
+    assert math.isnan(paired_test({1: 0.2}, {1: 0.1})["p"])
+
+
+def test_the_report_is_markdown_with_its_figures(tmp_path):
+    out = write_report(RESULTS, tmp_path, "Ablation test")
+    text = (tmp_path / "report.md").read_text()
+    assert "| full | 0.323 +- 0.025 |" in text
+    assert "| static | 3 | +0.203 |" in text
+    for figure in out["figures"]:
+        assert figure.endswith(".png") and (tmp_path / figure.split("/")[-1]).stat().st_size > 1000
