@@ -58,9 +58,9 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $(VLLM_STAMP)
 
-# COEVOLVE_REQUIRE_VLLM=1: the vLLM engine tests fail instead of skipping if .venv-vllm is missing.
+# REQUIRE_VLLM_TESTS=1: the vLLM engine tests fail instead of skipping if .venv-vllm is missing.
 test: setup setup-vllm
-	COEVOLVE_REQUIRE_VLLM=1 $(PY) -m pytest -q $(ARGS)
+	REQUIRE_VLLM_TESTS=1 $(PY) -m pytest -q $(ARGS)
 
 clean:
 	rm -rf .coevolve

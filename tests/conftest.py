@@ -7,7 +7,7 @@ environment (``.venv-vllm``, made by ``make setup-vllm``; ``make test`` makes it
 server by its process id at the end of the session.
 
 Without ``.venv-vllm`` the tests that need the server are skipped with the reason, so a developer
-without it can still run the suite; with ``COEVOLVE_REQUIRE_VLLM=1`` (set by ``make test``) a
+without it can still run the suite; with ``REQUIRE_VLLM_TESTS=1`` (set by ``make test``) a
 missing environment fails instead, so CI always exercises vLLM.
 """
 
@@ -88,10 +88,10 @@ def vllm_environ() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
-    """The interpreter of the vLLM environment; skips (or fails under COEVOLVE_REQUIRE_VLLM=1) without it."""
+    """The interpreter of the vLLM environment; skips (or fails under REQUIRE_VLLM_TESTS=1) without it."""
     if not VLLM_PYTHON.is_file():
         reason = f"{VLLM_PYTHON} is missing: run `make setup-vllm` to create the vLLM environment."
-        if os.environ.get("COEVOLVE_REQUIRE_VLLM") == "1":
+        if os.environ.get("REQUIRE_VLLM_TESTS") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
     return VLLM_PYTHON
