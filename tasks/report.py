@@ -141,7 +141,7 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> di
         s = row["signals"]
         lines.append(
             f"| {arm} | {_fmt(row['heldout'])} | {_fmt(row['official'])} | {row['final_pool'][0]:.0f} | "
-            f"{row['acceptance']:.2f} | {s['forgetting']}/{s['boundary']}/{s['rare']} |"
+            f"{'n/a' if math.isnan(row['acceptance']) else format(row['acceptance'], '.2f')} | {s['forgetting']}/{s['boundary']}/{s['rare']} |"
         )
     lines += ["", "Paired t-tests of `full` against each arm, final held-out success, paired by seed:", ""]
     lines += ["| full vs | seeds | mean difference | t | p |", "|---|---|---|---|---|"]
