@@ -93,9 +93,6 @@ def round_lock(config: PipelineConfig, round_: int) -> Iterator[None]:
         lock.release()
 
 
-def as_path(value: str | Path) -> Path:
-    return Path(value)
-
 
 # The builtin tiny policy's build report (agent/tiny.py): it holds wall-clock timings, so two
 # identical builds differ there; the weights, config and tokenizer are what the digest covers.

@@ -19,7 +19,7 @@ from typing import Protocol
 from tqdm.auto import tqdm
 
 from coevolve.config import EnvironmentConfig
-from coevolve.records import Message, Step, Task, Trajectory
+from coevolve.records import Step, Task, Trajectory
 from tasks.common import make_environment
 
 
@@ -175,10 +175,6 @@ def draw_batch(pool: list[Task], size: int, seed: int, round_: int) -> list[Task
 def success_rate(trajectories: list[Trajectory]) -> float:
     return sum(t.success for t in trajectories) / len(trajectories) if trajectories else 0.0
 
-
-def conversation(task: Task, env_config: EnvironmentConfig) -> list[Message]:
-    """The opening messages an episode of ``task`` starts from (useful for inspection)."""
-    return make_environment(env_config).reset(task)
 
 
 # --- Prefect task -------------------------------------------------------------------------------
