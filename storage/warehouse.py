@@ -22,6 +22,7 @@ from typing import Any
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 
 from coevolve.errors import DataError, InfrastructureError
 from coevolve.records import Candidate, RoundSummary, Signal, Step, Task, ToolCall, Trajectory
@@ -38,18 +39,20 @@ _STAGE_TABLES: dict[str, tuple[str, ...]] = {
     "evaluate": ("evaluations",),
 }
 
-_TRAJECTORY_SCHEMA: dict[str, Any] = {
-    "trajectory_id": pl.String, "run_id": pl.String, "round": pl.Int32, "task_id": pl.String,
-    "sample": pl.Int32, "reward": pl.Float64, "success": pl.Boolean, "finish_reason": pl.String,
-    "num_steps": pl.Int32, "tool_sequence": pl.List(pl.String), "prompt_ids": pl.List(pl.Int32),
-    "completion_ids": pl.List(pl.Int32), "completion_mask": pl.List(pl.Int8),
-    "logprobs": pl.List(pl.Float64), "duration_s": pl.Float64,
-}
-_STEP_SCHEMA: dict[str, Any] = {
-    "trajectory_id": pl.String, "step_index": pl.Int32, "step_number": pl.Int32, "turn": pl.Int32,
-    "model_text": pl.String, "calls": pl.String, "tool_names": pl.List(pl.String),
-    "observations": pl.List(pl.String), "error": pl.String, "completion_tokens": pl.Int32,
-}
+# Trajectories and steps are the bulk of the warehouse; their batches are built as Arrow columns,
+# which DuckDB scans without a copy (a Polars frame built from per-row dicts costs ~10x more).
+_TRAJECTORY_SCHEMA = pa.schema([
+    ("trajectory_id", pa.string()), ("run_id", pa.string()), ("round", pa.int32()), ("task_id", pa.string()),
+    ("sample", pa.int32()), ("reward", pa.float64()), ("success", pa.bool_()), ("finish_reason", pa.string()),
+    ("num_steps", pa.int32()), ("tool_sequence", pa.list_(pa.string())), ("prompt_ids", pa.list_(pa.int32())),
+    ("completion_ids", pa.list_(pa.int32())), ("completion_mask", pa.list_(pa.int8())),
+    ("logprobs", pa.list_(pa.float64())), ("duration_s", pa.float64()),
+])  # fmt: skip
+_STEP_SCHEMA = pa.schema([
+    ("trajectory_id", pa.string()), ("step_index", pa.int32()), ("step_number", pa.int32()), ("turn", pa.int32()),
+    ("model_text", pa.string()), ("calls", pa.string()), ("tool_names", pa.list_(pa.string())),
+    ("observations", pa.list_(pa.string())), ("error", pa.string()), ("completion_tokens", pa.int32()),
+])  # fmt: skip
 _TASK_SCHEMA: dict[str, Any] = {
     "task_id": pl.String, "environment": pl.String, "origin": pl.String, "round": pl.Int32,
     "parent_trajectory_id": pl.String, "signal_id": pl.String, "content_hash": pl.String,
@@ -196,36 +199,48 @@ class Warehouse:
         if not trajs:
             return
         latest = {t.trajectory_id: t for t in trajs}
-        rows = [
+        heads = list(latest.values())
+        steps = [(tid, i, s) for tid, t in latest.items() for i, s in enumerate(t.steps)]
+        trajectories = pa.Table.from_pydict(
             {
-                "trajectory_id": tid, "run_id": t.run_id, "round": t.round, "task_id": t.task_id,
-                "sample": t.sample, "reward": float(t.reward), "success": bool(t.success),
-                "finish_reason": t.finish_reason, "num_steps": len(t.steps), "tool_sequence": t.tool_sequence,
-                "prompt_ids": list(t.prompt_ids), "completion_ids": list(t.completion_ids),
-                "completion_mask": list(t.completion_mask), "logprobs": [float(x) for x in t.logprobs],
-                "duration_s": float(t.duration_s),
-            }
-            for tid, t in latest.items()
-        ]
-        step_rows = [
+                "trajectory_id": list(latest), "run_id": [t.run_id for t in heads],
+                "round": [t.round for t in heads], "task_id": [t.task_id for t in heads],
+                "sample": [t.sample for t in heads], "reward": [float(t.reward) for t in heads],
+                "success": [bool(t.success) for t in heads], "finish_reason": [t.finish_reason for t in heads],
+                "num_steps": [len(t.steps) for t in heads], "tool_sequence": [t.tool_sequence for t in heads],
+                "prompt_ids": [list(t.prompt_ids) for t in heads],
+                "completion_ids": [list(t.completion_ids) for t in heads],
+                "completion_mask": [list(t.completion_mask) for t in heads],
+                "logprobs": [[float(x) for x in t.logprobs] for t in heads],
+                "duration_s": [float(t.duration_s) for t in heads],
+            },
+            schema=_TRAJECTORY_SCHEMA,
+        )  # fmt: skip
+        step_table = pa.Table.from_pydict(
             {
-                "trajectory_id": tid, "step_index": i, "step_number": s.index, "turn": s.turn,
-                "model_text": s.model_text, "calls": json.dumps([c.to_dict() for c in s.calls], default=str),
-                "tool_names": [c.name for c in s.calls], "observations": list(s.observations),
-                "error": s.error, "completion_tokens": s.completion_tokens,
-            }
-            for tid, t in latest.items()
-            for i, s in enumerate(t.steps)
-        ]
-        trajectories = pl.DataFrame(rows, schema=_TRAJECTORY_SCHEMA)
-        steps = pl.DataFrame(step_rows, schema=_STEP_SCHEMA)
-        keys = pl.DataFrame({"trajectory_id": list(latest)}, schema={"trajectory_id": pl.String})
+                "trajectory_id": [tid for tid, _, _ in steps], "step_index": [i for _, i, _ in steps],
+                "step_number": [s.index for _, _, s in steps], "turn": [s.turn for _, _, s in steps],
+                "model_text": [s.model_text for _, _, s in steps],
+                "calls": [json.dumps([c.to_dict() for c in s.calls], default=str) for _, _, s in steps],
+                "tool_names": [[c.name for c in s.calls] for _, _, s in steps],
+                "observations": [list(s.observations) for _, _, s in steps],
+                "error": [s.error for _, _, s in steps], "completion_tokens": [s.completion_tokens for _, _, s in steps],
+            },
+            schema=_STEP_SCHEMA,
+        )  # fmt: skip
+        keys = pa.table({"trajectory_id": pa.array(list(latest), pa.string())})
         with self._transaction() as con:
             con.register("new_keys", keys)
             con.register("new_trajectories", trajectories)
-            con.register("new_steps", steps)
-            con.execute("DELETE FROM steps WHERE trajectory_id IN (SELECT trajectory_id FROM new_keys)")
-            con.execute("DELETE FROM trajectories WHERE trajectory_id IN (SELECT trajectory_id FROM new_keys)")
+            con.register("new_steps", step_table)
+            # A first write (the usual case) has nothing to replace; skipping the deletes keeps ingest
+            # from scanning the whole steps table once per batch.
+            (existing,) = con.execute(
+                "SELECT count(*) FROM trajectories WHERE trajectory_id IN (SELECT trajectory_id FROM new_keys)"
+            ).fetchone()
+            if existing:
+                con.execute("DELETE FROM steps WHERE trajectory_id IN (SELECT trajectory_id FROM new_keys)")
+                con.execute("DELETE FROM trajectories WHERE trajectory_id IN (SELECT trajectory_id FROM new_keys)")
             con.execute("INSERT INTO trajectories SELECT * FROM new_trajectories")
             con.execute("INSERT INTO steps SELECT * FROM new_steps")
 
