@@ -73,7 +73,9 @@ def ingest(warehouse, total_steps: int, rounds: int, batch_trajectories: int) ->
     write_s = build_s = 0.0
     written = 0
     for round_ in range(rounds):
-        tasks = [make_task(round_ * 100_000 + i, round_) for i in range(min(tasks_per_round, 2000))]
+        # Half of each round's tasks were played the round before, so forgetting events occur.
+        first = round_ * min(tasks_per_round, 2000) // 2
+        tasks = [make_task(first + i, round_) for i in range(min(tasks_per_round, 2000))]
         warehouse.write_tasks(tasks)
         warehouse.set_pool(run_id, round_, [t.task_id for t in tasks])
         pending: list[Trajectory] = []
