@@ -1,7 +1,8 @@
 """Rollout stage: the policy plays every task of a batch, n samples each, against fresh environments.
 
 All episodes of a batch advance together: each loop asks the engine for one message for every
-episode that is still running (one batched generate call), then steps each episode's environment.
+episode that is still running (batched generate calls of up to ``batch_size`` episodes), and steps
+the environments of one chunk while the engine generates for the next.
 Token bookkeeping is exact: ``completion_ids`` holds the model's tokens (mask 1, with behaviour
 logprobs) and the environment's tokens (mask 0) in conversation order, which is what the GRPO
 update trains on.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -86,16 +88,27 @@ def play_episodes(
             episodes.append(_Episode(task=task, sample=sample, env=env, prompt_ids=engine.chat.prompt_ids(messages)))
 
     bar = tqdm(total=len(episodes), desc=desc, unit="ep", disable=not progress, leave=False)
+
+    def advance(chunk: list[_Episode], generations: list) -> None:
+        for episode, generation in zip(chunk, generations):
+            _advance(engine, episode, generation, env_config, max_context_tokens, max_new_tokens)
+            if episode.finish_reason is not None:
+                bar.update(1)
+
     active = list(episodes)
-    while active:
-        for start in range(0, len(active), batch_size):
-            chunk = active[start : start + batch_size]
-            generations = engine.generate([e.context_ids for e in chunk], temperature=temperature, max_new_tokens=max_new_tokens)
-            for episode, generation in zip(chunk, generations):
-                _advance(engine, episode, generation, env_config, max_context_tokens, max_new_tokens)
-                if episode.finish_reason is not None:
-                    bar.update(1)
-        active = [e for e in active if e.finish_reason is None]
+    # One worker steps the environments of a chunk while the engine generates for the next chunk
+    # (torch and vLLM release the GIL while they compute). Chunks are generated in the same order
+    # and the next loop starts only when every step is done, so results do not depend on timing.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-steps") as stepper:
+        while active:
+            pending = []
+            for start in range(0, len(active), batch_size):
+                chunk = active[start : start + batch_size]
+                generations = engine.generate([e.context_ids for e in chunk], temperature=temperature, max_new_tokens=max_new_tokens)
+                pending.append(stepper.submit(advance, chunk, generations))
+            for stepped in pending:
+                stepped.result()  # re-raises an error of the environment step here
+            active = [e for e in active if e.finish_reason is None]
     bar.close()
     return [_to_trajectory(e, run_id, round_) for e in episodes]
 

@@ -69,3 +69,36 @@ def test_trajectory_ids_name_run_round_task_and_sample(untrained_engine, tasks):
 def test_the_batch_is_a_seeded_sample_of_the_pool(tasks):
     assert draw_batch(tasks, 2, seed=1, round_=0) == draw_batch(tasks, 2, seed=1, round_=0)
     assert draw_batch(tasks, 10, seed=1, round_=0) == tasks
+
+
+class _Handshake:
+    """The real engine, with decode (run by the environment-step worker) waiting for the next generate call."""
+
+    def __init__(self, engine) -> None:
+        import threading
+
+        self.engine, self.chat = engine, engine.chat
+        self.second_generate = threading.Event()
+        self.calls = 0
+        self.waits: list[bool] = []
+        self.tokenizer = self
+
+    def generate(self, prompts, temperature, max_new_tokens):
+        self.calls += 1
+        if self.calls == 2:
+            self.second_generate.set()
+        return self.engine.generate(prompts, temperature=temperature, max_new_tokens=max_new_tokens)
+
+    def decode(self, ids, **kw):
+        if not self.waits:
+            self.waits.append(self.second_generate.wait(timeout=20))
+        return self.engine.tokenizer.decode(ids, **kw)
+
+
+def test_environment_steps_of_one_chunk_run_while_the_next_chunk_generates(untrained_engine, tasks):
+    # The first chunk's first step blocks until the second chunk's generate call starts: stepping
+    # after generating (no overlap) would wait the full timeout and record False.
+    engine = _Handshake(untrained_engine)
+    trajectories = play(engine, tasks, batch_size=3)
+    assert engine.waits == [True]
+    assert len(trajectories) == 6
