@@ -313,10 +313,17 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
+    top_level = set(PipelineConfig.model_fields)
     for name, raw in environ.items():
         if not name.startswith("COEVOLVE_") or name in ("COEVOLVE_CONFIG",):
             continue
-        dotted = name[len("COEVOLVE_") :].lower().replace("__", ".")
+        key = name[len("COEVOLVE_") :].lower()
+        # Other COEVOLVE_ variables, such as the API keys named by rollout.api_key_env, are not
+        # configuration (and a secret must never be stored with it). A name with a section
+        # separator always is, so a misspelt section or field still fails loudly.
+        if "__" not in key and key not in top_level:
+            continue
+        dotted = key.replace("__", ".")
         merged = _deep_merge(merged, _nested(dotted, yaml.safe_load(raw) if raw else raw))
     return merged
 

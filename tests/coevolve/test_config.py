@@ -22,6 +22,18 @@ def test_cli_overrides_beat_environment_which_beats_file(tmp_path):
     assert config.rollout.tasks_per_round == 9
 
 
+def test_api_key_variables_are_not_read_as_configuration():
+    environ = {"COEVOLVE_OPENAI_API_KEY": "sk-secret", "COEVOLVE_RUN_ID": "nightly"}
+    config = load_config(environ=environ)
+    assert config.run_id == "nightly"
+    assert "sk-secret" not in config.model_dump_json()
+
+
+def test_a_misspelt_section_variable_fails_loudly():
+    with pytest.raises(ConfigError, match="rolout"):
+        load_config(environ={"COEVOLVE_ROLOUT__GROUP_SIZE": "4"})
+
+
 def test_unknown_field_names_the_field():
     with pytest.raises(ConfigError, match="rollout.group_sise: unknown field"):
         load_config(overrides=["rollout.group_sise=4"], environ={})
