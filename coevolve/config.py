@@ -112,6 +112,14 @@ class RolloutConfig(_Section):
     eval_temperature: float = Field(0.0, ge=0, description="Evaluation decoding; 0 is greedy (paper: greedy).")
     max_new_tokens: int = Field(96, ge=8, description="Tokens per model message (paper: 4096 per response).")
     heldout_tasks: int = Field(50, ge=0, description="Held-out synthetic tasks scored greedily after each round.")
+    generate_batch: int = Field(
+        64,
+        ge=1,
+        description=(
+            "Episodes per generate call; one call's environment steps run while the next call generates. 64 bounds "
+            "transformers' padded batch memory on a CPU; vLLM schedules its own batches, so raise it there."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_engine(self) -> RolloutConfig:

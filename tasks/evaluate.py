@@ -53,6 +53,7 @@ def evaluate_checkpoint(
         run_id=config.run_id,
         round_=round_,
         max_context_tokens=max_context(engine),
+        batch_size=config.rollout.generate_batch,
         desc=f"evaluate {split}",
     )
     with open_warehouse(config) as wh:

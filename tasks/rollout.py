@@ -20,7 +20,7 @@ from typing import Protocol
 
 from tqdm.auto import tqdm
 
-from coevolve.config import EnvironmentConfig
+from coevolve.config import EnvironmentConfig, RolloutConfig
 from coevolve.records import Step, Task, Trajectory
 from tasks.common import make_environment
 
@@ -69,7 +69,7 @@ def play_episodes(
     run_id: str,
     round_: int,
     max_context_tokens: int | None = None,
-    batch_size: int = 64,
+    batch_size: int = RolloutConfig.model_fields["generate_batch"].default,
     progress: bool = True,
     desc: str = "rollout",
 ) -> list[Trajectory]:
@@ -223,6 +223,7 @@ def rollout_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
             run_id=config.run_id,
             round_=round_,
             max_context_tokens=max_context(engine),
+            batch_size=config.rollout.generate_batch,
         )
         with open_warehouse(config) as wh:
             wh.write_trajectories(trajectories)
