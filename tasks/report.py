@@ -30,7 +30,8 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
 def paired_test(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
     """Paired t-test of arm a against arm b over the seeds both ran (scipy's ttest_rel).
 
-    Identical scores on every seed give no evidence either way: p is reported as 1.
+    Identical scores on every seed give no evidence either way: p is reported as 1. The same
+    nonzero gap on every seed has no variance to test against: t and p are undefined (nan).
     """
     from scipy import stats
 
@@ -38,8 +39,10 @@ def paired_test(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
     diffs = [a[s] - b[s] for s in seeds]
     if len(seeds) < 2:
         return {"n": len(seeds), "mean_diff": diffs[0] if diffs else math.nan, "t": math.nan, "p": math.nan}
-    if all(d == diffs[0] for d in diffs):
-        return {"n": len(seeds), "mean_diff": diffs[0], "t": math.nan, "p": 1.0 if diffs[0] == 0 else math.nan}
+    # Scores are shares of a task count, so equal gaps can differ in the last bits (0.06 - 0.04 vs
+    # 0.08 - 0.06); compared exactly, they would give a t of 1e16 and a p of 0.
+    if all(math.isclose(d, diffs[0], abs_tol=1e-9) for d in diffs):
+        return {"n": len(seeds), "mean_diff": diffs[0], "t": math.nan, "p": 1.0 if abs(diffs[0]) < 1e-9 else math.nan}
     result = stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds])
     return {"n": len(seeds), "mean_diff": statistics.fmean(diffs), "t": float(result.statistic), "p": float(result.pvalue)}
 
@@ -146,7 +149,9 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> di
     lines += ["", "Paired t-tests of `full` against each arm, final held-out success, paired by seed:", ""]
     lines += ["| full vs | seeds | mean difference | t | p |", "|---|---|---|---|---|"]
     for other, t in summary["tests"].items():
-        lines.append(f"| {other} | {t['n']} | {t['mean_diff']:+.3f} | {t['t']:.2f} | {t['p']:.3f} |")
+        t_text = "n/a" if math.isnan(t["t"]) else f"{t['t']:.2f}"
+        p_text = "n/a (same gap on every seed)" if math.isnan(t["p"]) and t["n"] >= 2 else ("n/a" if math.isnan(t["p"]) else f"{t['p']:.3f}")
+        lines.append(f"| {other} | {t['n']} | {t['mean_diff']:+.3f} | {t_text} | {p_text} |")
     lines += ["", "Per run (held-out success after each round):", "", "| run | " + " | ".join(f"r{i}" for i in range(len(results[0]["rounds"]))) + " |"]
     lines.append("|---|" + "---|" * len(results[0]["rounds"]))
     for r in results:

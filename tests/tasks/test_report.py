@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from tasks.report import paired_test, summarize, write_report
 
 
@@ -25,6 +27,12 @@ def test_arms_report_mean_and_sd_of_final_heldout_success():
     assert math.isclose(mean, (0.30 + 0.32 + 0.35) / 3)
     assert math.isclose(sd, 0.025166, rel_tol=1e-3)
     assert arms["static"]["final_pool"][0] == 100
+
+
+def test_the_same_gap_on_every_seed_has_no_p_value_rather_than_p_zero():
+    result = paired_test({1: 0.04, 2: 0.06, 3: 0.04}, {1: 0.06, 2: 0.08, 3: 0.06})
+    assert math.isnan(result["p"]) and math.isnan(result["t"])
+    assert result["mean_diff"] == pytest.approx(-0.02)
 
 
 def test_paired_test_pairs_by_seed_and_finds_a_consistent_gap():
