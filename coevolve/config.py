@@ -12,6 +12,7 @@ Sources, later ones winning: defaults < YAML file (``--config``) < environment v
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -284,6 +285,23 @@ class PipelineConfig(_Section):
         return load_config(data=_deep_merge(self.model_dump(mode="json"), overrides))
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """YAML with the 1.2 booleans only: ``mode: off`` must stay the string 'off', not become False."""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in extra.items():
@@ -312,7 +330,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
             raise ConfigError(f"Override {pair!r} has no '='; write it as section.field=value, e.g. rollout.group_size=8.")
         key, raw = pair.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = _load_yaml(raw) if raw != "" else ""
         except yaml.YAMLError as exc:
             raise ConfigError(f"Override {pair!r}: the value is not valid YAML ({exc}).") from exc
         merged = _deep_merge(merged, _nested(key.strip(), value))
@@ -332,7 +350,7 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
         if "__" not in key and key not in top_level:
             continue
         dotted = key.replace("__", ".")
-        merged = _deep_merge(merged, _nested(dotted, yaml.safe_load(raw) if raw else raw))
+        merged = _deep_merge(merged, _nested(dotted, _load_yaml(raw) if raw else raw))
     return merged
 
 
@@ -364,7 +382,7 @@ def load_config(
         if not file.is_file():
             raise ConfigError(f"Config file {file} does not exist; pass an existing YAML file to --config.")
         try:
-            loaded = yaml.safe_load(file.read_text()) or {}
+            loaded = _load_yaml(file.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"Config file {file} is not valid YAML: {exc}") from exc
         if not isinstance(loaded, dict):

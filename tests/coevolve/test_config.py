@@ -78,3 +78,12 @@ def test_the_papers_preset_validates():
 
     config = load_config(Path(__file__).parents[2] / "configs" / "paper.yaml", environ={})
     assert (config.rollout.group_size, config.rollout.tasks_per_round, config.training.learning_rate) == (8, 32, 1e-6)
+
+
+def test_off_and_on_stay_strings_in_every_source(tmp_path):
+    file = tmp_path / "c.yaml"
+    file.write_text("synthesis:\n  mode: off\nvalidation:\n  llm_judge: false\n")
+    assert load_config(file, environ={}).synthesis.mode == "off"
+    assert load_config(overrides=["synthesis.mode=off"], environ={}).synthesis.mode == "off"
+    assert load_config(environ={"COEVOLVE_SYNTHESIS__MODE": "off"}).synthesis.mode == "off"
+    assert load_config(overrides=["validation.embedding_dedupe=true"], environ={}).validation.embedding_dedupe is True
