@@ -410,7 +410,18 @@ class Warehouse:
     def sql(self, query: str) -> pl.DataFrame:
         """Runs an ad-hoc query (e.g. on the v_* views) and returns the result as a Polars frame."""
         with self._connect() as con:
-            return con.sql(query).pl()
+            relation = con.sql(query)
+            if relation is None:  # a statement without a result, e.g. SET or PRAGMA
+                return pl.DataFrame()
+            # Polars cannot import DuckDB's INTERVAL (e.g. a difference of timestamps): show it as text.
+            if any(str(t) == "INTERVAL" for t in relation.types):
+                relation = relation.project(
+                    ", ".join(
+                        f'CAST("{c}" AS VARCHAR) AS "{c}"' if str(t) == "INTERVAL" else f'"{c}"'
+                        for c, t in zip(relation.columns, relation.types)
+                    )
+                )
+            return relation.pl()
 
     def pool(self, run_id: str, round: int) -> list[Task]:
         """The tasks in the pool of (run, round), in the order set_pool was given."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import polars as pl
 import pytest
 
 from coevolve.records import Candidate, Signal, Verdict
@@ -79,3 +80,11 @@ def test_forgetting_events_find_a_solved_task_failing_later(history: Warehouse, 
 def test_acceptance_rates_leave_pending_candidates_out_of_the_rate(history: Warehouse) -> None:
     rows = history.sql("SELECT round, accepted, rejected, pending, acceptance_rate FROM v_acceptance_rates")
     assert rows.rows() == [(0, 3, 1, 1, 0.75)]
+
+
+def test_ad_hoc_sql_shows_intervals_as_text_and_answers_statements_without_rows(history: Warehouse) -> None:
+    frame = history.sql("SELECT TIMESTAMP '2026-01-02 00:00:05' - TIMESTAMP '2026-01-01' AS spread, 1 AS one")
+    assert frame.columns == ["spread", "one"]
+    assert frame["spread"].dtype == pl.String
+    assert frame.row(0) == ("1 day 00:00:05", 1)
+    assert history.sql("SET threads = 1").is_empty()
