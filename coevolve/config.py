@@ -60,11 +60,13 @@ class PolicyConfig(_Section):
         ),
     )
     sft_tasks: int = Field(
-        1000,
+        4000,
         ge=1,
         description=(
             "Demonstrations the builtin tiny model is fine-tuned on: the seed pool plus more tasks from the same unguided "
-            "explorer, never held-out ones. On the 100 seed tasks alone it memorizes (78% on them, 0% held-out)."
+            "explorer, never held-out ones. Fewer make it memorize instead of learning to copy arguments from the query: "
+            "on 1,000 it solves 85% of the seed pool but 5% of new tasks, on 4,000 (same SFT steps) 19% and 11%, so "
+            "GRPO groups on synthesized tasks have reward variance to learn from."
         ),
     )
     sft_steps: int = Field(800, ge=0, description="SFT steps for 'builtin:tiny': about 6 minutes here, partial skill so rounds have signal.")
@@ -107,12 +109,16 @@ class RolloutConfig(_Section):
         0.5, gt=0, le=1, description="GPU memory share of engine 'vllm': half leaves room for the update stage's trainer."
     )
     vllm_max_model_len: int | None = Field(None, ge=16, description="Context length of engine 'vllm'; None uses the model's.")
-    tasks_per_round: int = Field(12, ge=1, description="Tasks drawn from the pool per round (paper: 32 per step).")
+    tasks_per_round: int = Field(
+        24, ge=1, description="Tasks drawn from the pool per round (paper: 32 per step); 24 leaves about 10 groups with reward variance."
+    )
     group_size: int = Field(6, ge=2, description="Samples per task, the GRPO group n (paper: 8). At least 2 for an advantage.")
     temperature: float = Field(0.9, ge=0, description="Sampling temperature of training rollouts (paper: 0.9).")
     eval_temperature: float = Field(0.0, ge=0, description="Evaluation decoding; 0 is greedy (paper: greedy).")
     max_new_tokens: int = Field(96, ge=8, description="Tokens per model message (paper: 4096 per response).")
-    heldout_tasks: int = Field(50, ge=0, description="Held-out synthetic tasks scored greedily after each round.")
+    heldout_tasks: int = Field(
+        100, ge=0, description="Held-out synthetic tasks scored greedily after each round; 100 resolves about 0.04 (one sd 0.03 at 10%)."
+    )
     generate_batch: int = Field(
         64,
         ge=1,
@@ -209,8 +215,15 @@ class PoolConfig(_Section):
 
 
 class TrainingConfig(_Section):
-    learning_rate: float = Field(2e-4, gt=0, description="AdamW rate (paper: 1e-6 for 4B-30B models; tiny models need more).")
-    steps_per_round: int = Field(2, ge=1, description="Optimizer steps on each round's groups (paper: F=10 steps per round).")
+    learning_rate: float = Field(
+        5e-4,
+        gt=0,
+        description=(
+            "AdamW rate (paper: 1e-6 for 4B-30B models; tiny models need more). With 4 steps a round, 1e-3 made the "
+            "builtin policy collapse within 5 rounds and 2e-3 within 1; 5e-4 stayed stable."
+        ),
+    )
+    steps_per_round: int = Field(4, ge=1, description="Optimizer steps on each round's groups (paper: F=10 steps per round).")
     epsilon_low: float = Field(0.20, ge=0, description="Lower clip range (paper: 0.20).")
     epsilon_high: float = Field(0.28, ge=0, description="Upper clip range (paper: 0.28).")
     beta: float = Field(1e-3, ge=0, description="KL coefficient (paper: 1e-3).")

@@ -45,7 +45,7 @@ def arm_config(base: PipelineConfig, arm: str, seed: int, name: str) -> Pipeline
 def coevolve_ablation(
     arms: list[str] | None = None,
     seeds: list[int] | None = None,
-    rounds: int = 3,
+    rounds: int = 5,
     official_limit: int | None = 50,
     name: str = "ablation",
     config: dict[str, Any] | None = None,

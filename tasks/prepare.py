@@ -15,7 +15,7 @@ from pathlib import Path
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
-from coevolve.records import Task, digest
+from coevolve.records import Message, Task, digest
 
 BUILTIN_TINY = "builtin:tiny"
 
@@ -40,20 +40,11 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
     if config.policy.model != BUILTIN_TINY:
         return config.policy.model
     from agent.tiny import build_tiny_policy
-    from envs.explorer import build_tasks, demonstration
-    from tasks.common import make_environment
 
-    extra = build_tasks(
-        max(0, config.policy.sft_tasks - len(seed_pool)),
-        config.start_seed + 104729,
-        origin="seed",
-        exclude={t.task_id for t in seed_pool + heldout},
-    )
-    env = make_environment(config.environment)
-    conversations = [demonstration(task, env) for task in seed_pool + extra]
+    task_ids, conversations = _demonstrations(config, seed_pool, heldout)
     key = digest(
         {
-            "tasks": sorted(t.task_id for t in seed_pool + extra),
+            "tasks": task_ids,
             "policy": config.policy.model_dump(),
             "environment": config.environment.model_dump(),
             "seed": config.start_seed,
@@ -61,6 +52,40 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
     )
     out_dir = config.state_dir / "models" / f"tiny-{key[:12]}"
     return str(build_tiny_policy(out_dir, conversations, config.policy, config.start_seed))
+
+
+# Every run of an ablation starts from the same checkpoint 0 and must rebuild its demonstrations to
+# find it (about 10 s for 4,000), so they are kept for the life of the process.
+_DEMONSTRATIONS: dict[str, tuple[list[str], list[list[Message]]]] = {}
+
+
+def _demonstrations(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> tuple[list[str], list[list[Message]]]:
+    """Sorted task ids and expert conversations of the SFT set: the seed pool plus unguided tasks, no held-out one."""
+    from envs.explorer import build_tasks, demonstration
+    from tasks.common import make_environment
+
+    memo_key = digest(
+        {
+            "seed_pool": [t.task_id for t in seed_pool],
+            "heldout": sorted(t.task_id for t in heldout),
+            "n": config.policy.sft_tasks,
+            "seed": config.start_seed,
+            "environment": config.environment.model_dump(),
+        }
+    )
+    if memo_key not in _DEMONSTRATIONS:
+        extra = build_tasks(
+            max(0, config.policy.sft_tasks - len(seed_pool)),
+            config.start_seed + 104729,
+            origin="seed",
+            exclude={t.task_id for t in seed_pool + heldout},
+        )
+        env = make_environment(config.environment)
+        _DEMONSTRATIONS[memo_key] = (
+            sorted(t.task_id for t in seed_pool + extra),
+            [demonstration(task, env) for task in seed_pool + extra],
+        )
+    return _DEMONSTRATIONS[memo_key]
 
 
 def checkpoint_is_usable(path: str) -> bool:
