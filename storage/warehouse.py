@@ -346,6 +346,13 @@ class Warehouse:
             )
             con.execute("INSERT INTO evaluations SELECT * FROM new_evaluations")
 
+    def evaluation_outcomes(self, run_id: str, round: int, split: str) -> dict[str, bool]:
+        """task_id -> success of one evaluation split of (run, round)."""
+        rows = self._fetch(
+            "SELECT task_id, success FROM evaluations WHERE run_id = ? AND round = ? AND split = ?", [run_id, round, split]
+        )
+        return {task_id: bool(success) for task_id, success in rows}
+
     def start_round(self, run_id: str, round: int, flow_run_id: str) -> None:
         """Marks a round running; restarting a round keeps its earlier stage bookkeeping."""
         with self._transaction() as con:

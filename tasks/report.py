@@ -47,8 +47,29 @@ def paired_test(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
     return {"n": len(seeds), "mean_diff": statistics.fmean(diffs), "t": float(result.statistic), "p": float(result.pvalue)}
 
 
+def task_level_test(a: dict[int, dict[str, bool]], b: dict[int, dict[str, bool]]) -> dict[str, float]:
+    """Exact McNemar test of arm a against arm b on the same held-out tasks, pooled over the seeds both ran.
+
+    Pairs are (seed, task): ``a_only`` counts tasks that a's final checkpoint solved and b's did not,
+    ``b_only`` the reverse; p is the two-sided binomial test of a_only among the discordant pairs.
+    It asks whether these trained checkpoints differ, not whether a new seed would: the seed-level
+    t-test answers that.
+    """
+    from scipy import stats
+
+    pairs = [(a[s][t], b[s][t]) for s in sorted(set(a) & set(b)) for t in sorted(set(a[s]) & set(b[s]))]
+    a_only = sum(1 for x, y in pairs if x and not y)
+    b_only = sum(1 for x, y in pairs if y and not x)
+    p = float(stats.binomtest(a_only, a_only + b_only, 0.5).pvalue) if a_only + b_only else 1.0
+    return {"pairs": len(pairs), "a_only": a_only, "b_only": b_only, "p": p}
+
+
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-arm figures and paired tests of 'full' against every other arm."""
+    """Per-arm figures and paired tests of 'full' against every other arm.
+
+    Runs that carry ``heldout_outcomes`` (task_id -> success of the final checkpoint) also get the
+    task-level test.
+    """
     arms: dict[str, list[dict[str, Any]]] = {}
     for run in results:
         arms.setdefault(run["arm"], []).append(run)
@@ -69,7 +90,13 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         }
     by_seed = {arm: {r["seed"]: final_heldout(r) for r in runs} for arm, runs in arms.items()}
     tests = {other: paired_test(by_seed["full"], by_seed[other]) for other in by_seed if other != "full" and "full" in by_seed}
-    return {"arms": table, "tests": tests}
+    outcomes = {arm: {r["seed"]: r["heldout_outcomes"] for r in runs if r.get("heldout_outcomes")} for arm, runs in arms.items()}
+    task_tests = {
+        other: task_level_test(outcomes["full"], outcomes[other])
+        for other in outcomes
+        if other != "full" and outcomes.get("full") and outcomes[other]
+    }
+    return {"arms": table, "tests": tests, "task_tests": task_tests}
 
 
 def _curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
@@ -152,6 +179,17 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> di
         t_text = "n/a" if math.isnan(t["t"]) else f"{t['t']:.2f}"
         p_text = "n/a (same gap on every seed)" if math.isnan(t["p"]) and t["n"] >= 2 else ("n/a" if math.isnan(t["p"]) else f"{t['p']:.3f}")
         lines.append(f"| {other} | {t['n']} | {t['mean_diff']:+.3f} | {t_text} | {p_text} |")
+    if summary["task_tests"]:
+        lines += [
+            "",
+            "Task-level paired comparison of the final checkpoints (exact McNemar test over (seed, held-out task) pairs; "
+            "it asks whether these checkpoints differ, not whether another seed would):",
+            "",
+            "| full vs | pairs | solved by full only | solved by the other only | p |",
+            "|---|---|---|---|---|",
+        ]
+        for other, t in summary["task_tests"].items():
+            lines.append(f"| {other} | {t['pairs']} | {t['a_only']} | {t['b_only']} | {t['p']:.3f} |")
     lines += ["", "Per run (held-out success after each round):", "", "| run | " + " | ".join(f"r{i}" for i in range(len(results[0]["rounds"]))) + " |"]
     lines.append("|---|" + "---|" * len(results[0]["rounds"]))
     for r in results:
@@ -172,6 +210,13 @@ def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]
     """Write the ablation report under the state folder and log it to MLflow as one run."""
     from storage.tracking import Tracker
 
+    from tasks.common import open_warehouse
+    from tasks.evaluate import HELDOUT_SPLIT
+
+    with open_warehouse(config) as wh:
+        for run in results:
+            final_round = run["rounds"][-1]["round"]
+            run["heldout_outcomes"] = wh.evaluation_outcomes(run["run_id"], final_round, HELDOUT_SPLIT)
     out = write_report(results, config.state_dir / "reports" / name, f"Ablation `{name}`")
     tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
     metrics = {}
@@ -182,6 +227,8 @@ def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]
     for other, t in out["tests"].items():
         if not math.isnan(t["p"]):
             metrics[f"p.full_vs_{other}"] = t["p"]
+    for other, t in out["task_tests"].items():
+        metrics[f"p_tasks.full_vs_{other}"] = t["p"]
     run_id = tracker.log_evaluation(f"{name}-report", metrics, {"runs": len(results)}, {"coevolve.kind": "ablation"})
     for path in [Path(out["report"]), *map(Path, out["figures"])]:
         tracker.attach_artifact(run_id, path, "report")

@@ -127,3 +127,11 @@ def test_a_candidate_gets_its_verdict_by_being_written_again(warehouse, make_tas
     warehouse.write_candidates(RUN, 0, [Candidate(task, "boundary:t", Verdict(False, "did not complete"))])
     rows = warehouse.sql("SELECT accepted, reason FROM candidates").rows()
     assert rows == [(False, "did not complete")]
+
+
+def test_evaluation_outcomes_are_the_latest_success_per_task_of_one_split(warehouse) -> None:
+    warehouse.write_evaluations(RUN, 2, "heldout", [("t1", False, 0.0, "e1"), ("t2", True, 1.0, "e2")])
+    warehouse.write_evaluations(RUN, 2, "heldout", [("t1", True, 1.0, "e3")])
+    warehouse.write_evaluations(RUN, 2, "multi_turn_base", [("t1", False, 0.0, "e4")])
+    assert warehouse.evaluation_outcomes(RUN, 2, "heldout") == {"t1": True, "t2": True}
+    assert warehouse.evaluation_outcomes(RUN, 1, "heldout") == {}

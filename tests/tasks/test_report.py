@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tasks.report import paired_test, summarize, write_report
+from tasks.report import paired_test, summarize, task_level_test, write_report
 
 
 def run(arm, seed, heldout, pool=(110, 120), official=0.0):
@@ -55,3 +55,24 @@ def test_the_report_is_markdown_with_its_figures(tmp_path):
     assert "| static | 3 | +0.203 |" in text
     for figure in out["figures"]:
         assert figure.endswith(".png") and (tmp_path / figure.split("/")[-1]).stat().st_size > 1000
+
+
+def test_task_level_test_counts_discordant_pairs_over_seeds():
+    full = {1: {"a": True, "b": True, "c": False}, 2: {"a": True, "b": False, "c": False}}
+    other = {1: {"a": False, "b": True, "c": False}, 2: {"a": False, "b": False, "c": True}, 3: {"a": True}}
+    result = task_level_test(full, other)
+    assert (result["pairs"], result["a_only"], result["b_only"]) == (6, 2, 1)
+    assert result["p"] == pytest.approx(1.0)
+
+
+def test_a_one_sided_task_level_gap_is_significant():
+    full = {s: {f"t{i}": True for i in range(5)} for s in (1, 2)}
+    other = {s: {f"t{i}": False for i in range(5)} for s in (1, 2)}
+    assert task_level_test(full, other)["p"] == pytest.approx(2 * 0.5**10)
+
+
+def test_the_report_adds_the_task_level_table_when_runs_carry_outcomes(tmp_path):
+    results = [dict(r, heldout_outcomes={"t1": r["arm"] == "full", "t2": True}) for r in RESULTS]
+    out = write_report(results, tmp_path, "Ablation test")
+    assert out["task_tests"]["static"]["a_only"] == 3
+    assert "| static | 6 | 3 | 0 | 0.250 |" in (tmp_path / "report.md").read_text()
