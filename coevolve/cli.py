@@ -2,7 +2,7 @@
 
     coevolve evolve [--config FILE] [--set section.field=value ...] [--rounds N]
     coevolve round --round R [--config FILE] [--set ...]
-    coevolve evaluate --checkpoint PATH [--categories base,miss_func,...] [--limit N] [--no-heldout]
+    coevolve evaluate --checkpoint PATH [--categories base,miss_func,...] [--limit N] [--no-heldout] [--dev]
     coevolve ablation [--arms static,random,full] [--seeds 1,2,3] [--rounds 3]
     coevolve sql "SELECT * FROM v_success_by_round"
     coevolve config --show
@@ -153,7 +153,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     categories = [category_name(c.strip()) for c in args.categories.split(",") if c.strip()]
     results = coevolve_evaluate(
         checkpoint=args.checkpoint, categories=categories, heldout=not args.no_heldout,
-        config=config.model_dump(mode="json"), limit=args.limit,
+        config=config.model_dump(mode="json"), limit=args.limit, dev=args.dev,
     )
     for split, accuracy in results.items():
         print(f"{split:<26} {accuracy:.3f}")
@@ -236,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--categories", default="multi_turn_base", help="Comma-separated: base, miss_func, miss_param, long_context.")
     p.add_argument("--no-heldout", action="store_true", help="Skip the run's held-out synthetic split.")
     p.add_argument("--limit", type=int, default=None, help="Score only the first N tasks of each split.")
+    p.add_argument(
+        "--dev", action="store_true",
+        help="Also score the dev split: 200 synthetic tasks outside the seed pool, the SFT set and the held-out split, for choosing settings.",
+    )
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("status", help="Print the finished rounds of a run.")

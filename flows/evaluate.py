@@ -16,7 +16,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from coevolve.config import PipelineConfig
-from tasks.evaluate import HELDOUT_SPLIT, category_name, evaluate_split_task, evaluation_round
+from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, category_name, evaluate_split_task, evaluation_round
 
 DEFAULT_CATEGORIES = ["multi_turn_base"]
 
@@ -54,15 +54,16 @@ def coevolve_evaluate(
     config: dict[str, Any] | None = None,
     limit: int | None = None,
     round_: int | None = None,
+    dev: bool = False,
 ) -> dict[str, float]:
     """Greedy accuracy of ``checkpoint`` per split: each official category, then ``heldout``.
 
     ``limit`` keeps the first N tasks of each split (smoke tests); ``round_`` overrides the round the
     rows are stored under (by default the round whose update wrote the checkpoint, see
-    tasks.evaluate.evaluation_round).
+    tasks.evaluate.evaluation_round); ``dev`` adds the dev split, for choosing settings.
     """
     cfg = PipelineConfig.model_validate(config or {})
-    splits = [category_name(c) for c in categories] + ([HELDOUT_SPLIT] if heldout else [])
+    splits = [category_name(c) for c in categories] + ([HELDOUT_SPLIT] if heldout else []) + ([DEV_SPLIT] if dev else [])
     round_ = evaluation_round(cfg, checkpoint) if round_ is None else round_
     results = {split: evaluate_split_task(cfg, checkpoint, split, round_, limit) for split in splits}
     log_evaluation(cfg, checkpoint, round_, results, str(flow_run.get_id() or ""))

@@ -23,6 +23,8 @@ from tasks.common import HELDOUT_ROUND, load_engine, max_context, open_warehouse
 from tasks.rollout import play_episodes, success_rate
 
 HELDOUT_SPLIT = "heldout"
+# Synthetic tasks for choosing settings (tasks/prepare.build_dev_split); never trained on, never reported as held-out.
+DEV_SPLIT = "dev"
 # Evaluation rows of a checkpoint that no round of the run produced (a hub model, a checkpoint
 # from elsewhere): they share this round, so the newest such evaluation replaces the previous one.
 EXTERNAL_ROUND = -2
@@ -77,11 +79,17 @@ def category_name(name: str) -> str:
 
 
 def split_tasks(config: PipelineConfig, split: str, limit: int | None = None) -> list[Task]:
-    """The tasks of one split: the run's held-out pool, or every entry of an official category.
+    """The tasks of one split: the run's held-out pool, the dev split, or every entry of an official category.
 
     A run without a held-out split yet gets the one its round 0 would build (same seed, same tasks).
     """
-    if split == HELDOUT_SPLIT:
+    if split == DEV_SPLIT:
+        from tasks.prepare import build_dev_split
+
+        tasks = build_dev_split(config)
+        with open_warehouse(config) as wh:
+            wh.write_tasks(tasks)
+    elif split == HELDOUT_SPLIT:
         with open_warehouse(config) as wh:
             tasks = wh.pool(config.run_id, HELDOUT_ROUND)
         if not tasks:

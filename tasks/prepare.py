@@ -31,6 +31,22 @@ def build_initial_pools(config: PipelineConfig) -> tuple[list[Task], list[Task]]
     return seed_pool, heldout
 
 
+def build_dev_split(config: PipelineConfig, size: int = 200) -> list[Task]:
+    """Tasks for choosing settings without looking at the held-out split.
+
+    The same unguided explorer with another seed, disjoint from the seed pool, the held-out split and
+    (for the builtin policy) checkpoint 0's fine-tuning set, so a setting picked on it says nothing
+    about the held-out scores the ablation reports.
+    """
+    from envs.explorer import build_tasks
+
+    seed_pool, heldout = build_initial_pools(config)
+    exclude = {t.task_id for t in seed_pool + heldout}
+    if config.policy.model == BUILTIN_TINY:
+        exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
+    return build_tasks(size, config.start_seed + 31337, origin="dev", exclude=exclude)
+
+
 def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> str:
     """Checkpoint 0: the builtin tiny policy (built once per seed pool and settings) or the configured model.
 
@@ -41,7 +57,7 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
         return config.policy.model
     from agent.tiny import build_tiny_policy
 
-    task_ids, conversations = _demonstrations(config, seed_pool, heldout)
+    task_ids, conversations = sft_demonstrations(config, seed_pool, heldout)
     key = digest(
         {
             "tasks": task_ids,
@@ -59,7 +75,7 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
 _DEMONSTRATIONS: dict[str, tuple[list[str], list[list[Message]]]] = {}
 
 
-def _demonstrations(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> tuple[list[str], list[list[Message]]]:
+def sft_demonstrations(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> tuple[list[str], list[list[Message]]]:
     """Sorted task ids and expert conversations of the SFT set: the seed pool plus unguided tasks, no held-out one."""
     from envs.explorer import build_tasks, demonstration
     from tasks.common import make_environment

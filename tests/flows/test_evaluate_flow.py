@@ -1,4 +1,4 @@
-"""The evaluation flow end to end: a tiny checkpoint scored on official categories and the held-out split.
+"""The evaluation flow end to end: a tiny checkpoint scored on official categories, the held-out and the dev split.
 
 Real Prefect flow run, DuckDB warehouse, MLflow store and bfcl-eval classes; ``limit`` keeps it short.
 """
@@ -31,14 +31,14 @@ def evaluated(prefect_api, tiny_config, tiny_checkpoint, tmp_path_factory):
     config = tiny_config(tmp_path_factory.mktemp("state"), run_id="evalflow")
     results = coevolve_evaluate(
         checkpoint=tiny_checkpoint, categories=["base", "multi_turn_long_context"], heldout=True,
-        config=config.model_dump(mode="json"), limit=LIMIT,
+        config=config.model_dump(mode="json"), limit=LIMIT, dev=True,
     )
     return config, results
 
 
-def test_flow_returns_accuracy_per_category_and_heldout(evaluated):
+def test_flow_returns_accuracy_per_category_heldout_and_dev(evaluated):
     config, results = evaluated
-    assert list(results) == ["multi_turn_base", "multi_turn_long_context", "heldout"]
+    assert list(results) == ["multi_turn_base", "multi_turn_long_context", "heldout", "dev"]
     assert all(0.0 <= value <= 1.0 for value in results.values())
 
 
