@@ -27,8 +27,6 @@ import random
 import re
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tqdm.auto import tqdm
-
 from coevolve.config import SynthesisConfig
 from coevolve.records import Candidate, Provenance, Signal, Task, ToolCall
 from envs.calls import parse_tool_calls
@@ -276,22 +274,18 @@ class LLMSynthesizer:
         progress: bool = True,
     ) -> tuple[list[Candidate], dict[str, dict[str, Any]]]:
         """Candidates for every signal, and per signal its context, explorations and rejections."""
-        candidates: list[Candidate] = []
-        records: dict[str, dict[str, Any]] = {}
-        for signal in tqdm(signals, desc="synthesize (llm)", unit="signal", disable=not progress, leave=False):
-            task = tasks_by_id.get(signal.task_id)
-            if task is None:
-                continue
-            made, record = self.for_signal(signal, task, tool_sequences.get(signal.trajectory_id, []), config, round_, seed)
-            records[signal.signal_id] = record
-            candidates += [Candidate(task=t, signal_id=signal.signal_id) for t in made]
-        return candidates, records
+        from tasks.synthesize import synthesize_each
+
+        def for_signal(signal: Signal, task: Task, tool_sequence: list[str]) -> tuple[list[Task], dict[str, Any]]:
+            return self.for_signal(signal, task, tool_sequence, config, round_, seed)
+
+        return synthesize_each(signals, tasks_by_id, tool_sequences, for_signal, progress, desc="synthesize (llm)")
 
     def for_signal(
         self, signal: Signal, task: Task, tool_sequence: list[str], config: SynthesisConfig, round_: int, seed: int
     ) -> tuple[list[Task], dict[str, Any]]:
         """Tasks from one signal and the record of how they were made (context, runs, rejections)."""
-        from tasks.synthesize import tools_of
+        from tasks.synthesize import provenance_of, tools_of
 
         rng = random.Random(f"{seed}:{round_}:{signal.signal_id}")
         tools = tools_of(task)
@@ -302,12 +296,7 @@ class LLMSynthesizer:
             record["rejections"].append(reason)
             return [], record
         record["context"] = context
-        provenance = Provenance(
-            origin=signal.kind,
-            round=round_,
-            parent_trajectory_id=None if signal.kind == "random" else signal.trajectory_id,
-            signal_id=signal.signal_id,
-        )
+        provenance = provenance_of(signal, round_)
         made: list[Task] = []
         for run in range(config.explorations_per_signal):
             run_id = f"{signal.signal_id}#{run}"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from tqdm.auto import tqdm
 
@@ -126,6 +126,40 @@ def tools_of(task: Task) -> list[str]:
     return env.tool_names()
 
 
+def provenance_of(signal: Signal, round_: int) -> Provenance:
+    """Where a task made from ``signal`` comes from; a random target has no parent trajectory."""
+    return Provenance(
+        origin=signal.kind,
+        round=round_,
+        parent_trajectory_id=None if signal.kind == "random" else signal.trajectory_id,
+        signal_id=signal.signal_id,
+    )
+
+
+def synthesize_each(
+    signals: list[Signal],
+    tasks_by_id: dict[str, Task],
+    tool_sequences: dict[str, list[str]],
+    for_signal: Callable[[Signal, Task, list[str]], tuple[list[Task], dict[str, Any]]],
+    progress: bool = True,
+    desc: str = "synthesize",
+) -> tuple[list[Candidate], dict[str, dict[str, Any]]]:
+    """Every synthesizer's outer loop: ``for_signal(signal, task, tool_sequence)`` on each signal whose task is in the pool.
+
+    Returns the candidates and, per signal id, the record ``for_signal`` returned.
+    """
+    candidates: list[Candidate] = []
+    records: dict[str, dict[str, Any]] = {}
+    for signal in tqdm(signals, desc=desc, unit="signal", disable=not progress, leave=False):
+        task = tasks_by_id.get(signal.task_id)
+        if task is None:
+            continue
+        made, record = for_signal(signal, task, tool_sequences.get(signal.trajectory_id, []))
+        records[signal.signal_id] = record
+        candidates += [Candidate(task=new, signal_id=signal.signal_id) for new in made]
+    return candidates, records
+
+
 def synthesize_from_signals(
     signals: list[Signal],
     tasks_by_id: dict[str, Task],
@@ -136,24 +170,14 @@ def synthesize_from_signals(
     progress: bool = True,
 ) -> tuple[list[Candidate], dict[str, dict[str, Any]]]:
     """Candidates for every signal, and the context each signal's exploration followed."""
-    candidates: list[Candidate] = []
-    contexts: dict[str, dict[str, Any]] = {}
-    for signal in tqdm(signals, desc="synthesize", unit="signal", disable=not progress, leave=False):
-        task = tasks_by_id.get(signal.task_id)
-        if task is None:
-            continue
-        context = build_context(signal, task, tool_sequences.get(signal.trajectory_id, []), tools_of(task))
-        contexts[signal.signal_id] = context
-        provenance = Provenance(
-            origin=signal.kind,
-            round=round_,
-            parent_trajectory_id=None if signal.kind == "random" else signal.trajectory_id,
-            signal_id=signal.signal_id,
-        )
+
+    def for_signal(signal: Signal, task: Task, tool_sequence: list[str]) -> tuple[list[Task], dict[str, Any]]:
+        context = build_context(signal, task, tool_sequence, tools_of(task))
         rng = random.Random(f"{seed}:{round_}:{signal.signal_id}")
-        for new in _explore_and_abstract(task, context["focus_patterns"], provenance, config, rng, signal.signal_id):
-            candidates.append(Candidate(task=new, signal_id=signal.signal_id))
-    return candidates, contexts
+        made = _explore_and_abstract(task, context["focus_patterns"], provenance_of(signal, round_), config, rng, signal.signal_id)
+        return made, context
+
+    return synthesize_each(signals, tasks_by_id, tool_sequences, for_signal, progress)
 
 
 class ProgrammaticSynthesizer:
