@@ -99,6 +99,17 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {"arms": table, "tests": tests, "task_tests": task_tests}
 
 
+def heldout_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    """Mean held-out success over ``runs`` by round: x = 0 is checkpoint 0 (when recorded), x = r + 1 follows round r."""
+    rounds = len(runs[0]["rounds"])
+    x = list(range(1, rounds + 1))
+    y = [statistics.fmean(r["rounds"][i]["heldout_success"] for r in runs) for i in range(rounds)]
+    baseline = [r["rounds"][0].get("baseline_heldout_success") for r in runs]
+    if all(b is not None for b in baseline):
+        x, y = [0, *x], [statistics.fmean(baseline), *y]
+    return x, y
+
+
 def _curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -112,12 +123,12 @@ def _curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         for arm in arms:
             runs = [r for r in results if r["arm"] == arm]
             rounds = len(runs[0]["rounds"])
-            mean_heldout = [statistics.fmean(r["rounds"][i]["heldout_success"] for r in runs) for i in range(rounds)]
             mean_pool = [statistics.fmean(r["rounds"][i]["pool_size"] for r in runs) for i in range(rounds)]
-            x = list(range(1, rounds + 1))
-            heldout.plot(x, mean_heldout, marker="o", label=arm)
-            pool.plot(x, mean_pool, marker="o", label=arm)
-        heldout.set(title="held-out success after each round (mean over seeds)", xlabel="round", ylabel="success")
+            heldout.plot(*heldout_curve(runs), marker="o", label=arm)
+            pool.plot(list(range(1, rounds + 1)), mean_pool, marker="o", label=arm)
+        heldout.set(
+            title="held-out success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success"
+        )
         pool.set(title="pool size after each round", xlabel="round", ylabel="tasks")
         heldout.legend(fontsize=8)
         fig.tight_layout()
@@ -190,10 +201,13 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> di
         ]
         for other, t in summary["task_tests"].items():
             lines.append(f"| {other} | {t['pairs']} | {t['a_only']} | {t['b_only']} | {t['p']:.3f} |")
-    lines += ["", "Per run (held-out success after each round):", "", "| run | " + " | ".join(f"r{i}" for i in range(len(results[0]["rounds"]))) + " |"]
-    lines.append("|---|" + "---|" * len(results[0]["rounds"]))
+    rounds = len(results[0]["rounds"])
+    lines += ["", "Per run (held-out success of checkpoint 0, then after each round):", ""]
+    lines += ["| run | ckpt 0 | " + " | ".join(f"r{i}" for i in range(rounds)) + " |", "|---|---|" + "---|" * rounds]
     for r in results:
-        lines.append(f"| {r['run_id']} | " + " | ".join(f"{s['heldout_success']:.3f}" for s in r["rounds"]) + " |")
+        baseline = r["rounds"][0].get("baseline_heldout_success")
+        cells = ["n/a" if baseline is None else f"{baseline:.3f}", *(f"{s['heldout_success']:.3f}" for s in r["rounds"])]
+        lines.append(f"| {r['run_id']} | " + " | ".join(cells) + " |")
     lines += ["", *[f"![{p.stem}]({p.name})" for p in figures], ""]
     report = out_dir / "report.md"
     report.write_text("\n".join(lines))

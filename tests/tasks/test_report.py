@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tasks.report import paired_test, summarize, task_level_test, write_report
+from tasks.report import heldout_curve, paired_test, summarize, task_level_test, write_report
 
 
 def run(arm, seed, heldout, pool=(110, 120), official=0.0):
@@ -76,3 +76,11 @@ def test_the_report_adds_the_task_level_table_when_runs_carry_outcomes(tmp_path)
     out = write_report(results, tmp_path, "Ablation test")
     assert out["task_tests"]["static"]["a_only"] == 3
     assert "| static | 6 | 3 | 0 | 0.250 |" in (tmp_path / "report.md").read_text()
+
+
+def test_the_learning_curve_starts_at_checkpoint_0_when_its_score_was_recorded():
+    runs = [run("full", 1, [0.2, 0.3]), run("full", 2, [0.4, 0.5])]
+    assert heldout_curve(runs) == ([1, 2], pytest.approx([0.3, 0.4]))
+    for r, baseline in zip(runs, (0.1, 0.2)):
+        r["rounds"][0]["baseline_heldout_success"] = baseline
+    assert heldout_curve(runs) == ([0, 1, 2], pytest.approx([0.15, 0.3, 0.4]))
