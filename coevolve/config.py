@@ -110,7 +110,7 @@ class RolloutConfig(_Section):
     )
     vllm_max_model_len: int | None = Field(None, ge=16, description="Context length of engine 'vllm'; None uses the model's.")
     tasks_per_round: int = Field(
-        24, ge=1, description="Tasks drawn from the pool per round (paper: 32 per step); 24 leaves about 10 groups with reward variance."
+        24, ge=1, description="Tasks drawn from the pool per round (paper: 32 per step); with 24, 6-7 groups a round have reward variance."
     )
     group_size: int = Field(6, ge=2, description="Samples per task, the GRPO group n (paper: 8). At least 2 for an advantage.")
     temperature: float = Field(0.9, ge=0, description="Sampling temperature of training rollouts (paper: 0.9).")

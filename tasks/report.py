@@ -115,6 +115,7 @@ def _curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     arms = sorted({r["arm"] for r in results})
     paths = []
@@ -131,6 +132,8 @@ def _curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         )
         pool.set(title="pool size after each round", xlabel="round", ylabel="tasks")
         heldout.legend(fontsize=8)
+        for axis in (heldout, pool):
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout()
         paths.append(out_dir / "learning_curves.png")
         fig.savefig(paths[-1], dpi=110)
