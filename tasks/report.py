@@ -231,9 +231,10 @@ def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]
     from tasks.evaluate import HELDOUT_SPLIT
 
     with open_warehouse(config) as wh:
-        for run in results:
-            final_round = run["rounds"][-1]["round"]
-            run["heldout_outcomes"] = wh.evaluation_outcomes(run["run_id"], final_round, HELDOUT_SPLIT)
+        results = [
+            {**run, "heldout_outcomes": wh.evaluation_outcomes(run["run_id"], run["rounds"][-1]["round"], HELDOUT_SPLIT)}
+            for run in results
+        ]
     out = write_report(results, config.state_dir / "reports" / name, f"Ablation `{name}`")
     tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
     metrics = {}
