@@ -4,6 +4,11 @@ The engine runs a manual decoding loop over a left-padded batch with a KV cache:
 softmax(logits / temperature) and records the log-probability of each sampled token under that
 same distribution, which is what the update stage uses as the behaviour policy. Greedy decoding
 (temperature 0) records the chosen token's logprob at temperature 1.
+
+Sampling is seeded per prompt: ``generate(..., seeds=[...])`` draws every row's uniforms from a
+generator of its own seed (one uniform per token position) and picks the token by inverse CDF, so
+a row's sample depends only on its prompt, its seed and the weights, never on its batch
+neighbours, the batch size or earlier calls. Without seeds the engine's own generator is used.
 """
 
 from __future__ import annotations
@@ -68,14 +73,22 @@ class TransformersEngine:
         self.model.to(self.device)
         self.chat = ChatFormat(self.tokenizer)
 
-    def generate(self, prompts: list[list[int]], temperature: float, max_new_tokens: int) -> list[Generation]:
-        """Continue every prompt until EOS or max_new_tokens; one Generation per prompt, in order."""
+    def generate(
+        self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """Continue every prompt until EOS or max_new_tokens; one Generation per prompt, in order.
+
+        ``seeds`` (one per prompt) fixes each row's sample whatever batch it is generated in; greedy
+        decoding (temperature 0) ignores them.
+        """
         import torch
 
         if not prompts:
             return []
         if any(not p for p in prompts):
             raise ValueError("Every prompt needs at least one token.")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"Got {len(seeds)} seeds for {len(prompts)} prompts; pass one seed per prompt.")
         eos = self.chat.eos_token_id
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
         width = max(len(p) for p in prompts)
@@ -88,6 +101,7 @@ class TransformersEngine:
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         # Left padding shifts real tokens right; positions must count real tokens only.
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        uniforms = self._uniforms(seeds, batch, max_new_tokens) if temperature > 0 else None
 
         chosen_steps: list[Any] = []
         logprob_steps: list[Any] = []
@@ -95,7 +109,7 @@ class TransformersEngine:
         past = None
         step_ids, step_pos = input_ids, positions
         with torch.inference_mode():
-            for _ in range(max_new_tokens):
+            for position in range(max_new_tokens):
                 out = self.model(
                     input_ids=step_ids,
                     attention_mask=attention,
@@ -108,7 +122,11 @@ class TransformersEngine:
                 logits = out.logits[:, -1, :].float()
                 if temperature > 0:
                     logprobs = torch.log_softmax(logits / temperature, dim=-1)
-                    chosen = torch.multinomial(logprobs.exp(), 1, generator=self._generator).squeeze(-1)
+                    # Inverse CDF: the first token whose cumulative probability reaches the row's uniform.
+                    # Uniforms lie in (0, 1], so a zero-probability token is never chosen.
+                    cdf = logprobs.exp().cumsum(dim=-1)
+                    target = uniforms[:, position : position + 1] * cdf[:, -1:]
+                    chosen = torch.searchsorted(cdf, target).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
                 else:
                     logprobs = torch.log_softmax(logits, dim=-1)
                     chosen = logits.argmax(dim=-1)
@@ -135,3 +153,14 @@ class TransformersEngine:
                 )
             )
         return generations
+
+    def _uniforms(self, seeds: list[int] | None, batch: int, max_new_tokens: int) -> Any:
+        """One uniform in (0, 1] per (row, token position): from each row's own seed, else from the engine's generator."""
+        import torch
+
+        if seeds is None:
+            draws = torch.rand((batch, max_new_tokens), generator=self._generator, device=self.device)
+        else:
+            rows = [torch.rand(max_new_tokens, generator=torch.Generator().manual_seed(int(seed))) for seed in seeds]
+            draws = torch.stack(rows).to(self.device)
+        return 1.0 - draws

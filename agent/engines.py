@@ -1,7 +1,9 @@
 """Picks the generation engine a configuration names: transformers, vLLM in-process, or an OpenAI-compatible server.
 
 Every engine has the same contract (``tokenizer``, ``chat``, ``generate(prompts, temperature,
-max_new_tokens) -> list[Generation]``), so the rollout and evaluation stages never branch on it.
+max_new_tokens, seeds=None) -> list[Generation]``, one seed per prompt), so the rollout and
+evaluation stages never branch on it. Sampling seeds come from the caller (`tasks.rollout.message_seed`);
+the ``seed`` given here only seeds calls made without them.
 Each engine module is imported only when chosen: vLLM is not installed in the main environment.
 
     engine = make_engine(checkpoint, config)   # config.rollout.engine decides
@@ -47,7 +49,7 @@ def make_engine(checkpoint: str | Path, config: PipelineConfig) -> Any:
             timeout_s=rollout.request_timeout_s,
             max_retries=rollout.request_retries,
             concurrency=rollout.concurrency,
-            seed=config.seed,
+            logprob_tolerance=rollout.logprob_tolerance,
         )
     raise ValueError(f"Unknown rollout.engine {rollout.engine!r}; use transformers, vllm or openai.")
 

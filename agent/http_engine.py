@@ -9,7 +9,17 @@ are exactly the ids the server sampled, with no re-tokenization.
 
 Behaviour logprobs must be those of the sampling distribution (after temperature), like the
 transformers engine's: start vLLM with ``--logprobs-mode processed_logprobs``. Greedy requests
-(temperature 0) then get the untempered logprobs, also like the transformers engine.
+(temperature 0) then get the untempered logprobs, also like the transformers engine. The engine
+checks this once: the first sampled batch's logprobs are compared with a local forward pass of the
+same checkpoint at the sampling temperature (`check_logprobs`), and a server that disagrees by more
+than ``logprob_tolerance`` (mean absolute difference per token) stops the stage with the flag to
+set. Without the checkpoint on this machine the check is skipped with a warning.
+
+Seeds come from the caller, one per prompt (``generate(..., seeds=[...])``), and travel in each
+request's body, so which prompt gets which seed never depends on request scheduling. The CPU build
+of vLLM crashes on seeded requests whose prefill it splits into chunks ("CPU Generator does not
+use offset"): start it with ``--no-enable-chunked-prefill --max-num-batched-tokens N`` (N at least
+the context length).
 
 Requests run concurrently (one prompt each, so the server's continuous batching sees all of them);
 transport failures, timeouts and 5xx answers are retried with backoff and end in
@@ -23,14 +33,15 @@ Usage::
 
 from __future__ import annotations
 
-import itertools
+import logging
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from coevolve.errors import InfrastructureError
+from coevolve.errors import ConfigError, InfrastructureError
 
 from agent.chat import ChatFormat
 from agent.engine import Generation
@@ -38,6 +49,19 @@ from agent.engine import Generation
 # Answers worth another try: the server is busy or restarting, or a proxy in front of it failed.
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 TOKEN_ID_PREFIX = "token_id:"
+# Mean absolute difference per token between served and locally computed logprobs that the check
+# accepts. A float32 vLLM server agrees with the local forward pass to within 1e-3 per token; a
+# server returning untempered logprobs differs on every token the policy is unsure of (half a nat
+# per token on the test policy's samples at temperature 1.5). Where the policy is nearly certain,
+# tempered and untempered logprobs agree, and so do the importance ratios GRPO takes.
+LOGPROB_TOLERANCE = 0.05
+# Generations (and tokens of each) the logprob check compares: enough tokens to see a systematic
+# difference, little enough that one local forward pass stays cheap.
+LOGPROB_CHECK_SAMPLES = 4
+LOGPROB_CHECK_TOKENS = 64
+LOGPROBS_FLAG = "--logprobs-mode processed_logprobs"
+
+log = logging.getLogger(__name__)
 
 
 def parse_token_id(token: str) -> int:
@@ -47,6 +71,61 @@ def parse_token_id(token: str) -> int:
             f"The server returned the token {token!r} as text; it must support return_tokens_as_token_ids (vLLM does)."
         )
     return int(token[len(TOKEN_ID_PREFIX) :])
+
+
+def read_completion(answer: dict[str, Any], eos: int, base_url: str) -> Generation:
+    """The Generation in a completions answer: sampled token ids, their logprobs, "stop" or "length".
+
+    A message that stopped must end with the end-of-message token ``eos`` and its logprob, as vLLM
+    returns a token given in stop_token_ids; an answer without it fails, since the policy's last
+    token and its behaviour logprob would be unknown.
+    """
+    try:
+        choice = answer["choices"][0]
+        tokens = [parse_token_id(t) for t in choice["logprobs"]["tokens"]]
+        logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+        finish = choice.get("finish_reason")
+    except (KeyError, IndexError, TypeError) as exc:
+        raise InfrastructureError(f"Unexpected completions answer from {base_url}: {str(answer)[:300]}") from exc
+    if len(tokens) != len(logprobs):
+        raise InfrastructureError(f"The server returned {len(tokens)} tokens but {len(logprobs)} logprobs.")
+    stopped = bool(tokens) and tokens[-1] == eos
+    if finish == "stop" and not stopped:
+        raise ConfigError(
+            f"The server at {base_url} ended a message (finish_reason 'stop', stop_reason "
+            f"{choice.get('stop_reason')!r}, last token {tokens[-1] if tokens else None}) without returning the "
+            f"end-of-message token {eos} and its logprob. Use a server that returns the stop token it was given in "
+            "stop_token_ids (vLLM does)."
+        )
+    return Generation(token_ids=tokens, logprobs=logprobs, finish_reason="stop" if stopped else "length")
+
+
+def local_logprobs(model: Any, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
+    """Logprob of every completion token under softmax(logits / temperature) of a local forward pass."""
+    import torch
+
+    out = []
+    with torch.inference_mode():
+        for prompt, completion in zip(prompts, completions):
+            ids = torch.tensor([list(prompt) + list(completion)], device=model.device)
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+            chosen = torch.tensor(completion, device=model.device)[:, None]
+            out.append(torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1).tolist())
+    return out
+
+
+def logprob_difference(served: list[list[float]], local: list[list[float]]) -> float:
+    """Mean absolute difference per token between two sets of per-token logprobs of the same tokens."""
+    pairs = [(a, b) for s, r in zip(served, local, strict=True) for a, b in zip(s, r, strict=True)]
+    if not pairs:
+        return 0.0
+    return sum(abs(a - b) for a, b in pairs) / len(pairs)
+
+
+def has_local_weights(path: str | Path) -> bool:
+    """Whether ``path`` is a checkpoint folder on this machine (full weights or a LoRA adapter)."""
+    folder = Path(path)
+    return (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()
 
 
 class OpenAICompatibleEngine:
@@ -62,7 +141,7 @@ class OpenAICompatibleEngine:
         timeout_s: float = 300.0,
         max_retries: int = 3,
         concurrency: int = 32,
-        seed: int | None = None,
+        logprob_tolerance: float | None = LOGPROB_TOLERANCE,
     ) -> None:
         import httpx
         from transformers import AutoTokenizer
@@ -71,10 +150,11 @@ class OpenAICompatibleEngine:
         self.model_name = model
         self.max_retries = max_retries
         self.concurrency = concurrency
-        # A per-request seed makes a run repeatable; each request gets its own so that the n samples
-        # of one task (identical prompts) still differ.
-        self._seeds = itertools.count(seed) if seed is not None else None
-        self._seed_lock = threading.Lock()
+        # The logprob check runs once per engine, on the first sampled batch; a tolerance of None turns it off.
+        # Its state: "pending", then "passed" or "skipped" (no local checkpoint), or "off".
+        self.logprob_tolerance = logprob_tolerance
+        self.logprob_check = "off" if logprob_tolerance is None else "pending"
+        self._check_lock = threading.Lock()
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
             base_url=self.base_url,
@@ -106,24 +186,65 @@ class OpenAICompatibleEngine:
         self._client.close()
 
     # --- generation ---------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], temperature: float, max_new_tokens: int) -> list[Generation]:
-        """Continue every prompt until EOS or max_new_tokens; one Generation per prompt, in order."""
+    def generate(
+        self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """Continue every prompt until EOS or max_new_tokens; one Generation per prompt, in order.
+
+        ``seeds`` (one per prompt) goes into each request; without seeds the server's own randomness decides.
+        """
         if not prompts:
             return []
         if any(not p for p in prompts):
             raise ValueError("Every prompt needs at least one token.")
-        if len(prompts) == 1:
-            return [self._complete(prompts[0], temperature, max_new_tokens)]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(prompts))) as pool:
-            return list(pool.map(lambda p: self._complete(p, temperature, max_new_tokens), prompts))
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"Got {len(seeds)} seeds for {len(prompts)} prompts; pass one seed per prompt.")
+        # Seeds are paired with their prompts here, before any request is in flight.
+        jobs = list(zip(prompts, seeds if seeds is not None else [None] * len(prompts)))
+        if len(jobs) == 1:
+            generations = [self._complete(jobs[0][0], temperature, max_new_tokens, jobs[0][1])]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(jobs))) as pool:
+                generations = list(pool.map(lambda job: self._complete(job[0], temperature, max_new_tokens, job[1]), jobs))
+        if temperature > 0 and self.logprob_check == "pending":
+            self.check_logprobs(prompts, generations, temperature)
+        return generations
 
-    def _next_seed(self) -> int | None:
-        if self._seeds is None:
-            return None
-        with self._seed_lock:
-            return next(self._seeds)
+    def check_logprobs(self, prompts: list[list[int]], generations: list[Generation], temperature: float) -> None:
+        """Compare a few served logprobs with a local forward pass of the checkpoint at ``temperature``.
 
-    def _complete(self, prompt: list[int], temperature: float, max_new_tokens: int) -> Generation:
+        Raises ConfigError naming the vLLM flag when the mean absolute difference per token exceeds
+        ``logprob_tolerance``; skipped (with a warning) when the checkpoint is not on this machine.
+        """
+        with self._check_lock:
+            if self.logprob_check != "pending":
+                return
+            if not has_local_weights(self.model_path):
+                log.warning(
+                    "Cannot check the behaviour logprobs of %s: the checkpoint %s is not on this machine. Make sure the "
+                    "server runs with %s.", self.base_url, self.model_path, LOGPROBS_FLAG,
+                )  # fmt: skip
+                self.logprob_check = "skipped"
+                return
+            from agent.engine import load_policy
+
+            picked = [(p, g) for p, g in zip(prompts, generations) if g.token_ids][:LOGPROB_CHECK_SAMPLES]
+            completions = [g.token_ids[:LOGPROB_CHECK_TOKENS] for _, g in picked]
+            served = [g.logprobs[:LOGPROB_CHECK_TOKENS] for _, g in picked]
+            model, _ = load_policy(self.model_path)
+            local = local_logprobs(model, [p for p, _ in picked], completions, temperature)
+            del model
+            difference = logprob_difference(served, local)
+            if not math.isfinite(difference) or difference > float(self.logprob_tolerance):
+                raise ConfigError(
+                    f"The server at {self.base_url} returned logprobs that differ from a local forward pass of "
+                    f"{self.model_path} at temperature {temperature} by {difference:.4f} per token on average "
+                    f"(tolerance {self.logprob_tolerance}). GRPO needs the logprobs of the sampling distribution: "
+                    f"start vLLM with {LOGPROBS_FLAG}, and serve this same checkpoint."
+                )
+            self.logprob_check = "passed"
+
+    def _complete(self, prompt: list[int], temperature: float, max_new_tokens: int, seed: int | None) -> Generation:
         eos = self.chat.eos_token_id
         body: dict[str, Any] = {
             "model": self.model_name,
@@ -137,27 +258,9 @@ class OpenAICompatibleEngine:
             "stop_token_ids": [eos],
             "skip_special_tokens": False,
         }
-        seed = self._next_seed()
-        if seed is not None:
-            body["seed"] = seed
-        answer = self._request("POST", "/completions", body)
-        try:
-            choice = answer["choices"][0]
-            tokens = [parse_token_id(t) for t in choice["logprobs"]["tokens"]]
-            logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
-            finish = choice.get("finish_reason")
-        except (KeyError, IndexError, TypeError) as exc:
-            raise InfrastructureError(f"Unexpected completions answer from {self.base_url}: {str(answer)[:300]}") from exc
-        if len(tokens) != len(logprobs):
-            raise InfrastructureError(f"The server returned {len(tokens)} tokens but {len(logprobs)} logprobs.")
-        stopped = bool(tokens) and tokens[-1] == eos
-        if finish == "stop" and not stopped:
-            # Servers that drop the stop token from the output: put it back, the policy did sample it.
-            # Its logprob is unknown here, so count it as certain (it is masked the same way as others).
-            tokens.append(eos)
-            logprobs.append(0.0)
-            stopped = True
-        return Generation(token_ids=tokens, logprobs=logprobs, finish_reason="stop" if stopped else "length")
+        if seed is not None and temperature > 0:
+            body["seed"] = int(seed)
+        return read_completion(self._request("POST", "/completions", body), eos, self.base_url)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         import httpx

@@ -7,6 +7,8 @@ every step of an episode extends the previous one.
 
 Logprobs come from the sampling distribution (``logprobs_mode="processed_logprobs"``: after
 temperature), matching the transformers engine; greedy requests get the untempered ones.
+``generate(..., seeds=[...])`` gives every request its own sampling seed (vLLM keeps a generator
+per seeded request), so a prompt's sample does not depend on what it is batched with.
 `reload` builds a new engine from a checkpoint folder: in-place weight sync does not work with the
 CPU build, and a new round's checkpoint is a new folder anyway.
 
@@ -23,6 +25,25 @@ from typing import Any
 
 from agent.chat import ChatFormat
 from agent.engine import Generation
+
+
+def _whole_prefills_on_cpu(model_path: str | Path, args: dict[str, Any]) -> dict[str, Any]:
+    """Scheduler settings the CPU build needs for seeded requests: no chunked prefill.
+
+    Its sampler cannot rewind a request's generator after a partial prefill ("CPU Generator does
+    not use offset") and the engine dies, so every prompt is prefilled whole; the token budget of a
+    step must then hold the longest context. Other platforms need nothing.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or "enable_chunked_prefill" in args:
+        return {}
+    context = args.get("max_model_len")
+    if context is None:
+        from transformers import AutoConfig
+
+        context = getattr(AutoConfig.from_pretrained(str(model_path)), "max_position_embeddings", None) or 0
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(context), 4096)}
 
 
 class VLLMEngine:
@@ -63,6 +84,7 @@ class VLLMEngine:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.chat = ChatFormat(self.tokenizer)
         args = {k: v for k, v in self._engine_args.items() if v is not None}
+        args = {**_whole_prefills_on_cpu(model_path, args), **args}
         self.llm = LLM(
             model=str(model_path),
             seed=self.seed,
@@ -86,8 +108,13 @@ class VLLMEngine:
         self.llm = None
         gc.collect()
 
-    def generate(self, prompts: list[list[int]], temperature: float, max_new_tokens: int) -> list[Generation]:
-        """Continue every prompt until EOS or max_new_tokens; one Generation per prompt, in order."""
+    def generate(
+        self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """Continue every prompt until EOS or max_new_tokens; one Generation per prompt, in order.
+
+        ``seeds`` (one per prompt) seeds each request's sampling; greedy decoding ignores them.
+        """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -95,16 +122,23 @@ class VLLMEngine:
             return []
         if any(not p for p in prompts):
             raise ValueError("Every prompt needs at least one token.")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"Got {len(seeds)} seeds for {len(prompts)} prompts; pass one seed per prompt.")
         eos = self.chat.eos_token_id
-        params = SamplingParams(
-            temperature=temperature,
-            max_tokens=max_new_tokens,
-            logprobs=0,  # the sampled token's own logprob only
-            stop_token_ids=[eos],
-            skip_special_tokens=False,
-            detokenize=False,  # the rollout decodes; text here would be wasted work
-        )
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+
+        def params(seed: int | None) -> Any:
+            return SamplingParams(
+                temperature=temperature,
+                max_tokens=max_new_tokens,
+                logprobs=0,  # the sampled token's own logprob only
+                stop_token_ids=[eos],
+                skip_special_tokens=False,
+                detokenize=False,  # the rollout decodes; text here would be wasted work
+                seed=seed if temperature > 0 else None,
+            )
+
+        per_request = params(None) if seeds is None else [params(int(seed)) for seed in seeds]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], per_request, use_tqdm=False)
         generations = []
         for output in outputs:
             sample = output.outputs[0]

@@ -31,10 +31,10 @@ class RecordingEngine:
         self.batches: list[list[list[int]]] = []
         self.generate_s = 0.0
 
-    def generate(self, prompts, temperature, max_new_tokens):
+    def generate(self, prompts, temperature, max_new_tokens, seeds=None):
         self.batches.append([list(p) for p in prompts])
         started = time.perf_counter()
-        out = self.engine.generate(prompts, temperature=temperature, max_new_tokens=max_new_tokens)
+        out = self.engine.generate(prompts, temperature=temperature, max_new_tokens=max_new_tokens, seeds=seeds)
         self.generate_s += time.perf_counter() - started
         return out
 

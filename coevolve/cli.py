@@ -1,10 +1,11 @@
-"""Command line: ``coevolve evolve | round | evaluate | sql | config | status``.
+"""Command line: ``coevolve evolve | round | evaluate | ablation | sql | lineage | config | status``.
 
     coevolve evolve [--config FILE] [--set section.field=value ...] [--rounds N]
     coevolve round --round R [--config FILE] [--set ...]
     coevolve evaluate --checkpoint PATH [--categories base,miss_func,...] [--limit N] [--no-heldout] [--dev]
     coevolve ablation [--arms static,random,full] [--seeds 1,2,3] [--rounds 5]
     coevolve sql "SELECT * FROM v_success_by_round"
+    coevolve lineage VERSION [--model NAME]
     coevolve config --show
     coevolve status
 
@@ -38,10 +39,18 @@ OFFLINE_ENV = {
 }
 
 
+# policy.cpu_kernels = "avx2": the kernels every x86 CPU of the last decade has, so AVX2 and AVX-512
+# machines compute the same bits (torch's ATen, MKL's conditional numerical reproducibility, oneDNN).
+AVX2_KERNELS_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
 def prepare_environment(config: PipelineConfig) -> None:
-    """Offline switches and state locations, set before prefect, mlflow or bfcl_eval are imported."""
+    """Offline switches, CPU kernels and state locations, set before torch, prefect, mlflow or bfcl_eval load."""
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
+    if config.policy.cpu_kernels == "avx2":
+        for key, value in AVX2_KERNELS_ENV.items():
+            os.environ.setdefault(key, value)
     state = config.state_dir.resolve()
     state.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_HOME", str(state / "prefect"))
@@ -127,12 +136,50 @@ def cmd_sql(args: argparse.Namespace) -> int:
     path = Path(args.database) if args.database else config.warehouse_path
     if not path.exists():
         raise PipelineError(f"No warehouse at {path}; run `coevolve evolve` first or pass --database.")
+    import duckdb
+
     with Warehouse(path, read_only=True) as wh:
-        frame = wh.sql(args.query)
+        try:
+            frame = wh.sql(args.query)
+        except duckdb.Error as exc:
+            # The database's own words on one line; the echo of the query and its ^ pointer are left out.
+            lines = (line.strip() for line in str(exc).splitlines())
+            message = " ".join(line for line in lines if line.strip("^") and not line.startswith("LINE "))
+            raise PipelineError(f"query failed: {message}") from None
     import polars as pl
 
     with pl.Config(tbl_rows=args.limit, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
         print(frame)
+    return 0
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    config = _load(args)
+    from storage.tracking import Tracker
+
+    name = args.model or config.registered_model_name
+    tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
+    chain = tracker.lineage(name, args.version)
+    print(f"lineage of {name} version {args.version}, newest first")
+    for entry in chain:
+        print(
+            f"version {entry['version']}  (round {entry['coevolve.round']} of run {entry['coevolve.run_id']}, "
+            f"flow run {entry['flow_run_id'] or '-'})"
+        )
+        print(f"    checkpoint digest     {entry['checkpoint_digest']}")
+        print(f"    trained from pool     {entry['pool_digest']}")
+        print(f"    its round produced    {entry['produced_pool_digest']}")
+        print(
+            f"    trained on            {entry['trajectories.count'] or '?'} trajectories of run "
+            f"{entry['trajectories.run_id'] or '?'} round {entry['trajectories.round'] or '?'} "
+            f"(ids digest {entry['trajectories.ids_digest'][:16] or '?'})"
+        )
+        parent = f"version {entry['parent_version']}" if entry["parent_version"] else "checkpoint 0"
+        print(f"    parent                {parent} (digest {entry['parent_checkpoint_digest']})")
+    root = chain[-1]
+    print(f"checkpoint 0  {root['parent_checkpoint']}  digest {root['parent_checkpoint_digest']}")
+    d0 = config.with_overrides({"run_id": root["coevolve.run_id"] or config.run_id}).pool_path(0)
+    print(f"D_0           {d0}  digest {root['pool_digest']}")
     return 0
 
 
@@ -224,6 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--official-limit", type=int, default=50, help="multi_turn_base entries scored per final checkpoint.")
     p.add_argument("--name", default="ablation", help="Prefix of the runs and the report folder.")
     p.set_defaults(func=cmd_ablation)
+
+    p = sub.add_parser("lineage", help="Walk a registered checkpoint version back to checkpoint 0 and D_0.")
+    common(p)
+    p.add_argument("version", help="Model version number, e.g. 3 (the run's registered model unless --model is given).")
+    p.add_argument("--model", help="Registered model name (default: <tracking.registered_model>-<run_id> of the configured run).")
+    p.set_defaults(func=cmd_lineage)
 
     p = sub.add_parser("config", help="Print the effective configuration.")
     common(p)

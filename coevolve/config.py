@@ -4,20 +4,26 @@ Defaults are the embedded run: a 2-core laptop, no GPU, no network, three rounds
 Where that differs from the paper (arXiv 2604.15840), the comment gives the paper's value;
 `configs/paper.yaml` sets all of them back for a GPU machine.
 
-Sources, later ones winning: defaults < YAML file (``--config``) < environment variables
-(``COEVOLVE_<SECTION>__<FIELD>``, e.g. ``COEVOLVE_ROLLOUT__GROUP_SIZE=8``) < CLI overrides
-(``--set rollout.group_size=8``).
+Sources, later ones winning, layered by pydantic-settings in `load_config`: defaults < YAML file
+(``--config``) < environment variables (``COEVOLVE_<SECTION>__<FIELD>``, e.g.
+``COEVOLVE_ROLLOUT__GROUP_SIZE=8``; list values as JSON) < CLI overrides (``--set rollout.group_size=8``).
+A loaded configuration is a plain `PipelineConfig`: `PipelineConfig.with_overrides` and the flows
+never read the environment again, so overrides given in code (an ablation arm's) always win.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, InitSettingsSource, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
+from pydantic_settings.sources.utils import parse_env_vars
 
 from coevolve.errors import ConfigError
 
@@ -76,6 +82,15 @@ class PolicyConfig(_Section):
     num_layers: int = Field(2, ge=1, description="Depth of the builtin tiny model: 2 layers train twice as fast as 4 at similar skill.")
     vocab_size: int = Field(2048, ge=300, description="Byte-level BPE vocabulary trained on the demonstrations' text.")
     torch_threads: int = Field(1, ge=1, description="CPU threads for torch: one is fastest for tiny models on shared cores.")
+    cpu_kernels: Literal["avx2", "native"] = Field(
+        "avx2",
+        description=(
+            "Vector code paths of torch, MKL and oneDNN on x86 CPUs. The same build of checkpoint 0 differs in its "
+            "bytes between AVX2 and AVX-512 kernels, so 'avx2' pins all three (ATEN_CPU_CAPABILITY, MKL_CBWR, "
+            "ONEDNN_MAX_CPU_ISA) and a seed gives the same run on machines with either; 'native' lets each CPU use "
+            "its fastest. Applied by the CLI before torch loads; GPUs are unaffected."
+        ),
+    )
 
 
 class RolloutConfig(_Section):
@@ -104,6 +119,17 @@ class RolloutConfig(_Section):
     request_timeout_s: float = Field(300.0, gt=0, description="Seconds one 'openai' completion may take: long messages on a busy server.")
     request_retries: int = Field(3, ge=0, description="Retries of a failed 'openai' request (connection, timeout, 5xx) before the stage fails.")
     concurrency: int = Field(32, ge=1, description="Requests in flight to the 'openai' server, so its continuous batching sees the batch.")
+    logprob_tolerance: float | None = Field(
+        0.05,
+        ge=0,
+        description=(
+            "Engine 'openai' compares its first sampled batch's logprobs with a local forward pass of the checkpoint and "
+            "stops when the mean absolute difference per token exceeds this: a server without --logprobs-mode "
+            "processed_logprobs returns untempered logprobs, which silently bias GRPO's importance ratios. A float32 "
+            "server agrees within 1e-3; a server in lower precision than the local float32 pass may need more. None "
+            "skips the check (e.g. a checkpoint too large to load on the machine running the rollout stage)."
+        ),
+    )
     vllm_dtype: str = Field("auto", description="Weights dtype of engine 'vllm'; 'auto' keeps the checkpoint's.")
     vllm_gpu_memory_utilization: float = Field(
         0.5, gt=0, le=1, description="GPU memory share of engine 'vllm': half leaves room for the update stage's trainer."
@@ -227,6 +253,17 @@ class TrainingConfig(_Section):
     epsilon_low: float = Field(0.20, ge=0, description="Lower clip range (paper: 0.20).")
     epsilon_high: float = Field(0.28, ge=0, description="Upper clip range (paper: 0.28).")
     beta: float = Field(1e-3, ge=0, description="KL coefficient (paper: 1e-3).")
+    kl_reference: Literal["initial", "round"] = Field(
+        "initial",
+        description=(
+            "Policy the KL penalty (beta) is taken against. 'initial' is checkpoint 0 for every round: the paper "
+            "penalizes KL (1e-3) to the initial policy over a whole run of 120 steps. 'round' is the round's input "
+            "checkpoint, which makes beta a per-round trust region that no longer bounds the drift from checkpoint 0. "
+            "With use_lora, 'initial' keeps checkpoint 0 as a separate reference model in memory (one more copy of the "
+            "weights), while 'round' uses the adapter-disabled model, which is the round's input because every "
+            "round's adapter is merged into the next checkpoint."
+        ),
+    )
     use_lora: bool = Field(False, description="Train a LoRA adapter (large models) instead of full weights.")
     lora_rank: int = Field(16, ge=1, description="LoRA rank when use_lora is on.")
 
@@ -234,12 +271,27 @@ class TrainingConfig(_Section):
 class TrackingConfig(_Section):
     mlflow_uri: str | None = Field(None, description="MLflow tracking URI; None uses SQLite under state_dir.")
     experiment: str = Field("coevolve", description="MLflow experiment name.")
-    registered_model: str = Field("coevolve-policy", description="Registry name; one version per round.")
+    registered_model: str = Field(
+        "coevolve-policy",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description=(
+            "Prefix of the registry names. Each run registers its own model, '<prefix>-<run_id>', one version per "
+            "round, so its aliases 'current' and 'best' rank that run's versions only (an ablation's arms and seeds "
+            "never share them)."
+        ),
+    )
 
 
 class PipelineConfig(_Section):
     run_id: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$", description="Names a run; rounds of one run share a pool.")
-    state_dir: Path = Field(Path(".coevolve"), description="Holds the warehouse, MLflow store, checkpoints, pool snapshots.")
+    state_dir: Path = Field(
+        Path(".coevolve"),
+        description=(
+            "Holds the warehouse, MLflow store, checkpoints, pool snapshots. Made absolute when the configuration "
+            "loads, so recorded checkpoint paths never depend on the working directory (a relative path that went "
+            "missing would otherwise look like a hub model id)."
+        ),
+    )
     seed: int = Field(0, description="Seeds exploration, sampling and training.")
     rounds: int = Field(3, ge=1, description="Rounds the evolve command runs.")
     environment: EnvironmentConfig = EnvironmentConfig()
@@ -251,6 +303,11 @@ class PipelineConfig(_Section):
     pool: PoolConfig = PoolConfig()
     training: TrainingConfig = TrainingConfig()
     tracking: TrackingConfig = TrackingConfig()
+
+    @field_validator("state_dir", mode="after")
+    @classmethod
+    def _absolute_state_dir(cls, value: Path) -> Path:
+        return Path(os.path.abspath(value.expanduser()))
 
     @model_validator(mode="after")
     def _check_ranges(self) -> PipelineConfig:
@@ -282,6 +339,11 @@ class PipelineConfig(_Section):
         return self.tracking.mlflow_uri or f"sqlite:///{(self.state_dir / 'mlflow.db').resolve()}"
 
     @property
+    def registered_model_name(self) -> str:
+        """The run's own registered model: ``<tracking.registered_model>-<run_id>``."""
+        return f"{self.tracking.registered_model}-{self.run_id}"
+
+    @property
     def artifacts_dir(self) -> Path:
         return self.state_dir / "mlartifacts"
 
@@ -295,7 +357,11 @@ class PipelineConfig(_Section):
         return self.run_dir() / "pools" / f"pool-{round_:03d}.parquet"
 
     def with_overrides(self, overrides: dict[str, Any]) -> PipelineConfig:
-        return load_config(data=_deep_merge(self.model_dump(mode="json"), overrides))
+        """This configuration with ``overrides`` applied: values given in code win, the environment is not read."""
+        try:
+            return PipelineConfig.model_validate(_deep_merge(self.model_dump(mode="json"), overrides))
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc)) from None
 
 
 class _Yaml12Loader(yaml.SafeLoader):
@@ -350,23 +416,6 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return merged
 
 
-def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    top_level = set(PipelineConfig.model_fields)
-    for name, raw in environ.items():
-        if not name.startswith("COEVOLVE_") or name in ("COEVOLVE_CONFIG",):
-            continue
-        key = name[len("COEVOLVE_") :].lower()
-        # Other COEVOLVE_ variables, such as the API keys named by rollout.api_key_env, are not
-        # configuration (and a secret must never be stored with it). A name with a section
-        # separator always is, so a misspelt section or field still fails loudly.
-        if "__" not in key and key not in top_level:
-            continue
-        dotted = key.replace("__", ".")
-        merged = _deep_merge(merged, _nested(dotted, _load_yaml(raw) if raw else raw))
-    return merged
-
-
 def _explain(exc: ValidationError) -> str:
     lines = ["The configuration is invalid:"]
     for err in exc.errors():
@@ -381,29 +430,80 @@ def _explain(exc: ValidationError) -> str:
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
     data: dict[str, Any] | None = None,
 ) -> PipelineConfig:
-    """Build the configuration from a YAML file, the environment and CLI overrides.
+    """Build the configuration from ``data``, a YAML file, the environment and CLI overrides, later ones winning.
 
-    Raises ConfigError, with what to change, for a missing or malformed file and for any
-    invalid value.
+    ``environ`` defaults to the process environment. Raises ConfigError, with what to change, for a
+    missing or malformed file and for any invalid value.
     """
     merged: dict[str, Any] = dict(data or {})
     if path is not None:
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"Config file {file} does not exist; pass an existing YAML file to --config.")
-        try:
-            loaded = _load_yaml(file.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"Config file {file} is not valid YAML: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"Config file {file} must hold a mapping of sections, not {type(loaded).__name__}.")
-        merged = _deep_merge(merged, loaded)
-    merged = _deep_merge(merged, _env_overrides(dict(os.environ if environ is None else environ)))
-    merged = _deep_merge(merged, parse_overrides(overrides or []))
+        merged = _deep_merge(merged, _read_file(Path(path)))
+    environ = dict(os.environ if environ is None else environ)
+    _check_env_names(environ)
+    sources = (
+        InitSettingsSource(_LayeredConfig, init_kwargs=parse_overrides(overrides or [])),
+        _MappingEnvSource(_LayeredConfig, environ),
+        InitSettingsSource(_LayeredConfig, init_kwargs=merged),
+    )
     try:
-        return PipelineConfig.model_validate(merged)
+        layered = _LayeredConfig(_build_sources=(sources, {}))
+        return PipelineConfig.model_validate(layered.model_dump())
     except ValidationError as exc:
         raise ConfigError(_explain(exc)) from None
+    except SettingsError as exc:
+        raise ConfigError(f"A COEVOLVE_ environment variable could not be parsed ({exc}); list values are JSON, e.g. '[\"boundary\", \"rare\"]'.") from None
+
+
+def _read_file(file: Path) -> dict[str, Any]:
+    if not file.is_file():
+        raise ConfigError(f"Config file {file} does not exist; pass an existing YAML file to --config.")
+    try:
+        loaded = _load_yaml(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"Config file {file} is not valid YAML: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"Config file {file} must hold a mapping of sections, not {type(loaded).__name__}.")
+    return loaded
+
+
+class _LayeredConfig(BaseSettings, PipelineConfig):
+    """PipelineConfig as pydantic-settings layers it: ``COEVOLVE_<SECTION>__<FIELD>`` variables.
+
+    Used only inside `load_config`; everything else passes the plain PipelineConfig it returns, so a
+    configuration handed to a flow, a worker or `with_overrides` never reads the environment again.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="COEVOLVE_", env_nested_delimiter="__", case_sensitive=False, extra="forbid", validate_assignment=True
+    )
+
+
+class _MappingEnvSource(EnvSettingsSource):
+    """The environment source reading a given mapping, so tests and callers can pass their own."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self._environ, False, False, None)
+
+
+def _check_env_names(environ: Mapping[str, str]) -> None:
+    """A ``COEVOLVE_<SECTION>__...`` variable naming no section fails loudly instead of being ignored.
+
+    Other COEVOLVE_ variables without a section separator, such as the API keys named by
+    rollout.api_key_env, are not configuration and are left alone (a secret is never stored with it).
+    """
+    sections = set(PipelineConfig.model_fields)
+    for name in environ:
+        if name.upper().startswith("COEVOLVE_") and "__" in name:
+            section = name[len("COEVOLVE_") :].split("__", 1)[0].lower()
+            if section not in sections:
+                raise ConfigError(
+                    f"Environment variable {name}: {section!r} is not a configuration section; "
+                    f"use one of {', '.join(sorted(sections))} (check its spelling against `coevolve config --show`)."
+                )

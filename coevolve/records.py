@@ -30,6 +30,19 @@ def digest(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
+def normal_value(value: Any) -> Any:
+    """A call argument as task comparison sees it: strings lowercased with single spaces, 1.0 == 1."""
+    if isinstance(value, str):
+        return " ".join(value.lower().split())
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return [normal_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: normal_value(v) for k, v in sorted(value.items())}
+    return value
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One parsed tool call: a method name and literal keyword arguments."""
@@ -99,6 +112,22 @@ class Task:
     @property
     def task_id(self) -> str:
         return "t-" + self.content_hash[:16]
+
+    @property
+    def identity(self) -> str:
+        """What the task is, apart from its wording: environment, initial state, classes and normalized calls.
+
+        Two tasks with the same identity are the same exercise even when their queries, descriptions
+        or provenance differ; the held-out and dev splits are sealed by it.
+        """
+        return digest(
+            {
+                "environment": self.environment,
+                "initial_config": self.initial_config,
+                "involved_classes": sorted(self.involved_classes),
+                "calls": [[[c.name, normal_value(c.arguments)] for c in turn] for turn in self.reference],
+            }
+        )
 
     @property
     def tools(self) -> list[str]:

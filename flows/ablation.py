@@ -16,6 +16,8 @@ from typing import Any
 from prefect import flow
 
 from coevolve.config import PipelineConfig
+from coevolve.errors import ConfigError
+from coevolve.records import canonical_json
 from flows.evaluate import coevolve_evaluate
 from flows.round import coevolve_round
 from tasks.report import report_task
@@ -41,6 +43,33 @@ def arm_config(base: PipelineConfig, arm: str, seed: int, name: str) -> Pipeline
     return base.with_overrides(overrides)
 
 
+def arm_configs(base: PipelineConfig, arms: list[str], seeds: list[int], name: str) -> list[tuple[str, int, PipelineConfig]]:
+    """Every (arm, seed) run's configuration, checked to be distinct runs before any of them starts.
+
+    Raises ConfigError naming the arms when two runs resolve to one run id (they would share a pool
+    and recorded stages, and the report would compare a run with itself), or when two arms of one seed
+    resolve to the same settings (e.g. ``signals.enabled`` already leaves out what a leave-one-out arm
+    removes), which would make the comparison empty.
+    """
+    runs = [(arm, seed, arm_config(base, arm, seed, name)) for seed in seeds for arm in arms]
+    by_run_id: dict[str, list[str]] = {}
+    by_settings: dict[tuple[int, str], list[str]] = {}
+    for arm, seed, cfg in runs:
+        by_run_id.setdefault(cfg.run_id, []).append(f"{arm} (seed {seed})")
+        settings = cfg.model_dump(mode="json", exclude={"run_id"})
+        by_settings.setdefault((seed, canonical_json(settings)), []).append(arm)
+    for run_id, names in by_run_id.items():
+        if len(names) > 1:
+            raise ConfigError(f"Ablation runs {', '.join(names)} all resolve to run id {run_id!r}; give each arm and seed its own.")
+    for (seed, _), names in by_settings.items():
+        if len(names) > 1:
+            raise ConfigError(
+                f"Ablation arms {', '.join(names)} resolve to the same settings for seed {seed}, so comparing them "
+                "measures nothing; check the base configuration's synthesis.mode and signals.enabled, or drop one arm."
+            )
+    return runs
+
+
 @flow(name="coevolve-ablation")
 def coevolve_ablation(
     arms: list[str] | None = None,
@@ -55,16 +84,14 @@ def coevolve_ablation(
     arms = list(arms or ARMS)
     seeds = list(seeds or [1, 2, 3])
     results: list[dict[str, Any]] = []
-    for seed in seeds:
-        for arm in arms:
-            cfg = arm_config(base, arm, seed, name)
-            summaries = [coevolve_round(round_=r, config=cfg.model_dump(mode="json")) for r in range(rounds)]
-            official = coevolve_evaluate(
-                checkpoint=summaries[-1]["checkpoint"],
-                categories=["multi_turn_base"],
-                heldout=False,
-                config=cfg.model_dump(mode="json"),
-                limit=official_limit,
-            )
-            results.append({"arm": arm, "seed": seed, "run_id": cfg.run_id, "rounds": summaries, "official": official})
+    for arm, seed, cfg in arm_configs(base, arms, seeds, name):
+        summaries = [coevolve_round(round_=r, config=cfg.model_dump(mode="json")) for r in range(rounds)]
+        official = coevolve_evaluate(
+            checkpoint=summaries[-1]["checkpoint"],
+            categories=["multi_turn_base"],
+            heldout=False,
+            config=cfg.model_dump(mode="json"),
+            limit=official_limit,
+        )
+        results.append({"arm": arm, "seed": seed, "run_id": cfg.run_id, "rounds": summaries, "official": official})
     return report_task(base, name, results)

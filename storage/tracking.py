@@ -3,9 +3,17 @@
 Every MLflow call of the project lives here. The tracker talks to the store through an
 `MlflowClient` (no fluent global state), so several trackers and threads can coexist.
 
-Lineage is kept in tags on both sides, so it can be queried either way:
-the run and the model version both carry ``pool_digest`` and ``flow_run_id``;
-`find_versions_for_pool` goes digest -> versions, `pool_for_version` goes version -> digest.
+Each run of the pipeline registers its own model, ``<tracking.registered_model>-<run_id>``, so the
+aliases ``current`` (newest round) and ``best`` (highest held-out success) rank that run's versions
+only, never another arm's or seed's.
+
+Lineage is kept in tags on both the MLflow run and the model version (the names in `LINEAGE_TAGS`):
+the version of checkpoint r+1 names the pool it was trained from (``pool_digest``, pool r, also
+logged as the run's "training" dataset input), the pool its round produced
+(``produced_pool_digest``, pool r+1, a "produced" dataset input), its parent version and the
+parent checkpoint's digest, the Prefect flow run, and the trajectories it was trained on.
+`find_versions_for_pool` goes digest -> versions, `pool_for_version` goes version -> digest, and
+`lineage` walks a version back to checkpoint 0 and D_0.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import polars as pl  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.entities import DatasetInput, InputTag, Metric, Param  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+from sqlalchemy.exc import SQLAlchemyError  # noqa: E402
 
 from coevolve.errors import DataError, InfrastructureError  # noqa: E402
 
@@ -34,8 +44,16 @@ BEST_ALIAS = "best"
 
 RUN_NAME_TAG = "coevolve.run_name"
 VERSION_TAG = "coevolve.model_version"
-POOL_DIGEST_TAG = "pool_digest"
+POOL_DIGEST_TAG = "pool_digest"  # the pool a version was trained from
+PRODUCED_POOL_TAG = "produced_pool_digest"  # the pool its round produced
 FLOW_RUN_TAG = "flow_run_id"
+PARENT_VERSION_TAG = "parent_version"  # empty for round 0, whose parent is checkpoint 0
+# Tags every version carries, in the order `coevolve lineage` prints them.
+LINEAGE_TAGS = (
+    "coevolve.run_id", "coevolve.round", "checkpoint_digest", POOL_DIGEST_TAG, PRODUCED_POOL_TAG,
+    PARENT_VERSION_TAG, "parent_checkpoint", "parent_checkpoint_digest", FLOW_RUN_TAG,
+    "trajectories.run_id", "trajectories.round", "trajectories.count", "trajectories.ids_digest",
+)
 
 # The dataset digest column of MLflow's store holds at most 36 characters; the full digest goes
 # into the dataset name and the tags.
@@ -46,6 +64,48 @@ def _quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _sqlite_file(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI; None for any other store."""
+    if not tracking_uri.startswith("sqlite:"):
+        return None
+    database = make_url(tracking_uri).database
+    return Path(database) if database and database != ":memory:" else None
+
+
+def _damaged_store(path: Path, reason: str) -> DataError:
+    return DataError(
+        f"MLflow store {path} is damaged or unusable ({reason}). Restore it from a backup, or move it aside "
+        f"(mv {path} {path}.damaged) to start a new store, which no longer lists the earlier runs and model "
+        "versions. The warehouse, pool snapshots and checkpoints are separate files and are untouched."
+    )
+
+
+def _check_store_file(path: Path) -> None:
+    """Refuse a store file that cannot hold an SQLite database before MLflow retries it for minutes."""
+    if path.is_dir():
+        raise _damaged_store(path, "it is a directory, not an SQLite file")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise _damaged_store(path, f"{path.parent} is a file, not a folder")
+    if path.is_file():
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise _damaged_store(path, "it is not readable and writable by this user")
+        with path.open("rb") as handle:
+            head = handle.read(len(_SQLITE_HEADER))
+        if head and head != _SQLITE_HEADER:
+            raise _damaged_store(path, "it is not an SQLite database file")
+    elif path.parent.is_dir() and not os.access(path.parent, os.W_OK):
+        raise _damaged_store(path, f"its folder {path.parent} is not writable by this user")
+
+
+def _is_busy(exc: Exception) -> bool:
+    """A store another process holds for the moment: worth a retry."""
+    text = str(exc).lower()
+    return "database is locked" in text or "database is busy" in text
+
+
 class Tracker:
     """Records rounds in MLflow and answers lineage queries between pools and model versions."""
 
@@ -54,11 +114,20 @@ class Tracker:
     ) -> None:
         self.tracking_uri = tracking_uri
         self.registered_model = registered_model
-        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        # A store file on this machine that is damaged stays damaged: that is a DataError, never retried.
+        # A store behind a server (http, a database server) may come back: InfrastructureError, retried.
+        store_file = _sqlite_file(tracking_uri)
+        if store_file is not None:
+            _check_store_file(store_file)
         try:
+            self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
             self.experiment_id = self._experiment(experiment, Path(artifacts_dir))
-        except MlflowException as exc:
-            raise InfrastructureError(f"MLflow store {tracking_uri} is not usable: {exc}") from exc
+        except (MlflowException, SQLAlchemyError) as exc:
+            if store_file is None or _is_busy(exc):
+                raise InfrastructureError(f"MLflow store {tracking_uri} is not usable: {exc}") from exc
+            raise _damaged_store(store_file, str(exc).splitlines()[0]) from exc
+        except OSError as exc:
+            raise DataError(f"MLflow store {tracking_uri} or its artifact folder {artifacts_dir} cannot be used: {exc}") from exc
 
     def _experiment(self, experiment: str, artifacts_dir: Path) -> str:
         found = self.client.get_experiment_by_name(experiment)
@@ -99,8 +168,14 @@ class Tracker:
         registered_model: str,
         flow_run_id: str,
         tags: dict[str, str],
+        training_pool_path: Path | None = None,
+        training_pool_digest: str | None = None,
     ) -> dict[str, str]:
         """Logs one round in one MLflow run and registers its checkpoint as a new model version.
+
+        ``training_pool_*`` is the pool the checkpoint was trained from (pool r), ``pool_*`` the pool
+        the round produced (pool r+1); both are logged as dataset inputs and artifacts. Without a
+        training pool, ``pool_digest`` is the only pool and is tagged as the training pool.
 
         Idempotent: when a finished run with this run_name already registered a version, its info
         is returned and nothing is logged. A run left unfinished by a crash after it registered its
@@ -124,7 +199,13 @@ class Tracker:
         if not Path(checkpoint_dir).is_dir():
             raise DataError(f"Checkpoint directory {checkpoint_dir} does not exist; save the checkpoint first.")
 
-        link = {POOL_DIGEST_TAG: pool_digest, FLOW_RUN_TAG: flow_run_id, **{k: str(v) for k, v in tags.items()}}
+        if training_pool_path is not None and not Path(training_pool_path).is_file():
+            raise DataError(f"Pool snapshot {training_pool_path} does not exist; the round's training pool must be snapshotted first.")
+        trained_from = training_pool_digest or pool_digest
+        link = {
+            POOL_DIGEST_TAG: trained_from, PRODUCED_POOL_TAG: pool_digest, FLOW_RUN_TAG: flow_run_id,
+            **{k: str(v) for k, v in tags.items()},
+        }
         run = self.client.create_run(
             self.experiment_id, run_name=run_name, tags={RUN_NAME_TAG: run_name, "registered_model": registered_model, **link}
         )
@@ -135,7 +216,11 @@ class Tracker:
                 metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()],
                 params=[Param(k, str(v)[:6000]) for k, v in params.items()],
             )
-            self._log_pool(run_id, Path(pool_path), pool_digest)
+            if training_pool_path is not None and training_pool_digest:
+                self._log_pool(run_id, Path(training_pool_path), training_pool_digest, "training")
+                self._log_pool(run_id, Path(pool_path), pool_digest, "produced")
+            else:
+                self._log_pool(run_id, Path(pool_path), pool_digest, "training")
             self.client.log_artifacts(run_id, str(checkpoint_dir), "checkpoint")
             version = self._register(registered_model, f"{run.info.artifact_uri}/checkpoint", run_id, {RUN_NAME_TAG: run_name, **link})
             self.client.set_tag(run_id, VERSION_TAG, version)
@@ -159,17 +244,18 @@ class Tracker:
         self.client.set_terminated(run_id, "FINISHED")
         return {"mlflow_run_id": run_id, "model_version": version, "model_uri": f"models:/{name}/{version}"}
 
-    def _log_pool(self, run_id: str, pool_path: Path, pool_digest: str) -> None:
+    def _log_pool(self, run_id: str, pool_path: Path, pool_digest: str, context: str) -> None:
         frame = pl.read_parquet(pool_path)
         with warnings.catch_warnings():
             # A local path matches two equivalent source types; MLflow warns and picks one.
             warnings.simplefilter("ignore")
             dataset = mlflow.data.from_polars(
-                frame, source=str(pool_path.resolve()), name=f"pool-{pool_digest}",
+                # The file's stem keeps pool r and pool r+1 two inputs even when no task was added.
+                frame, source=str(pool_path.resolve()), name=f"{pool_path.stem}-{pool_digest}",
                 digest=pool_digest[:_DATASET_DIGEST_CHARS],
             )
         self.client.log_inputs(
-            run_id, [DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "training")])]
+            run_id, [DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)])]
         )
         self.client.log_artifact(run_id, str(pool_path), "pool")
 
@@ -225,6 +311,28 @@ class Tracker:
         if not digest:
             raise DataError(f"Model {name!r} version {version} has no {POOL_DIGEST_TAG} tag; it was not logged by log_round.")
         return digest
+
+    def version_tags(self, name: str, version: str) -> dict[str, str]:
+        """The lineage tags of one model version; DataError when it does not exist."""
+        try:
+            found = self.client.get_model_version(name, str(version))
+        except MlflowException as exc:
+            raise DataError(f"Model {name!r} has no version {version}: {exc}") from exc
+        return {"version": str(found.version), **{k: found.tags.get(k, "") for k in LINEAGE_TAGS}}
+
+    def lineage(self, name: str, version: str) -> list[dict[str, str]]:
+        """``version`` and each parent in turn, newest first, down to the version trained from checkpoint 0.
+
+        The last entry's ``parent_checkpoint`` / ``parent_checkpoint_digest`` are checkpoint 0 and its
+        ``pool_digest`` is D_0. Raises DataError when a parent is missing or the chain loops.
+        """
+        chain = [self.version_tags(name, version)]
+        while chain[-1][PARENT_VERSION_TAG]:
+            parent = chain[-1][PARENT_VERSION_TAG]
+            if any(entry["version"] == parent for entry in chain) or len(chain) > 10_000:
+                raise DataError(f"Model {name!r}: the parent chain of version {version} loops at version {parent}.")
+            chain.append(self.version_tags(name, parent))
+        return chain
 
     def _only_model(self) -> str:
         names = [m.name for m in self.client.search_registered_models()]

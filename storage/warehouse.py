@@ -69,6 +69,16 @@ def _is_lock_error(exc: Exception) -> bool:
     return "lock" in text and ("conflicting" in text or "could not set" in text)
 
 
+# What DuckDB says about a file whose bytes are not a database it wrote: foreign or random bytes,
+# a truncated file, a block whose checksum no longer matches.
+_DAMAGE_MARKERS = ("not a valid duckdb database", "could not read enough bytes", "corrupt database file")
+
+
+def _is_damage_error(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return any(marker in text for marker in _DAMAGE_MARKERS)
+
+
 class Warehouse:
     """One DuckDB file holding runs, rounds, tasks, trajectories, signals and their views."""
 
@@ -99,7 +109,9 @@ class Warehouse:
             try:
                 con = duckdb.connect(str(self.path), read_only=self.read_only)
                 break
-            except duckdb.IOException as exc:
+            except duckdb.Error as exc:
+                if _is_damage_error(exc):
+                    raise self._damaged(exc) from exc
                 if not _is_lock_error(exc):
                     raise DataError(f"Warehouse {self.path} cannot be opened: {exc}") from exc
                 if time.monotonic() >= deadline:
@@ -110,8 +122,21 @@ class Warehouse:
                 delay = min(delay * 2, 0.5)
         try:
             yield con
+        except duckdb.Error as exc:
+            # A damaged block may only show when a query reads it.
+            if _is_damage_error(exc):
+                raise self._damaged(exc) from exc
+            raise
         finally:
             con.close()
+
+    def _damaged(self, exc: Exception) -> DataError:
+        return DataError(
+            f"Warehouse {self.path} is damaged: it is not a DuckDB database this code can read ({str(exc).splitlines()[0]}). "
+            f"Restore it from a backup, or move it aside (mv {self.path} {self.path}.damaged) to start a new warehouse, "
+            "in which the run starts again from round 0. Pool snapshots, checkpoints and the MLflow store are "
+            "separate files and are untouched."
+        )
 
     @contextmanager
     def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:

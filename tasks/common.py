@@ -18,6 +18,9 @@ from coevolve.errors import DataError, RoundLockedError
 
 # Pool membership round that holds the run's held-out split: never drawn for training.
 HELDOUT_ROUND = -1
+# Pool membership round that holds the run's dev split (tasks/prepare.build_dev_split): never drawn
+# for training either. Not -2, which the evaluations table uses for checkpoints from outside the run.
+DEV_ROUND = -3
 
 
 @contextlib.contextmanager

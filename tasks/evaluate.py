@@ -57,6 +57,7 @@ def evaluate_checkpoint(
         max_context_tokens=max_context(engine),
         batch_size=config.rollout.generate_batch,
         desc=f"evaluate {split}",
+        seed=config.seed,  # greedy ignores it; a sampled evaluation (eval_temperature > 0) replays
     )
     with open_warehouse(config) as wh:
         wh.write_evaluations(

@@ -2,11 +2,11 @@
 
 Round 0 builds the run's starting point: the seed pool D_0 from unguided exploration, a
 held-out split of synthetic tasks the policy never trains on, and checkpoint 0 (for the
-embedded default, a tiny model fine-tuned on demonstrations of the seed pool only). Later
-rounds pick up the checkpoint the previous round's update wrote, after checking it against the
-digest the previous round's version stage recorded, and check the pool they start from (the
-warehouse's pool r and its snapshot file) against the recorded pool digest: a corrupt or missing
-file stops the round with its path instead of training on it.
+embedded default, a tiny model fine-tuned on demonstrations of the seed pool only), and records
+the digests of checkpoint 0 and of D_0's snapshot file. Every round, round 0 included, checks the
+checkpoint and the pool it starts from (the warehouse's pool r and its snapshot file) against the
+recorded digests: a corrupt, missing or unverifiable file stops the round with its path instead
+of training on it.
 """
 
 from __future__ import annotations
@@ -45,6 +45,17 @@ def build_dev_split(config: PipelineConfig, size: int = 200) -> list[Task]:
     if config.policy.model == BUILTIN_TINY:
         exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
     return build_tasks(size, config.start_seed + 31337, origin="dev", exclude=exclude)
+
+
+def store_dev_split(config: PipelineConfig) -> list[Task]:
+    """Build the dev split and store it under DEV_ROUND, where validation reads it to refuse its tasks."""
+    from tasks.common import DEV_ROUND, open_warehouse
+
+    dev = build_dev_split(config)
+    with open_warehouse(config) as wh:
+        wh.write_tasks(dev)
+        wh.set_pool(config.run_id, DEV_ROUND, [t.task_id for t in dev])
+    return dev
 
 
 def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> str:
@@ -104,53 +115,93 @@ def sft_demonstrations(config: PipelineConfig, seed_pool: list[Task], heldout: l
     return _DEMONSTRATIONS[memo_key]
 
 
-def checkpoint_is_usable(path: str) -> bool:
-    """A local checkpoint needs its config and weights; a hub id cannot be checked offline."""
-    local = Path(path)
-    if not local.exists():
-        return not path.startswith(("/", ".")) and "/" in path  # looks like a hub id
-    return (local / "config.json").is_file() and any(local.glob("*.safetensors"))
+def checkpoint_folder(checkpoint: str, local_only: bool = False) -> Path:
+    """The local folder holding a checkpoint's files, so it can be digested.
+
+    A local path must exist. A name that is not a path (a hub model id given as ``policy.model``)
+    resolves to its snapshot in the local hub cache unless ``local_only`` (every checkpoint an update
+    wrote); a model that is neither stops the round.
+    """
+    local = Path(checkpoint).expanduser()
+    if local.is_dir():
+        return local
+    if local_only or local.is_absolute() or checkpoint.startswith((".", "~")) or local.exists():
+        raise DataError(f"Checkpoint {checkpoint} is missing (no such folder); it cannot be verified or loaded.")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(checkpoint, local_files_only=True))
+    except Exception as exc:  # noqa: BLE001 - any failure means the model is not on this machine
+        raise DataError(
+            f"Checkpoint {checkpoint!r} is neither a local folder nor in the local hub cache ({type(exc).__name__}); "
+            "give policy.model as a local path, or download the model into the hub cache first."
+        ) from None
+
+
+def verify_checkpoint(checkpoint: str, expected: str | None, what: str, local_only: bool = True) -> None:
+    """Check a recorded checkpoint against its recorded digest; DataError naming the folder otherwise."""
+    from tasks.common import checkpoint_digest
+
+    folder = checkpoint_folder(checkpoint, local_only)
+    if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
+        raise DataError(f"{what} at {folder} is incomplete (no config.json or *.safetensors weights).")
+    if not expected:
+        raise DataError(
+            f"{what} at {folder} has no recorded digest, so it cannot be verified; its round was recorded by an older "
+            "version or by hand. Re-run that round (coevolve round --round R) or start a new run_id."
+        )
+    actual = checkpoint_digest(folder)
+    if actual != expected:
+        raise DataError(
+            f"{what} at {folder} has digest {actual[:16]}, but {expected[:16]} was recorded: the files changed after "
+            "they were recorded. Restore them from MLflow (coevolve lineage shows the version) or re-run the round."
+        )
+
+
+def verify_pool(config: PipelineConfig, round_: int, expected: str | None) -> None:
+    """Pool ``round_``'s snapshot file and the warehouse's membership must both match the recorded digest."""
+    from storage.pool import pool_digest, read_pool_snapshot
+    from tasks.common import open_warehouse
+
+    path = config.pool_path(round_)
+    if not expected:
+        raise DataError(f"Pool {round_} of run {config.run_id!r} ({path}) has no recorded digest, so it cannot be verified.")
+    read_pool_snapshot(path, expected_digest=expected)
+    with open_warehouse(config) as wh:
+        pool = wh.pool(config.run_id, round_)
+    actual = pool_digest(pool)
+    if actual != expected:
+        raise DataError(
+            f"Pool {round_} of run {config.run_id!r} in the warehouse {config.warehouse_path} has digest "
+            f"{actual[:16]}, but its snapshot {path} was recorded as {expected[:16]}: "
+            "the warehouse's pool membership or tasks changed after it was recorded."
+        )
 
 
 def verify_round_inputs(config: PipelineConfig, round_: int) -> str:
-    """For round r > 0: the checkpoint and pool that round r-1 recorded, checked against their digests.
+    """The checkpoint and pool round ``round_`` starts from, checked against their recorded digests.
 
-    Returns the checkpoint path. Raises DataError naming the file when round r-1 did not finish,
-    when the checkpoint is missing or its digest changed, or when pool r (the snapshot file or the
-    warehouse's membership) no longer matches the recorded pool digest.
+    Round 0 starts from checkpoint 0 and D_0 (digests recorded by the prepare stage); round r > 0 from
+    what round r-1's update and version stages recorded. Returns the checkpoint. Raises DataError
+    naming the file when the previous round did not finish, or when a checkpoint or pool is missing,
+    has no recorded digest, or no longer matches it.
     """
-    from storage.pool import pool_digest, read_pool_snapshot
-    from tasks.common import checkpoint_digest, open_warehouse
+    from tasks.common import open_warehouse
 
-    previous = round_ - 1
     with open_warehouse(config) as wh:
-        updated = wh.stage_output(config.run_id, previous, "update")
-        versioned = wh.stage_output(config.run_id, previous, "version")
-        pool = wh.pool(config.run_id, round_)
+        if round_ == 0:
+            prepared = wh.stage_output(config.run_id, 0, "prepare")
+            updated = versioned = prepared
+        else:
+            updated = wh.stage_output(config.run_id, round_ - 1, "update")
+            versioned = wh.stage_output(config.run_id, round_ - 1, "version")
     if updated is None or versioned is None:
-        raise DataError(f"Round {previous} of run {config.run_id!r} has not finished; run it before round {round_}.")
+        missing = "prepare stage of round 0" if round_ == 0 else f"round {round_ - 1}"
+        raise DataError(f"The {missing} of run {config.run_id!r} has not finished; run it before round {round_}.")
     checkpoint = str(updated["checkpoint"])
-    if not checkpoint_is_usable(checkpoint):
-        raise DataError(f"Checkpoint {checkpoint} of round {round_} is missing or incomplete (no config.json or weights).")
-    expected = versioned.get("checkpoint_digest")
-    if expected and Path(checkpoint).is_dir():
-        actual = checkpoint_digest(checkpoint)
-        if actual != expected:
-            raise DataError(
-                f"Checkpoint {checkpoint} of round {round_} has digest {actual[:16]}, but round {previous} recorded "
-                f"{expected[:16]}: the files changed after they were versioned. Restore them from MLflow "
-                f"(model {config.tracking.registered_model!r} version {versioned.get('model_version')})."
-            )
-    expected_pool = versioned.get("pool_digest")
-    if expected_pool:
-        read_pool_snapshot(config.pool_path(round_), expected_digest=expected_pool)
-        actual_pool = pool_digest(pool)
-        if actual_pool != expected_pool:
-            raise DataError(
-                f"Pool {round_} of run {config.run_id!r} in the warehouse {config.warehouse_path} has digest "
-                f"{actual_pool[:16]}, but its snapshot {config.pool_path(round_)} was recorded as {expected_pool[:16]}: "
-                "the warehouse's pool membership or tasks changed after the round was versioned."
-            )
+    what = f"Checkpoint {round_} of run {config.run_id!r}"
+    verify_checkpoint(checkpoint, versioned.get("checkpoint_digest"), what, local_only=round_ > 0)
+    verify_pool(config, round_, versioned.get("pool_digest"))
     return checkpoint
 
 
@@ -170,6 +221,8 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
         return {"checkpoint": verify_round_inputs(config, round_)}
 
     def compute() -> dict:
+        from storage.pool import write_pool_snapshot
+        from tasks.common import checkpoint_digest
         from tasks.evaluate import evaluate_checkpoint
 
         seed_pool, heldout = build_initial_pools(config)
@@ -180,11 +233,23 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
             wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in heldout])
         logger.info("seed pool %d tasks, held-out split %d tasks", len(seed_pool), len(heldout))
         checkpoint = initial_checkpoint(config, seed_pool, heldout)
+        # After checkpoint 0: the builtin policy's SFT set, which the dev split avoids, is built by then.
+        dev = store_dev_split(config)
+        logger.info("dev split %d tasks", len(dev))
+        # Checkpoint 0 and D_0 are digested like every later checkpoint and pool, so lineage starts
+        # from recorded files and a resumed round 0 checks them before using them.
+        checkpoint_sha = checkpoint_digest(checkpoint_folder(checkpoint))
+        pool_sha = write_pool_snapshot(seed_pool, config.pool_path(0))
         baseline = evaluate_checkpoint(config, checkpoint, heldout, round_=HELDOUT_ROUND)
         logger.info("checkpoint 0 at %s: held-out success %.3f", checkpoint, baseline)
-        return {"checkpoint": checkpoint, "pool_size": len(seed_pool), "heldout": len(heldout), "baseline_heldout_success": baseline}
+        return {
+            "checkpoint": checkpoint, "checkpoint_digest": checkpoint_sha, "pool_digest": pool_sha,
+            "pool_size": len(seed_pool), "heldout": len(heldout), "baseline_heldout_success": baseline,
+        }
 
-    return resumable(config, round_, "prepare", compute)
+    prepared = resumable(config, round_, "prepare", compute)
+    verify_round_inputs(config, 0)
+    return prepared
 
 
 def first_unfinished_round(finished: list[int]) -> int:

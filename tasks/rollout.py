@@ -7,11 +7,17 @@ Token bookkeeping is exact: ``completion_ids`` holds the model's tokens (mask 1,
 logprobs) and the environment's tokens (mask 0) in conversation order, which is what the GRPO
 update trains on.
 
+Sampling is seeded per message, before dispatch: every (run seed, round, task, sample) has its own
+episode seed (`episode_seed`) and each of its messages a seed from that and the step index
+(`message_seed`). Every engine takes one seed per prompt, so a round's samples differ from other
+rounds' and do not depend on batching, request scheduling or what the engine generated before.
+
 Run alone: ``coevolve round --round R`` runs it as the first task of a round.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +37,24 @@ class Engine(Protocol):
     tokenizer: object
     chat: object
 
-    def generate(self, prompts: list[list[int]], temperature: float, max_new_tokens: int) -> list: ...
+    def generate(
+        self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None
+    ) -> list: ...
+
+
+def _digest_seed(text: str) -> int:
+    # sha256, not hash(): the same text gives the same seed in every process and on every machine.
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1  # 63 bits: fits any int64 seed
+
+
+def episode_seed(seed: int, round_: int, task_id: str, sample: int) -> int:
+    """The seed of one episode: distinct for every run seed, round, task and sample index."""
+    return _digest_seed(f"episode:{seed}:{round_}:{task_id}:{sample}")
+
+
+def message_seed(episode: int, step: int) -> int:
+    """The seed of the ``step``-th model message of an episode whose seed is ``episode``."""
+    return _digest_seed(f"message:{episode}:{step}")
 
 
 @dataclass
@@ -40,6 +63,7 @@ class _Episode:
     sample: int
     env: object
     prompt_ids: list[int]
+    seed: int | None = None
     completion_ids: list[int] = field(default_factory=list)
     completion_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -72,8 +96,13 @@ def play_episodes(
     batch_size: int = RolloutConfig.model_fields["generate_batch"].default,
     progress: bool = True,
     desc: str = "rollout",
+    seed: int | None = None,
 ) -> list[Trajectory]:
     """Play ``samples`` episodes of every task and return one Trajectory per episode.
+
+    With ``seed`` (the run's), every message is sampled from its own `message_seed`, so the same
+    seed, round and tasks replay the same episodes with the same engine and weights, however the
+    messages are batched; without it the engine's own randomness decides.
 
     An episode ends when the environment says the task is over ("done"), when it used
     ``env_config.max_steps`` model messages ("max_steps"), when a message hit the token limit or
@@ -85,7 +114,15 @@ def play_episodes(
         for sample in range(samples):
             env = make_environment(env_config)
             messages = env.reset(task)
-            episodes.append(_Episode(task=task, sample=sample, env=env, prompt_ids=engine.chat.prompt_ids(messages)))
+            episodes.append(
+                _Episode(
+                    task=task,
+                    sample=sample,
+                    env=env,
+                    prompt_ids=engine.chat.prompt_ids(messages),
+                    seed=None if seed is None else episode_seed(seed, round_, task.task_id, sample),
+                )
+            )
 
     bar = tqdm(total=len(episodes), desc=desc, unit="ep", disable=not progress, leave=False)
 
@@ -104,7 +141,10 @@ def play_episodes(
             pending = []
             for start in range(0, len(active), batch_size):
                 chunk = active[start : start + batch_size]
-                generations = engine.generate([e.context_ids for e in chunk], temperature=temperature, max_new_tokens=max_new_tokens)
+                seeds = None if seed is None else [message_seed(e.seed, len(e.steps)) for e in chunk]
+                generations = engine.generate(
+                    [e.context_ids for e in chunk], temperature=temperature, max_new_tokens=max_new_tokens, seeds=seeds
+                )
                 pending.append(stepper.submit(advance, chunk, generations))
             for stepped in pending:
                 stepped.result()  # re-raises an error of the environment step here
@@ -204,14 +244,11 @@ def rollout_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
     """Play the round's batch with checkpoint ``round_`` and store the trajectories."""
 
     def compute() -> dict:
-        import torch
-
         with open_warehouse(config) as wh:
             pool = wh.pool(config.run_id, round_)
         if not pool:
             raise DataError(f"Pool {round_} of run {config.run_id!r} is empty; round {round_ - 1} must finish first.")
         batch = draw_batch(pool, config.rollout.tasks_per_round, config.seed, round_)
-        torch.manual_seed(config.seed * 1000 + round_)  # same seed, same samples on a re-run
         engine = load_engine(checkpoint, config)
         trajectories = play_episodes(
             engine,
@@ -224,6 +261,7 @@ def rollout_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
             round_=round_,
             max_context_tokens=max_context(engine),
             batch_size=config.rollout.generate_batch,
+            seed=config.seed,  # same seed and round, same samples on a re-run
         )
         with open_warehouse(config) as wh:
             wh.write_trajectories(trajectories)

@@ -3,7 +3,7 @@
 The round's rollouts already exist (the rollout stage wrote them, with behaviour logprobs), so
 nothing is generated here: TRL's GRPOTrainer receives them through its ``rollout_func`` hook and does
 everything else itself: group-normalized advantages, the clipped objective (epsilon_low/high), the
-KL penalty against the starting checkpoint (beta), the optimizer, LoRA through peft.
+KL penalty (beta), the optimizer, LoRA through peft.
 
 How a round maps onto TRL:
 - one dataset row per task (its id is the "prompt"); TRL repeats each row group_size times and the
@@ -12,7 +12,12 @@ How a round maps onto TRL:
   the batch is reused for ``steps_per_round`` steps (TRL's ``num_iterations``);
 - ``completion_mask`` becomes TRL's ``env_mask``, so tool results never enter the loss;
 - the stored logprobs replace TRL's recomputed "old" logprobs, so the importance ratio is taken
-  against the policy that actually sampled (same checkpoint: ratio ~1 at the first step);
+  against the policy that actually sampled (same checkpoint: ratio ~1 at the first step). This
+  overrides a private TRL method, tested against TRL 1.16.0 (the version pyproject pins); a TRL
+  that no longer hands the rollout's logprobs to it fails the stage instead of training on
+  recomputed ones;
+- the KL penalty is taken against ``training.kl_reference``: checkpoint 0 of the run ("initial",
+  loaded into TRL's reference model) or the round's input checkpoint ("round", TRL's default);
 - the reward function returns the stored reward.
 
 Groups whose rewards are all equal have zero advantage, so they are dropped; when none is left the
@@ -37,10 +42,71 @@ from prefect.cache_policies import NO_CACHE
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError, is_retryable
-from coevolve.records import Trajectory
+from coevolve.records import Trajectory, digest
 
 # Keys of TRL's per-step logs that describe bookkeeping rather than training.
 _IGNORED_LOG_KEYS = {"epoch", "step", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+# The TRL version whose GRPOTrainer internals (the batch keys below, the reference model) this stage is tested against.
+TESTED_TRL = "1.16.0"
+# Where TRL 1.16 puts the rollout function's logprobs, and the "old" logprobs its importance ratio divides by.
+BEHAVIOUR_KEY = "sampling_per_token_logps"
+OLD_KEY = "old_per_token_logps"
+
+
+def use_behaviour_logprobs(batch: dict[str, Any]) -> dict[str, Any]:
+    """Make the rollouts' stored logprobs TRL's "old" logprobs in a batch from _generate_and_score_completions.
+
+    Raises DataError when the batch has no rollout logprobs: training on without them would silently
+    take the importance ratio against the trainer's own recomputed logprobs.
+    """
+    if batch.get(BEHAVIOUR_KEY) is None:
+        raise DataError(
+            f"TRL's GRPO batch has no {BEHAVIOUR_KEY!r}, so the stored behaviour logprobs cannot replace its "
+            f"{OLD_KEY!r}. The update stage is tested with trl=={TESTED_TRL} only; install that version."
+        )
+    batch[OLD_KEY] = batch[BEHAVIOUR_KEY]
+    return batch
+
+
+def kl_reference_checkpoint(config: PipelineConfig, checkpoint: str | Path) -> Path:
+    """The checkpoint the round's KL penalty is taken against: checkpoint 0 ('initial') or ``checkpoint`` ('round')."""
+    from tasks.common import open_warehouse
+
+    if config.training.kl_reference == "round" or config.training.beta == 0:
+        return Path(checkpoint)
+    with open_warehouse(config) as wh:
+        prepared = wh.stage_output(config.run_id, 0, "prepare") or {}
+    if not prepared.get("checkpoint"):
+        raise DataError(
+            f"training.kl_reference is 'initial' but run {config.run_id!r} has no checkpoint 0 recorded by round 0's "
+            "prepare stage; run round 0 first or set training.kl_reference=round."
+        )
+    return Path(prepared["checkpoint"])
+
+
+def _use_reference(trainer: Any, reference_checkpoint: Path) -> None:
+    """Make ``reference_checkpoint`` the model TRL's KL penalty is taken against, prepared the way TRL prepares its own."""
+    from agent.engine import load_policy
+
+    reference, _ = load_policy(reference_checkpoint)
+    if trainer.ref_model is not None:
+        # Full weights: TRL built its reference from the input checkpoint and prepared it (dropout off,
+        # fused log-prob head, accelerator placement); only the weights change.
+        target = trainer.accelerator.unwrap_model(trainer.ref_model)
+        try:
+            target.load_state_dict(reference.state_dict())
+        except RuntimeError as exc:
+            raise DataError(f"The KL reference {reference_checkpoint} does not fit the policy's architecture: {exc}") from exc
+        return
+    # LoRA: TRL keeps no reference model and disables the adapter instead, which gives the input
+    # checkpoint. A reference model, when present, takes precedence; prepare it as TRL does its own
+    # (grpo_update leaves cast_lm_head_to_fp32 off, so the head stays as loaded).
+    from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+
+    if trainer.args.disable_dropout:
+        disable_dropout_in_model(reference)
+    add_fused_lm_head(reference, temperature=trainer.temperature, cast_lm_head_to_fp32=False)
+    trainer.ref_model = trainer.accelerator.prepare_model(reference, evaluation_mode=True)
 
 
 def group_trajectories(trajectories: list[Trajectory], group_size: int) -> tuple[dict[str, list[Trajectory]], dict[str, int]]:
@@ -63,6 +129,19 @@ def group_trajectories(trajectories: list[Trajectory], group_size: int) -> tuple
         else:
             kept[task_id] = group
     return kept, dropped
+
+
+def trained_on(trajectories: list[Trajectory], group_size: int) -> dict[str, Any]:
+    """The lineage record of an update: which stored trajectories its groups hold (run, round, count, id digest)."""
+    groups, _ = group_trajectories(trajectories, group_size)
+    ids = sorted(t.trajectory_id for group in groups.values() for t in group)
+    first = trajectories[0] if trajectories else None
+    return {
+        "run_id": first.run_id if first else None,
+        "round": first.round if first else None,
+        "count": len(ids),
+        "ids_digest": digest(ids),
+    }
 
 
 def _check(trajectory: Trajectory) -> None:
@@ -96,14 +175,23 @@ def _summarize_logs(log_history: list[dict[str, Any]]) -> dict[str, float]:
     return {key: sum(values) / len(values) for key, values in sums.items()}
 
 
-def grpo_update(checkpoint_in: Path, trajectories: list[Trajectory], config: PipelineConfig, out_dir: Path) -> dict:
+def grpo_update(
+    checkpoint_in: Path,
+    trajectories: list[Trajectory],
+    config: PipelineConfig,
+    out_dir: Path,
+    reference_checkpoint: Path | None = None,
+) -> dict:
     """Train the policy at checkpoint_in on the round's groups with TRL's GRPOTrainer; save to out_dir.
 
+    ``reference_checkpoint`` holds the weights the KL penalty (beta > 0) is taken against, e.g.
+    checkpoint 0 of the run (`kl_reference_checkpoint`); None takes checkpoint_in.
     Returns statistics: loss, steps, groups, duration_s, skipped, dropped group counts, and the
     per-step means of what TRL logs (kl, clip_ratio/*, reward, reward_std, ...).
     """
     started = time.perf_counter()
     checkpoint_in, out_dir = Path(checkpoint_in), Path(out_dir)
+    reference_checkpoint = checkpoint_in if reference_checkpoint is None else Path(reference_checkpoint)
     group_size = config.rollout.group_size
     groups, dropped = group_trajectories(trajectories, group_size)
     base_stats = {"groups_flat": dropped["flat"], "groups_malformed": dropped["malformed"], "trajectories": len(trajectories)}
@@ -154,11 +242,7 @@ def grpo_update(checkpoint_in: Path, trajectories: list[Trajectory], config: Pip
         """GRPOTrainer whose "old" logprobs are the behaviour logprobs stored with the rollouts."""
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-            output = super()._generate_and_score_completions(inputs)
-            behaviour = output.get("sampling_per_token_logps")
-            if behaviour is not None:
-                output["old_per_token_logps"] = behaviour
-            return output
+            return use_behaviour_logprobs(super()._generate_and_score_completions(inputs))
 
     peft_config = None
     if config.training.use_lora:
@@ -208,6 +292,8 @@ def grpo_update(checkpoint_in: Path, trajectories: list[Trajectory], config: Pip
                 rollout_func=replay_rollouts,
                 peft_config=peft_config,
             )
+        if config.training.beta > 0 and reference_checkpoint.resolve() != checkpoint_in.resolve():
+            _use_reference(trainer, reference_checkpoint)
         from transformers.trainer_callback import PrinterCallback
 
         # The stage returns TRL's logs as statistics; printing every step would bury the round table.
@@ -232,6 +318,7 @@ def grpo_update(checkpoint_in: Path, trajectories: list[Trajectory], config: Pip
         "loss": float(result.training_loss),
         "steps": int(result.global_step),
         "groups": len(task_ids),
+        "kl_reference_checkpoint": str(reference_checkpoint),
         "duration_s": round(time.perf_counter() - started, 3),
     }
 
@@ -247,8 +334,9 @@ def update_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
         with open_warehouse(config) as wh:
             trajectories = wh.trajectories(config.run_id, round_)
         out_dir = config.checkpoint_dir(round_ + 1)
-        stats = grpo_update(Path(checkpoint), trajectories, config, out_dir)
+        reference = kl_reference_checkpoint(config, checkpoint)
+        stats = grpo_update(Path(checkpoint), trajectories, config, out_dir, reference_checkpoint=reference)
         get_run_logger().info("round %d: GRPO %s", round_, {k: stats[k] for k in ("groups", "steps", "loss", "skipped") if k in stats})
-        return {"checkpoint": str(out_dir), "stats": stats}
+        return {"checkpoint": str(out_dir), "stats": stats, "trained_on": trained_on(trajectories, config.rollout.group_size)}
 
     return resumable(config, round_, "update", compute)

@@ -2,8 +2,10 @@
 
 Every candidate is replayed from its initial state in a fresh environment. It is accepted when
 its whole reference executes without an error and changes the environment's state, when it is
-long enough, and when it is new: not a held-out task, not a pool task, and not the same
-normalized action sequence as one. Every rejection carries its reason.
+long enough, and when it is new: not a pool task, and not the same normalized action sequence
+as one. The held-out and dev splits are sealed by what a task is (``Task.identity``: environment,
+initial state, classes and normalized calls), so a reworded held-out or dev task is refused too.
+Every rejection carries its reason.
 
 Two optional checks (``validation`` section, both off by default): an LLM judge on the paper's
 five criteria (tasks/judge.py) after a clean replay, and a near-duplicate check of the query by
@@ -12,30 +14,19 @@ embedding similarity (tasks/similarity.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Callable
 
 from coevolve.config import PoolConfig, SynthesisConfig
-from coevolve.records import Candidate, Task, Verdict, digest
+from coevolve.records import Candidate, Task, Verdict, digest, normal_value
 
 if TYPE_CHECKING:
     from tasks.similarity import NearDuplicateIndex
 
 
-def _normal(value: Any) -> Any:
-    if isinstance(value, str):
-        return " ".join(value.lower().split())
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, (list, tuple)):
-        return [_normal(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _normal(v) for k, v in sorted(value.items())}
-    return value
-
-
 def action_key(task: Task) -> str:
     """The normalized action sequence: same classes, same calls up to case, spacing and 1 == 1.0."""
-    calls = [[(c.name, _normal(c.arguments)) for c in turn] for turn in task.reference]
+    calls = [[(c.name, normal_value(c.arguments)) for c in turn] for turn in task.reference]
     return digest({"classes": sorted(task.involved_classes), "calls": calls})
 
 
@@ -60,24 +51,29 @@ def judge(candidate: Task, min_steps: int) -> Verdict:
 def validate_candidates(
     candidates: list[Candidate],
     pool: list[Task],
-    heldout_ids: set[str],
+    heldout: Iterable[Task],
     config: SynthesisConfig,
     llm_judge: Callable[[Task], Verdict] | None = None,
     near_duplicates: NearDuplicateIndex | None = None,
+    dev: Iterable[Task] = (),
 ) -> list[Candidate]:
     """Each candidate with its verdict, in input order.
 
-    ``near_duplicates`` holds the pool's queries (tasks/similarity.py); ``llm_judge`` has the last
-    word on candidates that replayed cleanly.
+    ``heldout`` and ``dev`` are the run's sealed splits: a candidate with the identity of one of
+    their tasks (whatever its wording) is refused. ``near_duplicates`` holds the pool's queries
+    (tasks/similarity.py); ``llm_judge`` has the last word on candidates that replayed cleanly.
     """
+    sealed = {t.identity: "same as a dev task" for t in dev}
+    sealed.update({t.identity: "same as a held-out task" for t in heldout})
     seen_ids = {t.task_id: t.task_id for t in pool}
     seen_actions = {action_key(t): t.task_id for t in pool}
     judged: list[Candidate] = []
     for cand in candidates:
         task = cand.task
         key = action_key(task)
-        if task.task_id in heldout_ids:
-            verdict = Verdict(False, "same as a held-out task")
+        identity = task.identity
+        if identity in sealed:
+            verdict = Verdict(False, sealed[identity])
         elif task.task_id in seen_ids:
             verdict = Verdict(False, f"duplicate of {seen_ids[task.task_id]}")
         elif key in seen_actions:
@@ -121,7 +117,23 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from coevolve.config import PipelineConfig  # noqa: E402
 from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import HELDOUT_ROUND, open_warehouse, resumable  # noqa: E402
+from tasks.common import DEV_ROUND, HELDOUT_ROUND, open_warehouse, resumable  # noqa: E402
+
+
+def sealed_splits(config: PipelineConfig) -> tuple[list[Task], list[Task]]:
+    """The run's held-out and dev splits, which no candidate may repeat.
+
+    A run prepared before its dev split was stored gets the split ``coevolve evaluate --dev``
+    builds (the same tasks for the same seed), stored under DEV_ROUND for the next rounds.
+    """
+    with open_warehouse(config) as wh:
+        heldout = wh.pool(config.run_id, HELDOUT_ROUND)
+        dev = wh.pool(config.run_id, DEV_ROUND)
+    if not dev:
+        from tasks.prepare import store_dev_split
+
+        dev = store_dev_split(config)
+    return heldout, dev
 
 
 @task(name="validate", retries=2, retry_delay_seconds=2, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
@@ -131,7 +143,7 @@ def validate_task(config: PipelineConfig, round_: int, candidates: list[dict]) -
     def compute() -> dict:
         with open_warehouse(config) as wh:
             pool = wh.pool(config.run_id, round_)
-            heldout = {t.task_id for t in wh.pool(config.run_id, HELDOUT_ROUND)}
+        heldout, dev = sealed_splits(config)
         parsed = [Candidate(task=Task.from_dict(c["task"]), signal_id=c.get("signal_id")) for c in candidates]
         llm_judge = None
         if config.validation.llm_judge:
@@ -143,7 +155,7 @@ def validate_task(config: PipelineConfig, round_: int, candidates: list[dict]) -
             from tasks.similarity import NearDuplicateIndex
 
             near = NearDuplicateIndex([" ".join(t.turns) for t in pool], [t.task_id for t in pool], config.validation.similarity_threshold)
-        judged = validate_candidates(parsed, pool, heldout, config.synthesis, llm_judge, near)
+        judged = validate_candidates(parsed, pool, heldout, config.synthesis, llm_judge, near, dev=dev)
         grown = next_pool(pool, judged, config.pool)
         accepted = [c.task for c in judged if c.verdict and c.verdict.accepted]
         with open_warehouse(config) as wh:

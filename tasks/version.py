@@ -1,9 +1,11 @@
 """Versioning stage: freeze pool r+1, register checkpoint r+1, and link both to the flow run.
 
 The pool snapshot is an immutable Parquet file with a content digest. MLflow gets one run per
-round holding the params, the metrics, the pool (dataset input and artifact) and the
-checkpoint, registered as a model version whose tags name the pool digest and the Prefect flow
-run; the warehouse's ``rounds`` row records the same links for SQL users.
+round holding the params, the metrics, pool r it trained from and pool r+1 it produced (dataset
+inputs and artifacts) and the checkpoint, registered as a version of the run's own model whose
+tags carry its lineage: both pool digests, the parent version and checkpoint digest, the Prefect
+flow run and the trajectories it was trained on (storage/tracking.py). The warehouse's ``rounds``
+row records the produced pool and the version for SQL users.
 
 The stage also records the checkpoint's digest (the next round checks it before loading the
 checkpoint), points the registry alias "best" at the version with the highest held-out success so
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from coevolve.config import PipelineConfig
+from coevolve.errors import DataError
 from coevolve.records import RoundSummary
 
 
@@ -48,6 +51,53 @@ def build_summary(config: PipelineConfig, round_: int, outputs: dict[str, dict[s
     )
 
 
+def machine_params() -> dict[str, str]:
+    """What the numbers depend on besides the configuration: torch, its CPU kernels and the pins set."""
+    import os
+
+    import torch
+
+    return {
+        "machine.torch": torch.__version__,
+        "machine.cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "machine.cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+        **{f"machine.{k}": os.environ.get(k, "") for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")},
+    }
+
+
+def parent_record(warehouse: Any, run_id: str, round_: int) -> dict[str, str]:
+    """What checkpoint r+1 descends from: checkpoint r and pool r, as the earlier stages recorded them.
+
+    Round 0's parent is checkpoint 0 and D_0 (the prepare stage's record); round r's is round r-1's
+    version. DataError when that record is missing or lacks a digest: lineage is never guessed.
+    """
+    if round_ == 0:
+        record, stage = warehouse.stage_output(run_id, 0, "prepare"), "prepare stage of round 0"
+    else:
+        record, stage = warehouse.stage_output(run_id, round_ - 1, "version"), f"version stage of round {round_ - 1}"
+    if record is None or not record.get("checkpoint_digest") or not record.get("pool_digest"):
+        raise DataError(f"The {stage} of run {run_id!r} recorded no checkpoint and pool digests; lineage of round {round_} cannot be written.")
+    return {
+        "version": str(record.get("model_version") or "") if round_ > 0 else "",
+        "checkpoint": str(record["checkpoint"]),
+        "checkpoint_digest": str(record["checkpoint_digest"]),
+        "pool_digest": str(record["pool_digest"]),
+    }
+
+
+def lineage_tags(run_id: str, round_: int, checkpoint_digest: str, parent: dict[str, str], trained_on: dict[str, Any]) -> dict[str, str]:
+    """The tags naming what a round's checkpoint was made from (storage.tracking.LINEAGE_TAGS)."""
+    return {
+        "coevolve.run_id": run_id,
+        "coevolve.round": str(round_),
+        "checkpoint_digest": checkpoint_digest,
+        "parent_version": parent["version"],
+        "parent_checkpoint": parent["checkpoint"],
+        "parent_checkpoint_digest": parent["checkpoint_digest"],
+        **{f"trajectories.{k}": "" if v is None else str(v) for k, v in trained_on.items()},
+    }
+
+
 # --- Prefect task -------------------------------------------------------------------------------
 from prefect import get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
@@ -73,6 +123,8 @@ def version_task(config: PipelineConfig, round_: int, outputs: dict[str, dict[st
         pool_path = config.pool_path(round_ + 1)
         summary.pool_digest = write_pool_snapshot(pool, pool_path)
         weights_digest = checkpoint_digest(summary.checkpoint)
+        with open_warehouse(config) as wh:
+            parent = parent_record(wh, config.run_id, round_)
         tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
         metrics = {
             "pool_size": summary.pool_size,
@@ -86,17 +138,19 @@ def version_task(config: PipelineConfig, round_: int, outputs: dict[str, dict[st
         }
         info = tracker.log_round(
             run_name=f"{config.run_id}-round-{round_:03d}",
-            params=flatten(config.model_dump(mode="json")),
+            params={**flatten(config.model_dump(mode="json")), **machine_params()},
             metrics=metrics,
             pool_path=pool_path,
             pool_digest=summary.pool_digest,
             checkpoint_dir=Path(summary.checkpoint),
-            registered_model=config.tracking.registered_model,
+            registered_model=config.registered_model_name,
             flow_run_id=flow_run_id,
-            tags={"coevolve.run_id": config.run_id, "coevolve.round": str(round_), "checkpoint_digest": weights_digest},
+            tags=lineage_tags(config.run_id, round_, weights_digest, parent, outputs["update"].get("trained_on", {})),
+            training_pool_path=config.pool_path(round_),
+            training_pool_digest=parent["pool_digest"],
         )
         summary.model_version = str(info["model_version"])
-        best = tracker.update_best(config.tracking.registered_model)
+        best = tracker.update_best(config.registered_model_name)
         with open_warehouse(config) as wh:
             earlier = [s for s in wh.rounds(config.run_id) if s.round < round_]
         figure = learning_curve(earlier + [summary], config.run_dir() / "figures" / f"learning-curve-{round_:03d}.png")

@@ -158,6 +158,10 @@ def openai_server(vllm_python: Path, served_policy_dir: Path, tmp_path_factory: 
         "--logprobs-mode", "processed_logprobs",  # behaviour logprobs after temperature
         "--enforce-eager",
         "--seed", "0",
+        # Seeded requests whose prefill is split into chunks crash the CPU build ("CPU Generator does
+        # not use offset"); whole prefills up to the context length avoid it.
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens", "4096",
     ]  # fmt: skip
     with log_path.open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=vllm_env(), cwd=REPO, start_new_session=True)

@@ -52,3 +52,16 @@ def tokenizer(tiny_dir: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    """The tiny policy in the transformers engine (per module: the engine's own generator is state)."""
+    from agent.engine import TransformersEngine
+
+    return TransformersEngine(tiny_dir, torch_threads=1, seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts(engine, demos):
+    return [engine.chat.prompt_ids(conv[:2]) for conv in demos]

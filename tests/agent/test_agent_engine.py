@@ -9,16 +9,6 @@ import pytest
 from agent.engine import TransformersEngine
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_dir):
-    return TransformersEngine(tiny_dir, torch_threads=1, seed=0)
-
-
-@pytest.fixture(scope="module")
-def prompts(engine, demos):
-    return [engine.chat.prompt_ids(conv[:2]) for conv in demos]
-
-
 def test_every_token_has_one_logprob(engine, prompts):
     for generation in engine.generate(prompts, temperature=1.0, max_new_tokens=12):
         assert len(generation.logprobs) == len(generation.token_ids) > 0

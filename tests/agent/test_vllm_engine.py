@@ -28,6 +28,15 @@ if __name__ == "__main__":  # vLLM spawns workers: the guard keeps them from re-
     for name, temperature, tokens in (("greedy", 0.0, 30), ("cut", 0.0, 2), ("sampled", 0.7, 10)):
         result[name] = [g.__dict__ for g in engine.generate(job["prompts"], temperature=temperature, max_new_tokens=tokens)]
     result["empty"] = engine.generate([], temperature=0.0, max_new_tokens=4)
+    seeds = list(range(101, 101 + len(job["prompts"])))
+    seeded = lambda prompts, seeds: [g.token_ids for g in engine.generate(prompts, temperature=2.0, max_new_tokens=16, seeds=seeds)]
+    result["seeded"] = seeded(job["prompts"], seeds)
+    result["seeded_alone"] = seeded(job["prompts"][1:2], seeds[1:2])
+    result["seeded_reversed"] = seeded(job["prompts"][::-1], seeds[::-1])
+    result["seeded_one_prompt"] = seeded(job["prompts"][:1] * 6, list(range(6)))
+    # Four distinct 1,500-token prompts: more than one scheduler step prefills at once.
+    long_prompts = [[10 + (7 * i + 13 * k) % 250 for i in range(1500)] for k in range(4)]
+    result["seeded_long"] = seeded(long_prompts, list(range(4)))
     engine.shutdown()
     json.dump(result, open(sys.argv[2], "w"))
 """
@@ -82,6 +91,19 @@ def test_sampled_logprobs_are_those_of_the_tempered_distribution(probe, local, p
             logits = local.model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / 0.7
         expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(generation["token_ids"])[:, None]).squeeze(-1)
         assert torch.allclose(expected, torch.tensor(generation["logprobs"]), atol=1e-3)
+
+
+def test_a_seeded_request_samples_the_same_tokens_whatever_its_batch(probe):
+    assert probe["seeded_alone"][0] == probe["seeded"][1]
+    assert probe["seeded_reversed"] == probe["seeded"][::-1]
+
+
+def test_seeded_long_prompts_that_fill_several_prefill_steps_are_answered(probe):
+    assert [len(tokens) > 0 for tokens in probe["seeded_long"]] == [True] * 4
+
+
+def test_different_seeds_draw_different_samples_of_one_prompt(probe):
+    assert len({tuple(tokens) for tokens in probe["seeded_one_prompt"]}) > 1
 
 
 def test_reports_its_context_length_and_answers_an_empty_batch(probe):

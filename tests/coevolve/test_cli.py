@@ -41,3 +41,47 @@ def test_the_round_table_has_one_column_per_figure():
 def test_evaluate_with_an_unknown_category_exits_2_naming_the_choices(tmp_path, capsys):
     code = main(["evaluate", "--checkpoint", str(tmp_path), "--categories", "base,simple", "--set", f"state_dir={tmp_path}"])
     assert code == 2 and "multi_turn_miss_func" in capsys.readouterr().err
+
+
+def _warehouse(state_dir):
+    from storage.warehouse import Warehouse
+
+    Warehouse(state_dir / "warehouse.duckdb").close()
+
+
+def test_sql_with_a_syntax_error_prints_the_databases_message_on_one_line(tmp_path, capsys):
+    _warehouse(tmp_path)
+    assert main(["sql", "SELEC 1", "--set", f"state_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err == 'error: query failed: Parser Error: syntax error at or near "SELEC"\n'
+
+
+def test_sql_on_an_unknown_table_names_it_on_one_line(tmp_path, capsys):
+    _warehouse(tmp_path)
+    assert main(["sql", "SELECT * FROM no_such_table", "--set", f"state_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "no_such_table does not exist" in err and err.count("\n") == 1
+
+
+def test_sql_with_a_bad_query_exits_non_zero_without_a_traceback(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _warehouse(tmp_path)
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), "PREFECT_HOME": str(tmp_path / "prefect")}
+    done = subprocess.run(
+        [sys.executable, "-m", "coevolve.cli", "sql", "SELEC 1", "--set", f"state_dir={tmp_path}"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode != 0 and done.stdout == ""
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1 and "SELEC" in done.stderr
+
+
+def test_sql_on_a_damaged_warehouse_says_how_to_recover(tmp_path, capsys):
+    (tmp_path / "warehouse.duckdb").write_bytes(b"\x13" * 20_000)
+    assert main(["sql", "SELECT 1", "--set", f"state_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "warehouse.duckdb") in err and "from a backup" in err and err.count("\n") == 1

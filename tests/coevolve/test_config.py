@@ -87,3 +87,29 @@ def test_off_and_on_stay_strings_in_every_source(tmp_path):
     assert load_config(overrides=["synthesis.mode=off"], environ={}).synthesis.mode == "off"
     assert load_config(environ={"COEVOLVE_SYNTHESIS__MODE": "off"}).synthesis.mode == "off"
     assert load_config(overrides=["validation.embedding_dedupe=true"], environ={}).validation.embedding_dedupe is True
+
+
+def test_overrides_given_in_code_win_over_the_environment(monkeypatch):
+    monkeypatch.setenv("COEVOLVE_RUN_ID", "from-env")
+    monkeypatch.setenv("COEVOLVE_SYNTHESIS__MODE", "off")
+    base = load_config()
+    assert (base.run_id, base.synthesis.mode) == ("from-env", "off")
+    arm = base.with_overrides({"run_id": "arm-a", "synthesis": {"mode": "random"}})
+    assert (arm.run_id, arm.synthesis.mode) == ("arm-a", "random")
+
+
+def test_list_values_come_from_json_in_the_environment():
+    config = load_config(environ={"COEVOLVE_SIGNALS__ENABLED": '["boundary", "rare"]'})
+    assert config.signals.enabled == ["boundary", "rare"]
+
+
+def test_a_misspelt_field_variable_names_the_field():
+    with pytest.raises(ConfigError, match="rollout.group_siz: unknown field"):
+        load_config(environ={"COEVOLVE_ROLLOUT__GROUP_SIZ": "4"})
+
+
+def test_state_dir_is_absolute_once_loaded(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config(overrides=["state_dir=state"], environ={})
+    assert config.state_dir == tmp_path / "state"
+    assert config.checkpoint_dir(1).is_absolute()

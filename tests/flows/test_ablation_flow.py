@@ -17,12 +17,19 @@ def test_arms_share_checkpoint_zero_but_not_their_runs(tiny_config, tmp_path):
     assert set(ARMS) >= {"static", "random", "full", "no-forgetting", "no-boundary", "no-rare"}
 
 
-def test_an_ablation_runs_every_arm_and_seed_and_writes_a_report(prefect_api, tiny_config, tmp_path):
+@pytest.fixture(scope="module")
+def ablation_run(prefect_api, tiny_config, tmp_path_factory):
     from flows.ablation import coevolve_ablation
+
+    config = tiny_config(tmp_path_factory.mktemp("ablation"))
+    out = coevolve_ablation(arms=["static", "random"], seeds=[1, 2], rounds=1, official_limit=2, name="t", config=config.model_dump(mode="json"))
+    return config, out
+
+
+def test_an_ablation_runs_every_arm_and_seed_and_writes_a_report(ablation_run):
     from storage.warehouse import Warehouse
 
-    config = tiny_config(tmp_path)
-    out = coevolve_ablation(arms=["static", "random"], seeds=[1, 2], rounds=1, official_limit=2, name="t", config=config.model_dump(mode="json"))
+    config, out = ablation_run
     assert set(out["arms"]) == {"static", "random"}
     assert out["tests"] == {}  # no "full" arm to compare against
     with Warehouse(config.warehouse_path, read_only=True) as wh:
@@ -32,3 +39,15 @@ def test_an_ablation_runs_every_arm_and_seed_and_writes_a_report(prefect_api, ti
     assert runs == ["t-random-s1", "t-random-s2", "t-static-s1", "t-static-s2"]
     assert static_pool == seed_pool
     assert "| static |" in open(out["report"]).read()
+
+
+def test_each_runs_registry_aliases_point_at_its_own_versions(ablation_run):
+    from mlflow.tracking import MlflowClient
+
+    config, _ = ablation_run
+    client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
+    for run_id in ("t-static-s1", "t-static-s2", "t-random-s1", "t-random-s2"):
+        name = config.with_overrides({"run_id": run_id}).registered_model_name
+        for alias in ("current", "best"):
+            version = client.get_model_version_by_alias(name, alias)
+            assert version.tags["coevolve.run_id"] == run_id

@@ -97,7 +97,7 @@ def test_pool_snapshot_and_checkpoint_digests_match(both_runs) -> None:
 def test_the_registry_has_one_version_and_no_run_left_running(both_runs) -> None:
     _, crashed = both_runs
     client = MlflowClient(tracking_uri=crashed.mlflow_tracking_uri)
-    versions = client.search_model_versions(f"name = '{crashed.tracking.registered_model}'")
+    versions = client.search_model_versions(f"name = '{crashed.registered_model_name}'")
     assert [str(v.version) for v in versions] == ["1"]
     experiment = client.get_experiment_by_name(crashed.tracking.experiment)
     statuses = [r.info.status for r in client.search_runs([experiment.experiment_id])]

@@ -51,12 +51,12 @@ def test_pool_snapshot_matches_its_digest(finished_round):
 def test_mlflow_links_checkpoint_pool_and_flow_run(finished_round):
     config, summary = finished_round
     client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
-    version = client.get_model_version(config.tracking.registered_model, summary["model_version"])
-    assert version.tags["pool_digest"] == summary["pool_digest"]
+    version = client.get_model_version(config.registered_model_name, summary["model_version"])
+    assert version.tags["produced_pool_digest"] == summary["pool_digest"]
     assert version.tags["flow_run_id"] == summary["flow_run_id"] != ""
     run = client.get_run(version.run_id)
     assert run.data.metrics["rollouts"] == summary["rollouts"]
-    assert client.get_model_version_by_alias(config.tracking.registered_model, "current").version == version.version
+    assert client.get_model_version_by_alias(config.registered_model_name, "current").version == version.version
 
 
 def test_running_a_finished_round_again_changes_nothing(finished_round):
@@ -90,7 +90,7 @@ def test_the_next_round_starts_from_the_recorded_checkpoint_and_pool(finished_ro
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         recorded = wh.stage_output("e2e", 0, "version")
     assert recorded["checkpoint_digest"] == checkpoint_digest(first["checkpoint"])
-    version = MlflowClient(tracking_uri=config.mlflow_tracking_uri).get_model_version(config.tracking.registered_model, "1")
+    version = MlflowClient(tracking_uri=config.mlflow_tracking_uri).get_model_version(config.registered_model_name, "1")
     assert version.tags["checkpoint_digest"] == recorded["checkpoint_digest"]
 
 
@@ -98,9 +98,59 @@ def test_every_round_logs_its_learning_curve_and_best_follows_heldout_success(fi
     config, first = finished_round
     client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
     for summary in (first, second_round):
-        run_id = client.get_model_version(config.tracking.registered_model, summary["model_version"]).run_id
+        run_id = client.get_model_version(config.registered_model_name, summary["model_version"]).run_id
         names = [a.path for a in client.list_artifacts(run_id, "figures")]
         assert names == [f"figures/learning-curve-{summary['round']:03d}.png"]
     expected = "2" if second_round["heldout_success"] > first["heldout_success"] else "1"
-    assert str(client.get_model_version_by_alias(config.tracking.registered_model, "best").version) == expected
-    assert str(client.get_model_version_by_alias(config.tracking.registered_model, "current").version) == "2"
+    assert str(client.get_model_version_by_alias(config.registered_model_name, "best").version) == expected
+    assert str(client.get_model_version_by_alias(config.registered_model_name, "current").version) == "2"
+
+
+def test_checkpoint_one_is_tagged_with_the_pool_it_was_trained_from(finished_round):
+    from storage.pool import pool_digest
+    from storage.warehouse import Warehouse
+
+    config, summary = finished_round
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        pool0 = pool_digest(wh.pool("e2e", 0))
+        prepared = wh.stage_output("e2e", 0, "prepare")
+        trajectory_ids = wh.sql("SELECT trajectory_id FROM trajectories WHERE run_id = 'e2e' AND round = 0")["trajectory_id"].to_list()
+    client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
+    version = client.get_model_version(config.registered_model_name, summary["model_version"])
+    assert version.tags["pool_digest"] == pool0 == prepared["pool_digest"]
+    assert version.tags["produced_pool_digest"] == summary["pool_digest"]
+    assert version.tags["parent_version"] == ""
+    assert version.tags["parent_checkpoint"] == prepared["checkpoint"]
+    assert version.tags["parent_checkpoint_digest"] == prepared["checkpoint_digest"]
+    assert (version.tags["trajectories.run_id"], version.tags["trajectories.round"]) == ("e2e", "0")
+    assert 0 <= int(version.tags["trajectories.count"]) <= len(trajectory_ids)
+    inputs = client.get_run(version.run_id).inputs.dataset_inputs
+    contexts = {(i.dataset.name, t.value) for i in inputs for t in i.tags}
+    assert {(f"pool-000-{pool0}", "training"), (f"pool-001-{summary['pool_digest']}", "produced")} <= contexts
+
+
+def test_lineage_walks_version_two_back_to_checkpoint_zero_and_d0(finished_round, second_round):
+    from storage.tracking import Tracker
+    from storage.warehouse import Warehouse
+
+    config, first = finished_round
+    tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
+    chain = tracker.lineage(config.registered_model_name, "2")
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        prepared = wh.stage_output("e2e", 0, "prepare")
+    assert [entry["version"] for entry in chain] == ["2", "1"]
+    assert chain[0]["parent_version"] == "1"
+    assert chain[0]["parent_checkpoint_digest"] == chain[1]["checkpoint_digest"]
+    assert chain[0]["pool_digest"] == chain[1]["produced_pool_digest"] == first["pool_digest"]
+    assert chain[1]["parent_checkpoint_digest"] == prepared["checkpoint_digest"]
+    assert chain[1]["pool_digest"] == prepared["pool_digest"]
+
+
+def test_coevolve_lineage_prints_the_chain(finished_round, second_round, cli, capsys):
+    from coevolve.cli import main
+
+    config, _ = finished_round
+    file = cli.write_config_file(config, config.state_dir / "lineage.yaml")
+    assert main(["lineage", "2", "--config", str(file)]) == 0
+    out = capsys.readouterr().out
+    assert "version 2" in out and "version 1" in out and "checkpoint 0" in out and "D_0" in out

@@ -1,4 +1,4 @@
-"""A round r > 0 starts only from the checkpoint and pool that round r-1 recorded: digests catch corruption."""
+"""A round starts only from the checkpoint and pool recorded before it (round 0: checkpoint 0 and D_0): digests catch corruption, and nothing unverifiable passes."""
 
 from __future__ import annotations
 
@@ -66,14 +66,14 @@ def test_a_corrupt_checkpoint_is_named(finished_round_zero) -> None:
     config, checkpoint = finished_round_zero
     weights = checkpoint / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
-    with pytest.raises(DataError, match=f"Checkpoint {checkpoint} of round 1 has digest"):
+    with pytest.raises(DataError, match=f"Checkpoint 1 of run 'r' at {checkpoint} has digest"):
         verify_round_inputs(config, 1)
 
 
 def test_a_missing_checkpoint_is_named(finished_round_zero) -> None:
     config, checkpoint = finished_round_zero
     (checkpoint / "model.safetensors").unlink()
-    with pytest.raises(DataError, match=f"Checkpoint {checkpoint} of round 1 is missing"):
+    with pytest.raises(DataError, match=f"Checkpoint 1 of run 'r' at {checkpoint} is incomplete"):
         verify_round_inputs(config, 1)
 
 
@@ -103,5 +103,79 @@ def test_a_warehouse_pool_that_drifted_from_its_snapshot_is_named(finished_round
 
 def test_a_round_after_an_unfinished_one_does_not_start(finished_round_zero) -> None:
     config, _ = finished_round_zero
-    with pytest.raises(DataError, match="Round 1 of run 'r' has not finished"):
+    with pytest.raises(DataError, match="round 1 of run 'r' has not finished"):
         verify_round_inputs(config, 2)
+
+
+def test_a_deleted_checkpoint_under_a_relative_state_dir_stops_the_round(tmp_path: Path, monkeypatch) -> None:
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    config = load_config(overrides=["state_dir=state", "run_id=r"], environ={})
+    checkpoint = config.checkpoint_dir(1)
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text("{}")
+    (checkpoint / "model.safetensors").write_bytes(b"w")
+    tasks = [_task(0)]
+    with Warehouse(config.warehouse_path) as wh:
+        wh.write_tasks(tasks)
+        wh.set_pool("r", 1, [t.task_id for t in tasks])
+        wh.mark_stage("r", 0, "update", {"checkpoint": "state/runs/r/checkpoints/round-001"})
+        wh.mark_stage("r", 0, "version", {"pool_digest": write_pool_snapshot(tasks, config.pool_path(1)), "checkpoint_digest": checkpoint_digest(checkpoint)})
+    shutil.rmtree(checkpoint)
+    with pytest.raises(DataError, match="state/runs/r/checkpoints/round-001 is missing"):
+        verify_round_inputs(config, 1)
+
+
+def test_a_checkpoint_without_a_recorded_digest_cannot_be_verified(finished_round_zero) -> None:
+    config, checkpoint = finished_round_zero
+    with Warehouse(config.warehouse_path) as wh:
+        recorded = wh.stage_output("r", 0, "version")
+        wh.mark_stage("r", 0, "version", {**recorded, "checkpoint_digest": None})
+    with pytest.raises(DataError, match=f"at {checkpoint} has no recorded digest, so it cannot be verified"):
+        verify_round_inputs(config, 1)
+
+
+def test_a_pool_without_a_recorded_digest_cannot_be_verified(finished_round_zero) -> None:
+    config, _ = finished_round_zero
+    with Warehouse(config.warehouse_path) as wh:
+        recorded = wh.stage_output("r", 0, "version")
+        wh.mark_stage("r", 0, "version", {**recorded, "pool_digest": ""})
+    with pytest.raises(DataError, match=r"Pool 1 of run 'r' .* has no recorded digest"):
+        verify_round_inputs(config, 1)
+
+
+@pytest.fixture
+def prepared_round_zero(tmp_path: Path):
+    """State as the prepare stage leaves it: checkpoint 0 and D_0 with their digests recorded."""
+    config = load_config(data={"state_dir": str(tmp_path / "state"), "run_id": "r"}, environ={})
+    checkpoint = tmp_path / "state" / "models" / "tiny"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text('{"hidden_size": 8}')
+    (checkpoint / "model.safetensors").write_bytes(b"checkpoint zero")
+    tasks = [_task(i) for i in range(3)]
+    with Warehouse(config.warehouse_path) as wh:
+        wh.write_tasks(tasks)
+        wh.set_pool("r", 0, [t.task_id for t in tasks])
+        wh.mark_stage("r", 0, "prepare", {
+            "checkpoint": str(checkpoint), "checkpoint_digest": checkpoint_digest(checkpoint),
+            "pool_digest": write_pool_snapshot(tasks, config.pool_path(0)),
+        })
+    return config, checkpoint
+
+
+def test_checkpoint_zero_and_d0_are_checked_like_the_others(prepared_round_zero) -> None:
+    config, checkpoint = prepared_round_zero
+    assert verify_round_inputs(config, 0) == str(checkpoint)
+    (checkpoint / "model.safetensors").write_bytes(b"checkpoint zerO")
+    with pytest.raises(DataError, match=f"Checkpoint 0 of run 'r' at {checkpoint} has digest"):
+        verify_round_inputs(config, 0)
+
+
+def test_a_changed_d0_snapshot_is_named(prepared_round_zero) -> None:
+    config, _ = prepared_round_zero
+    snapshot = config.pool_path(0)
+    snapshot.unlink()
+    write_pool_snapshot([_task(9)], snapshot)
+    with pytest.raises(DataError, match=f"Pool snapshot {snapshot} has digest"):
+        verify_round_inputs(config, 0)

@@ -53,7 +53,7 @@ def test_a_round_is_one_run_with_params_metrics_pool_and_a_model_version(tracker
     assert run.data.tags["pool_digest"] == digest and run.data.tags["flow_run_id"] == "flow-0"
     assert run.data.tags["round"] == "0"
     (dataset_input,) = run.inputs.dataset_inputs
-    assert dataset_input.dataset.name == f"pool-{digest}" and digest.startswith(dataset_input.dataset.digest)
+    assert dataset_input.dataset.name.endswith(f"-{digest}") and digest.startswith(dataset_input.dataset.digest)
     artifacts = {a.path for a in tracker.client.list_artifacts(info["mlflow_run_id"], "pool")}
     assert artifacts == {"pool/pool-000.parquet"}
     version = tracker.client.get_model_version("policy-one", "1")

@@ -66,6 +66,26 @@ def test_trajectory_ids_name_run_round_task_and_sample(untrained_engine, tasks):
     assert ids == [f"t/r0/{tasks[0].task_id}/s0", f"t/r0/{tasks[0].task_id}/s1"]
 
 
+def test_two_rounds_of_one_run_sample_from_different_streams(untrained_engine, tasks):
+    from agent.engine import TransformersEngine
+
+    # Every round's rollout stage loads a fresh engine, seeded alike.
+    def fresh():
+        return TransformersEngine(untrained_engine.model_path, torch_threads=1, seed=0)
+
+    round0 = play(fresh(), tasks[:1], seed=5, round_=0)
+    round1 = play(fresh(), tasks[:1], seed=5, round_=1)
+    # Same task, same sample index, same weights: only the round differs.
+    assert [t.completion_ids for t in round0] != [t.completion_ids for t in round1]
+    assert round0[0].steps[0].model_text != round1[0].steps[0].model_text
+
+
+def test_a_round_replays_its_samples_whatever_the_batching(untrained_engine, tasks):
+    whole = play(untrained_engine, tasks, seed=5, round_=3, batch_size=64)
+    chunked = play(untrained_engine, tasks, seed=5, round_=3, batch_size=2)
+    assert [t.completion_ids for t in whole] == [t.completion_ids for t in chunked]
+
+
 def test_the_batch_is_a_seeded_sample_of_the_pool(tasks):
     assert draw_batch(tasks, 2, seed=1, round_=0) == draw_batch(tasks, 2, seed=1, round_=0)
     assert draw_batch(tasks, 10, seed=1, round_=0) == tasks
@@ -83,11 +103,11 @@ class _Handshake:
         self.waits: list[bool] = []
         self.tokenizer = self
 
-    def generate(self, prompts, temperature, max_new_tokens):
+    def generate(self, prompts, temperature, max_new_tokens, seeds=None):
         self.calls += 1
         if self.calls == 2:
             self.second_generate.set()
-        return self.engine.generate(prompts, temperature=temperature, max_new_tokens=max_new_tokens)
+        return self.engine.generate(prompts, temperature=temperature, max_new_tokens=max_new_tokens, seeds=seeds)
 
     def decode(self, ids, **kw):
         if not self.waits:

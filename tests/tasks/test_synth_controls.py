@@ -1,9 +1,14 @@
 """Controls: the random arm spends the same exploration volume as the signal arm in the same round."""
 
+from dataclasses import replace
+
+import pytest
+
 from coevolve.config import SynthesisConfig
-from coevolve.records import Signal
+from coevolve.records import Provenance, Signal
 from envs.explorer import build_tasks
-from tasks.synthesize import random_targets, synthesize_targets
+from tasks.synthesize import random_targets, synthesize_random, synthesize_targets
+from tasks.validate import validate_candidates
 
 
 def test_random_mode_explores_as_many_targets_as_signal_mode():
@@ -28,3 +33,13 @@ def test_random_targets_are_reproducible_and_drawn_from_the_pool():
     assert [(t.task_id, t.evidence) for t in first] == [(t.task_id, t.evidence) for t in again]
     assert {t.task_id for t in first} <= {t.task_id for t in pool}
     assert [t.signal_id for t in first] == [f"random:1:{i}" for i in range(6)]
+
+
+@pytest.mark.parametrize("split, reason", [("heldout", "same as a held-out task"), ("dev", "same as a dev task")])
+def test_a_random_control_task_that_is_a_sealed_task_reworded_is_refused(split, reason):
+    pool = build_tasks(2, seed=23)
+    [made, *_] = synthesize_random(pool, 2, SynthesisConfig(explorations_per_signal=1), 1, 0, progress=False)
+    sealed = replace(made.task, turns=["Worded by a person, not by the template."], provenance=Provenance(split))
+    heldout, dev = ([sealed], []) if split == "heldout" else ([], [sealed])
+    [judged] = validate_candidates([made], pool, heldout, SynthesisConfig(), dev=dev)
+    assert (judged.verdict.accepted, judged.verdict.reason) == (False, reason)

@@ -138,6 +138,22 @@ def test_replies_become_a_task_the_validator_accepts(fs_task):
     assert judged.verdict.accepted, judged.verdict.reason
 
 
+@pytest.mark.parametrize("split, reason", [("heldout", "same as a held-out task"), ("dev", "same as a dev task")])
+def test_a_sealed_task_the_model_rewords_is_refused(split, reason):
+    [sealed] = build_tasks(1, seed=29, origin=split, classes=["GorillaFileSystem"])
+    env = BfclEnvironment()
+    env.reset(sealed)
+    replies = [f"[{call.render()}]" for call in sealed.reference[0]]
+    triplets = [t for t, _, _ in (run_step(env, r, env.tool_names(), "run#0") for r in replies)]
+    provenance = Provenance("rare", 2, "run/r2/t/s0", "rare:run/r2/t/s0")
+    minimal = abstract(triplets, sealed.initial_config, sealed.involved_classes, provenance)
+    task, _ = write_query(minimal, '{"description": "Tidy the workspace", "query": "Could you tidy up my workspace as follows?"}')
+    assert task.reference == sealed.reference and task.turns != sealed.turns
+    heldout, dev = ([sealed], []) if split == "heldout" else ([], [sealed])
+    [judged] = validate_candidates([Candidate(task, provenance.signal_id)], [], heldout, SynthesisConfig(), dev=dev)
+    assert (judged.verdict.accepted, judged.verdict.reason) == (False, reason)
+
+
 def test_the_configuration_picks_the_synthesizer():
     assert make_synthesizer(SynthesisConfig()).name == "programmatic"
     assert make_synthesizer(SynthesisConfig(synthesizer="llm", llm_model="m")).name == "llm"

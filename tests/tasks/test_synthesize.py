@@ -1,11 +1,14 @@
 """Synthesis: exploration follows the signal's evidence; the random control spends the same volume."""
 
+from dataclasses import replace
+
 import pytest
 
 from coevolve.config import SynthesisConfig
-from coevolve.records import Signal
+from coevolve.records import Provenance, Signal
 from envs.explorer import build_tasks
 from tasks.synthesize import build_context, synthesize_from_signals, synthesize_random, tools_of
+from tasks.validate import validate_candidates
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +61,13 @@ def test_random_control_explores_the_same_number_of_targets(task):
     candidates = synthesize_random([task], 4, config, 1, 0, progress=False)
     assert 0 < len(candidates) <= 4
     assert all(c.task.provenance.origin == "random" for c in candidates)
+
+
+@pytest.mark.parametrize("split, reason", [("heldout", "same as a held-out task"), ("dev", "same as a dev task")])
+def test_a_synthesized_task_that_is_a_sealed_task_reworded_is_refused(task, split, reason):
+    s = signal("boundary", task, {"group_rewards": [1.0, 0.0]})
+    [made, *_] = synthesize_from_signals([s], {task.task_id: task}, {}, SynthesisConfig(), 1, 0, progress=False)[0]
+    sealed = replace(made.task, turns=["Worded by a person, not by the template."], provenance=Provenance(split))
+    heldout, dev = ([sealed], []) if split == "heldout" else ([], [sealed])
+    [judged] = validate_candidates([made], [task], heldout, SynthesisConfig(), dev=dev)
+    assert (judged.verdict.accepted, judged.verdict.reason) == (False, reason)

@@ -129,3 +129,102 @@ def test_zero_variance_batch_is_skipped_and_copies_the_input(policy_dir, tmp_pat
     stats = grpo_update(policy_dir, trajectories, _config(tmp_path), out)
     assert stats["skipped"] is True and stats["steps"] == 0 and stats["groups"] == 0
     assert (out / "model.safetensors").read_bytes() == (policy_dir / "model.safetensors").read_bytes()
+
+
+def _shifted(trajectories: list[Trajectory], shift: float) -> list[Trajectory]:
+    """The same trajectories with every model token's stored logprob moved by ``shift``."""
+    import dataclasses
+
+    return [
+        dataclasses.replace(t, logprobs=[lp + shift if m else lp for lp, m in zip(t.logprobs, t.completion_mask)])
+        for t in trajectories
+    ]
+
+
+def test_stored_behaviour_logprobs_are_what_trls_importance_ratio_divides_by(policy_dir, tmp_path):
+    # At the first step the policy is the checkpoint that sampled: with stored logprobs equal to its
+    # own, no ratio is clipped; claiming each sampled token was 0.5 nats less likely makes the ratio
+    # exp(0.5) = 1.65 > 1 + epsilon_high on every token, so TRL clips all positive-advantage tokens.
+    trajectories = _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0]})
+    config = _config(tmp_path, steps_per_round=1)
+    exact = grpo_update(policy_dir, trajectories, config, tmp_path / "exact")
+    shifted = grpo_update(policy_dir, _shifted(trajectories, -0.5), config, tmp_path / "shifted")
+    assert exact["clip_ratio/region_mean"] == pytest.approx(0.0, abs=1e-6)
+    assert shifted["clip_ratio/high_mean"] > 0.3
+    assert shifted["clip_ratio/region_mean"] > exact["clip_ratio/region_mean"]
+
+
+def test_a_trl_batch_without_rollout_logprobs_fails_naming_the_tested_trl_version():
+    import torch
+
+    from coevolve.errors import DataError
+    from tasks.update import use_behaviour_logprobs
+
+    with pytest.raises(DataError, match=r"trl==1\.16\.0"):
+        use_behaviour_logprobs({"old_per_token_logps": torch.zeros(2, 3), "advantages": torch.zeros(2)})
+
+
+@pytest.fixture(scope="module")
+def later_checkpoint(policy_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint a few rounds on from policy_dir (checkpoint 0): the same model with perturbed weights."""
+    import torch
+
+    from agent.engine import load_policy
+
+    model, tokenizer = load_policy(policy_dir)
+    noise = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=noise))
+    out = tmp_path_factory.mktemp("update") / "round-003"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _first_step_kl(policy: Path, reference: Path, trajectories: list[Trajectory], temperature: float) -> float:
+    """TRL's k3 estimate of KL(policy || reference) over the model tokens of one group, at the sampling temperature."""
+    import math
+
+    total, count = 0.0, 0
+    for t in trajectories:
+        model_tokens = [i for i, m in zip(t.completion_ids, t.completion_mask) if m]
+        policy_lp = _completion_logprobs(policy, t.prompt_ids, model_tokens, temperature)
+        reference_lp = _completion_logprobs(reference, t.prompt_ids, model_tokens, temperature)
+        total += sum(math.exp(r - p) - (r - p) - 1 for p, r in zip(policy_lp, reference_lp))
+        count += len(model_tokens)
+    return total / count
+
+
+@pytest.mark.parametrize("use_lora", [False, True], ids=["full", "lora"])
+def test_the_kl_penalty_is_taken_against_the_reference_checkpoint_given(policy_dir, later_checkpoint, tmp_path, use_lora):
+    # One group, one step: TRL's logged KL is that of the round's input against its reference model.
+    trajectories = _batch(later_checkpoint, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0]})
+    config = _config(tmp_path, steps_per_round=1, use_lora=use_lora, lora_rank=4)
+    initial = grpo_update(later_checkpoint, trajectories, config, tmp_path / "initial", reference_checkpoint=policy_dir)
+    round_ = grpo_update(later_checkpoint, trajectories, config, tmp_path / "round", reference_checkpoint=later_checkpoint)
+    expected = _first_step_kl(later_checkpoint, policy_dir, trajectories, 0.9)
+    assert expected > 1e-3  # the two checkpoints really differ
+    assert initial["kl"] == pytest.approx(expected, rel=1e-3)
+    assert round_["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert initial["kl_reference_checkpoint"] == str(policy_dir)
+
+
+def test_kl_reference_initial_is_checkpoint_zero_of_the_run_and_round_the_input(policy_dir, later_checkpoint, tmp_path):
+    from tasks.common import open_warehouse
+    from tasks.update import kl_reference_checkpoint
+
+    config = _config(tmp_path)
+    assert config.training.kl_reference == "initial"  # the paper's penalty against the initial policy
+    with open_warehouse(config) as wh:
+        wh.mark_stage(config.run_id, 0, "prepare", {"checkpoint": str(policy_dir)})
+    assert kl_reference_checkpoint(config, later_checkpoint) == policy_dir
+    assert kl_reference_checkpoint(_config(tmp_path, kl_reference="round"), later_checkpoint) == later_checkpoint
+
+
+def test_kl_reference_initial_without_a_recorded_checkpoint_zero_fails(later_checkpoint, tmp_path):
+    from coevolve.errors import DataError
+    from tasks.update import kl_reference_checkpoint
+
+    with pytest.raises(DataError, match="checkpoint 0"):
+        kl_reference_checkpoint(_config(tmp_path), later_checkpoint)

@@ -15,9 +15,13 @@ def tasks():
     return build_tasks(6, seed=11)
 
 
-def verdicts(candidates, pool=(), heldout=frozenset()):
-    judged = validate_candidates(candidates, list(pool), set(heldout), SynthesisConfig())
+def verdicts(candidates, pool=(), heldout=(), dev=()):
+    judged = validate_candidates(candidates, list(pool), list(heldout), SynthesisConfig(), dev=list(dev))
     return [(c.verdict.accepted, c.verdict.reason) for c in judged]
+
+
+def reworded(task, query="Please do the same thing, worded another way."):
+    return replace(task, turns=[query], description=query, provenance=Provenance("boundary", 3, "run/r3/t/s0", "boundary:run/r3/t/s0"))
 
 
 def test_a_clean_new_task_is_accepted(tasks):
@@ -38,8 +42,39 @@ def test_same_calls_with_other_wording_is_the_same_action_sequence(tasks):
 
 
 def test_held_out_tasks_never_enter_the_pool(tasks):
-    [(accepted, reason)] = verdicts([Candidate(tasks[1], None)], heldout={tasks[1].task_id})
-    assert not accepted and "held-out" in reason
+    [(accepted, reason)] = verdicts([Candidate(tasks[1], None)], heldout=[tasks[1]])
+    assert (accepted, reason) == (False, "same as a held-out task")
+
+
+def test_a_reworded_held_out_task_is_refused_as_held_out(tasks):
+    [(accepted, reason)] = verdicts([Candidate(reworded(tasks[1]), None)], heldout=[tasks[1]])
+    assert (accepted, reason) == (False, "same as a held-out task")
+
+
+def test_a_reworded_dev_task_is_refused_as_a_dev_task(tasks):
+    [(accepted, reason)] = verdicts([Candidate(reworded(tasks[2]), None)], heldout=[tasks[1]], dev=[tasks[2]])
+    assert (accepted, reason) == (False, "same as a dev task")
+
+
+def other_state(task):
+    """The task from a state with one more tweet posted before it starts."""
+    twitter = task.initial_config["TwitterAPI"]
+    return replace(task, initial_config={**task.initial_config, "TwitterAPI": {**twitter, "tweet_counter": twitter["tweet_counter"] + 1}})
+
+
+def test_a_task_is_its_state_classes_and_normalized_calls_not_its_wording(tasks):
+    task = tasks[1]  # two classes: MessageAPI and GorillaFileSystem
+    loud = [[ToolCall(c.name, {k: v.upper() if isinstance(v, str) else v for k, v in c.arguments.items()}) for c in turn] for turn in task.reference]
+    assert reworded(task).task_id != task.task_id
+    assert reworded(task).identity == task.identity
+    assert replace(task, reference=loud, involved_classes=list(reversed(task.involved_classes))).identity == task.identity
+    assert replace(task, reference=[list(task.reference[0][:-1])]).identity != task.identity
+    assert other_state(tasks[0]).identity != tasks[0].identity
+
+
+def test_same_calls_from_another_initial_state_are_not_a_held_out_task(tasks):
+    [(accepted, reason)] = verdicts([Candidate(other_state(tasks[0]), None)], heldout=[tasks[0]])
+    assert accepted, reason
 
 
 def test_a_reference_that_fails_on_replay_is_rejected_with_the_call(tasks):
