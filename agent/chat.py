@@ -13,6 +13,14 @@ The builtin tiny model uses ``<|{role}|>\\n{content}<|end|>\\n`` with the genera
 are always split out first, so every message boundary is also a token boundary and the law above
 holds exactly. Any other Hugging Face tokenizer goes through its own ``apply_chat_template``; its
 ``continuation_ids`` is a best effort (see `ChatFormat.continuation_ids`).
+
+With a pretrained model's template (SmolLM2's ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n``,
+end of message ``<|im_end|>``, tests/agent/test_pretrained.py) the law holds whenever the assistant
+message does not open with a line break. Byte-level BPE merges the generation prompt's newline with
+newlines that open the reply when a whole conversation is tokenized at once, so there (and only there)
+a re-rendered conversation differs from the tokens the model produced. Rollouts never re-render: they
+store the prompt, the tokens the model produced and the continuations as they were, and what follows
+an end-of-message token is the same either way.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ neighbours, the batch size or earlier calls. Without seeds the engine's own gene
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,21 @@ class TransformersEngine:
         self.model, self.tokenizer = load_policy(model_path)
         self.model.to(self.device)
         self.chat = ChatFormat(self.tokenizer)
+
+    def close(self) -> None:
+        """Drop the model and, on a GPU, return its memory, so the update stage can train in it."""
+        import torch
+
+        self.model = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> TransformersEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def generate(
         self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None

@@ -7,6 +7,8 @@ the ``seed`` given here only seeds calls made without them.
 Each engine module is imported only when chosen: vLLM is not installed in the main environment.
 
     engine = make_engine(checkpoint, config)   # config.rollout.engine decides
+    with open_engine(checkpoint, config) as engine:   # the stages: weights pushed to servers, released at the end
+        ...
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from agent.weights import served_name
 from coevolve.config import PipelineConfig
 
 
@@ -34,24 +37,66 @@ def make_engine(checkpoint: str | Path, config: PipelineConfig) -> Any:
             dtype=rollout.vllm_dtype,
             max_model_len=rollout.vllm_max_model_len,
             gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
+            tensor_parallel_size=rollout.vllm_tensor_parallel_size,
+            data_parallel_size=rollout.vllm_data_parallel_size,
         )
     if rollout.engine == "openai":
         from agent.http_engine import OpenAICompatibleEngine
 
-        if not rollout.base_url:
-            raise ValueError("rollout.engine is 'openai' but rollout.base_url is not set.")
-        # The checkpoint folder supplies the tokenizer; the server is asked for the same weights by name.
+        urls = fleet_urls(rollout)
+        if not urls:
+            raise ValueError("rollout.engine is 'openai' but neither rollout.base_url nor rollout.base_urls is set.")
+        # The checkpoint folder supplies the tokenizer; the servers are asked for the same weights by name
+        # (the folder's resolved path, matched against each server's list), or by what a weight push loaded.
         return OpenAICompatibleEngine(
-            rollout.base_url,
-            rollout.served_model or str(checkpoint),
+            urls,
+            rollout.served_model or served_name(checkpoint),
             api_key=os.environ.get(rollout.api_key_env) or None,
             tokenizer_path=checkpoint,
             timeout_s=rollout.request_timeout_s,
             max_retries=rollout.request_retries,
             concurrency=rollout.concurrency,
             logprob_tolerance=rollout.logprob_tolerance,
+            control_timeout_s=rollout.control_timeout_s,
         )
     raise ValueError(f"Unknown rollout.engine {rollout.engine!r}; use transformers, vllm or openai.")
+
+
+def fleet_urls(rollout: Any) -> list[str]:
+    """The servers of engine 'openai': ``base_urls``, with ``base_url`` first when both are set."""
+    urls = ([rollout.base_url] if rollout.base_url else []) + list(rollout.base_urls)
+    return list(dict.fromkeys(u.rstrip("/") for u in urls))
+
+
+def weight_sync_mode(config: PipelineConfig) -> str:
+    """``rollout.weight_sync`` with 'auto' decided by the training mode: LoRA runs load adapters."""
+    mode = config.rollout.weight_sync
+    if mode == "auto" and config.training.use_lora:
+        return "lora"
+    return mode
+
+
+def open_engine(checkpoint: str | Path, config: PipelineConfig) -> Any:
+    """`make_engine`, with the checkpoint's weights pushed to the servers of engine 'openai' first.
+
+    Rollout and evaluation open their engine this way at the start of every stage, so the weights
+    an update wrote reach every server before they generate, also when a round resumes.
+    """
+    engine = make_engine(checkpoint, config)
+    if config.rollout.engine == "openai" and config.rollout.served_model is None:
+        try:
+            engine.sync_weights(checkpoint, weight_sync_mode(config), config.run_dir() / "served-adapters")
+        except BaseException:
+            engine.close()
+            raise
+    return engine
+
+
+def release(engine: Any) -> None:
+    """Free what an engine holds (vLLM workers, GPU memory, connections) before the update stage trains."""
+    close = getattr(engine, "close", None)
+    if callable(close):
+        close()
 
 
 def context_length(engine: Any) -> int | None:

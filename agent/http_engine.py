@@ -21,9 +21,12 @@ of vLLM crashes on seeded requests whose prefill it splits into chunks ("CPU Gen
 use offset"): start it with ``--no-enable-chunked-prefill --max-num-batched-tokens N`` (N at least
 the context length).
 
-Requests run concurrently (one prompt each, so the server's continuous batching sees all of them);
-transport failures, timeouts and 5xx answers are retried with backoff and end in
-`coevolve.errors.InfrastructureError`, which the Prefect rollout task retries.
+Requests run concurrently (one prompt each, so the server's continuous batching sees all of them)
+and spread over a fleet of servers (`agent.fleet`: ``base_url`` may be a list); transport failures,
+timeouts and 5xx answers are retried (tenacity) on another healthy server and end in
+`coevolve.errors.InfrastructureError`, which the Prefect rollout task retries. The model each
+server is asked for is the name it lists for the checkpoint's folder, however the path was
+written; `sync_weights` pushes a new round's weights to every server (`agent.weights`).
 
 Usage::
 
@@ -36,7 +39,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -46,8 +48,6 @@ from coevolve.errors import ConfigError, InfrastructureError
 from agent.chat import ChatFormat
 from agent.engine import Generation
 
-# Answers worth another try: the server is busy or restarting, or a proxy in front of it failed.
-RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 TOKEN_ID_PREFIX = "token_id:"
 # Mean absolute difference per token between served and locally computed logprobs that the check
 # accepts. A float32 vLLM server agrees with the local forward pass to within 1e-3 per token; a
@@ -133,7 +133,7 @@ class OpenAICompatibleEngine:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | list[str],
         model: str,
         api_key: str | None = None,
         *,
@@ -142,12 +142,22 @@ class OpenAICompatibleEngine:
         max_retries: int = 3,
         concurrency: int = 32,
         logprob_tolerance: float | None = LOGPROB_TOLERANCE,
+        control_timeout_s: float = 30.0,
     ) -> None:
-        import httpx
         from transformers import AutoTokenizer
 
-        self.base_url = base_url.rstrip("/")
+        from agent.fleet import Fleet
+
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        # Requests spread across every server of the fleet; one that fails has its requests retried on the others.
+        self.fleet = Fleet(
+            urls, api_key=api_key, timeout_s=timeout_s, control_timeout_s=control_timeout_s,
+            max_retries=max_retries, concurrency=concurrency,
+        )  # fmt: skip
+        self.base_url = self.fleet.servers[0].url
+        self._client = self.fleet.servers[0].client
         self.model_name = model
+        self.fleet.requested_model = model
         self.max_retries = max_retries
         self.concurrency = concurrency
         # The logprob check runs once per engine, on the first sampled batch; a tolerance of None turns it off.
@@ -155,13 +165,6 @@ class OpenAICompatibleEngine:
         self.logprob_tolerance = logprob_tolerance
         self.logprob_check = "off" if logprob_tolerance is None else "pending"
         self._check_lock = threading.Lock()
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
-        )
         # The tokenizer renders prompts and decodes replies here; the server only sees token ids.
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or model))
         if self.tokenizer.pad_token_id is None:
@@ -171,19 +174,52 @@ class OpenAICompatibleEngine:
 
     # --- server information -----------------------------------------------------------------------
     def served_models(self) -> list[dict[str, Any]]:
-        """The server's ``/models`` entries (vLLM's carry ``max_model_len``)."""
-        return list(self._request("GET", "/models").get("data", []))
+        """The first healthy server's ``/models`` entries (vLLM's carry ``max_model_len``)."""
+        return self.fleet.models(self.fleet.healthy()[0])
 
     @property
     def max_context_tokens(self) -> int | None:
         """The served model's context length, when the server reports it."""
-        for entry in self.served_models():
-            if entry.get("id") == self.model_name:
+        server = self.fleet.healthy()[0]
+        name = self.fleet.model_for(server)
+        entries = self.fleet.models(server)
+        for entry in entries:
+            if entry.get("id") == name:
+                # A LoRA adapter's entry names its base model as parent; the context is the base's.
+                parent = entry.get("parent")
+                if entry.get("max_model_len") is None and parent:
+                    return next((e.get("max_model_len") for e in entries if e.get("id") == parent), None)
                 return entry.get("max_model_len")
         return None
 
+    def sync_weights(self, checkpoint: str | Path, mode: str = "auto", stack_dir: str | Path | None = None) -> str:
+        """Make every healthy server serve ``checkpoint`` (see `agent.weights`); returns the path taken.
+
+        ``mode`` is ``lora``, ``reload``, ``off`` or ``auto`` (``reload`` where the servers allow it, else ``off``).
+        """
+        from agent import weights
+
+        servers = self.fleet.check_health()
+        if mode == "auto":
+            mode = "reload" if all(weights.reload_supported(self.fleet, s) for s in servers) else "off"
+        if mode == "lora":
+            stack = Path(stack_dir) if stack_dir is not None else Path(checkpoint).parent / "served-adapters"
+            weights.sync_lora(self.fleet, checkpoint, stack)
+        elif mode == "reload":
+            weights.sync_reload(self.fleet, checkpoint)
+        self.fleet.readmit = mode == "off"
+        # The name requests ask for: the round's adapter, the name the reloaded server keeps, or the checkpoint's.
+        self.model_name = [self.fleet.model_for(server) for server in servers][0]
+        return mode
+
     def close(self) -> None:
-        self._client.close()
+        self.fleet.close()
+
+    def __enter__(self) -> OpenAICompatibleEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # --- generation ---------------------------------------------------------------------------------
     def generate(
@@ -204,7 +240,9 @@ class OpenAICompatibleEngine:
         if len(jobs) == 1:
             generations = [self._complete(jobs[0][0], temperature, max_new_tokens, jobs[0][1])]
         else:
-            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(jobs))) as pool:
+            # ``concurrency`` requests in flight per server, so every server's continuous batching sees a full batch.
+            in_flight = self.concurrency * max(1, sum(s.healthy for s in self.fleet.servers))
+            with ThreadPoolExecutor(max_workers=min(in_flight, len(jobs))) as pool:
                 generations = list(pool.map(lambda job: self._complete(job[0], temperature, max_new_tokens, job[1]), jobs))
         if temperature > 0 and self.logprob_check == "pending":
             self.check_logprobs(prompts, generations, temperature)
@@ -247,7 +285,7 @@ class OpenAICompatibleEngine:
     def _complete(self, prompt: list[int], temperature: float, max_new_tokens: int, seed: int | None) -> Generation:
         eos = self.chat.eos_token_id
         body: dict[str, Any] = {
-            "model": self.model_name,
+            "model": None,  # filled per server: the name that server serves the weights under
             "prompt": list(prompt),
             "max_tokens": max_new_tokens,
             "temperature": temperature,
@@ -263,28 +301,4 @@ class OpenAICompatibleEngine:
         return read_completion(self._request("POST", "/completions", body), eos, self.base_url)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        import httpx
-
-        last_error = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
-            try:
-                response = self._client.request(method, path, json=body)
-            except httpx.HTTPError as exc:  # connection refused, reset, timeout
-                last_error = f"{type(exc).__name__}: {exc}"
-                continue
-            if response.status_code in RETRYABLE_STATUS:
-                last_error = f"HTTP {response.status_code}: {response.text[:300]}"
-                continue
-            if response.status_code in (400, 422):
-                raise ValueError(f"The server rejected the request ({response.status_code}): {response.text[:500]}")
-            if response.status_code >= 400:
-                raise InfrastructureError(
-                    f"{method} {self.base_url}{path} answered {response.status_code}: {response.text[:300]}. "
-                    "Check rollout.base_url, the served model name and the API key."
-                )
-            return response.json()
-        raise InfrastructureError(
-            f"{method} {self.base_url}{path} failed after {self.max_retries + 1} attempts; last error: {last_error}"
-        )
+        return self.fleet.request(method, path, body)

@@ -9,8 +9,14 @@ Logprobs come from the sampling distribution (``logprobs_mode="processed_logprob
 temperature), matching the transformers engine; greedy requests get the untempered ones.
 ``generate(..., seeds=[...])`` gives every request its own sampling seed (vLLM keeps a generator
 per seeded request), so a prompt's sample does not depend on what it is batched with.
-`reload` builds a new engine from a checkpoint folder: in-place weight sync does not work with the
-CPU build, and a new round's checkpoint is a new folder anyway.
+`reload` loads a new round's checkpoint folder into the running engine with
+``collective_rpc("reload_weights", kwargs={"weights_path": ...})`` (vLLM 0.32; checked on the CPU
+build), and builds a new engine where that is not available, for another architecture, or where
+the checkpoint changed tied input/output embeddings (0.32's reload leaves the output layer stale:
+`agent.weights.stale_tied_output`). TRL's tensor-by-tensor weight sync
+does not work with the CPU build (its weights are repacked); loading from the folder does.
+The engine is a context manager: leaving it (or `close`) shuts vLLM down and empties the CUDA
+cache, so the update stage gets the GPU memory back.
 
 Needs ``vllm`` importable: the ``vllm`` extra on GPU machines, or ``make setup-vllm`` (``.venv-vllm``,
 the CPU build) here. The module imports neither vllm nor prefect at import time, and scripts that
@@ -54,10 +60,12 @@ class VLLMEngine:
         model_path: str | Path,
         *,
         seed: int = 0,
-        dtype: str = "float32",
+        dtype: str = "auto",
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = True,
+        tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
         extra_args: dict[str, Any] | None = None,
     ) -> None:
         self.seed = seed
@@ -65,6 +73,8 @@ class VLLMEngine:
             "dtype": dtype,
             "max_model_len": max_model_len,
             "gpu_memory_utilization": gpu_memory_utilization,
+            "tensor_parallel_size": tensor_parallel_size,
+            "data_parallel_size": data_parallel_size,
             # Graph capture costs start-up time that short rollout stages never earn back.
             "enforce_eager": enforce_eager,
             **(extra_args or {}),
@@ -73,12 +83,44 @@ class VLLMEngine:
         self.reload(model_path)
 
     def reload(self, model_path: str | Path) -> None:
-        """Switch to another checkpoint: the old engine is shut down, a new one loads the folder."""
+        """Switch to another checkpoint: loaded into the running engine where vLLM can, else a new engine."""
+        if self.llm is not None and self.reload_in_place(model_path):
+            return
+        self._build(model_path)
+
+    def reload_in_place(self, model_path: str | Path) -> bool:
+        """Load a checkpoint folder's weights into the running engine (``reload_weights``); False where unsupported."""
+        from transformers import AutoConfig
+
+        def architecture(path: str | Path) -> dict[str, Any]:
+            settings = AutoConfig.from_pretrained(str(path)).to_dict()
+            return {k: v for k, v in settings.items() if k not in ("_name_or_path", "transformers_version")}
+
+        try:
+            same = architecture(model_path) == architecture(self.model_path)
+        except (OSError, ValueError):
+            return False
+        if not same:
+            return False  # another architecture or size: the engine must be rebuilt
+        from agent.weights import stale_tied_output
+
+        if stale_tied_output(model_path, self._built_from):
+            return False  # vLLM 0.32 would keep the old tied output layer
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(Path(model_path).resolve())})
+        except Exception:  # an older vLLM without weights_path, or an executor that cannot reload
+            return False
+        self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
+        self.model_path = model_path
+        return True
+
+    def _build(self, model_path: str | Path) -> None:
         from transformers import AutoTokenizer
         from vllm import LLM
 
         self.shutdown()
         self.model_path = model_path
+        self._built_from = model_path  # the folder the running engine's tied output layer comes from
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -107,6 +149,19 @@ class VLLMEngine:
             shutdown()
         self.llm = None
         gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        self.shutdown()
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def generate(
         self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None

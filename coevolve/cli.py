@@ -1,4 +1,4 @@
-"""Command line: ``coevolve evolve | round | evaluate | ablation | sql | lineage | config | status``.
+"""Command line: ``coevolve evolve | round | evaluate | ablation | sql | lineage | config | status | serve``.
 
     coevolve evolve [--config FILE] [--set section.field=value ...] [--rounds N]
     coevolve round --round R [--config FILE] [--set ...]
@@ -8,6 +8,7 @@
     coevolve lineage VERSION [--model NAME]
     coevolve config --show
     coevolve status
+    coevolve serve --model CHECKPOINT [--port 8000] [--host 127.0.0.1] [--dry-run]
 
 Every command runs offline: the hub, telemetry and analytics switches are set before any
 library loads, Prefect uses a temporary local API under the state folder unless
@@ -238,6 +239,25 @@ def cmd_ablation(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Start one rollout server (vLLM) the way engine 'openai' expects it, in the foreground."""
+    import subprocess
+
+    from agent.serve import ServeOptions, server_command, server_env
+
+    config = load_config(args.config, args.set)
+    overrides: dict[str, Any] = {"host": args.host, "port": args.port}
+    if args.cpu is not None:
+        overrides["cpu"] = args.cpu
+    options = ServeOptions.from_config(config, args.model, **overrides)
+    command = server_command(options, args.python)
+    print(" ".join(command), file=sys.stderr)
+    if args.dry_run:
+        print(" ".join(command))
+        return 0
+    return subprocess.call(command, env=server_env(options))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="coevolve", description="Co-evolve an LLM agent and its task pool.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -294,6 +314,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="Also score the dev split: 200 synthetic tasks outside the seed pool, the SFT set and the held-out split, for choosing settings.",
     )
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser(
+        "serve",
+        help="Start a vLLM rollout server for engine 'openai' (processed logprobs, prefix caching, LoRA and weight reloads).",
+    )
+    common(p)
+    p.add_argument("--model", required=True, help="Checkpoint folder to serve: checkpoint 0 of the run for LoRA runs.")
+    p.add_argument("--host", default="127.0.0.1", help="Address to bind (default loopback only).")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--python", default=None, help="Interpreter with vLLM (default .venv-vllm/bin/python when present).")
+    cpu = p.add_mutually_exclusive_group()
+    cpu.add_argument("--cpu", dest="cpu", action="store_true", default=None, help="CPU build flags (detected when omitted).")
+    cpu.add_argument("--gpu", dest="cpu", action="store_false", help="GPU build: chunked prefill stays on.")
+    p.add_argument("--dry-run", action="store_true", help="Print the command line instead of starting the server.")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("status", help="Print the finished rounds of a run.")
     common(p)

@@ -118,7 +118,7 @@ class RolloutConfig(_Section):
     )
     request_timeout_s: float = Field(300.0, gt=0, description="Seconds one 'openai' completion may take: long messages on a busy server.")
     request_retries: int = Field(3, ge=0, description="Retries of a failed 'openai' request (connection, timeout, 5xx) before the stage fails.")
-    concurrency: int = Field(32, ge=1, description="Requests in flight to the 'openai' server, so its continuous batching sees the batch.")
+    concurrency: int = Field(32, ge=1, description="Requests in flight to each 'openai' server, so its continuous batching sees the batch.")
     logprob_tolerance: float | None = Field(
         0.05,
         ge=0,
@@ -135,6 +135,41 @@ class RolloutConfig(_Section):
         0.5, gt=0, le=1, description="GPU memory share of engine 'vllm': half leaves room for the update stage's trainer."
     )
     vllm_max_model_len: int | None = Field(None, ge=16, description="Context length of engine 'vllm'; None uses the model's.")
+    vllm_tensor_parallel_size: int = Field(
+        1, ge=1, description="GPUs one vLLM engine (in-process or `coevolve serve`) shards a model over: for models one GPU cannot hold."
+    )
+    vllm_data_parallel_size: int = Field(
+        1, ge=1, description="Model replicas of one vLLM engine (in-process or `coevolve serve`): more rollout throughput per machine."
+    )
+    base_urls: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Fleet of OpenAI-compatible servers for engine 'openai'; requests spread across them and a server that "
+            "fails mid-round has its requests retried on the others. base_url alone is a one-server fleet."
+        ),
+    )
+    control_timeout_s: float = Field(
+        30.0, gt=0, description="Seconds a health check or weight-push call to a server may take, so a hung server cannot stall a stage."
+    )
+    weight_sync: Literal["auto", "lora", "reload", "off"] = Field(
+        "auto",
+        description=(
+            "How engine 'openai' gets each round's weights onto its servers without a restart: 'lora' loads the round's "
+            "adapter (training.use_lora; servers started on checkpoint 0 with --enable-lora), 'reload' reloads the "
+            "checkpoint in place (servers with VLLM_SERVER_DEV_MODE=1), 'off' asks for the checkpoint by name (servers "
+            "restarted on each checkpoint). 'auto' is 'lora' with use_lora, else 'reload' where the servers allow it, "
+            "else 'off'."
+        ),
+    )
+    server_max_lora_rank: int = Field(
+        64,
+        ge=1,
+        description=(
+            "--max-lora-rank of `coevolve serve` with use_lora: each round's adapter is trained on the previous merged "
+            "checkpoint, so a server on checkpoint 0 serves round r as the stack of r adapters (rank r x lora_rank)."
+        ),
+    )
+    server_max_loras: int = Field(2, ge=1, description="--max-loras of `coevolve serve`: the round's adapter and the one being replaced.")
     tasks_per_round: int = Field(
         24, ge=1, description="Tasks drawn from the pool per round (paper: 32 per step); with 24, 6-7 groups a round have reward variance."
     )
@@ -156,7 +191,7 @@ class RolloutConfig(_Section):
 
     @model_validator(mode="after")
     def _check_engine(self) -> RolloutConfig:
-        if self.engine == "openai" and not self.base_url:
+        if self.engine == "openai" and not self.base_url and not self.base_urls:
             raise ValueError("rollout.engine is 'openai' but rollout.base_url is not set; give the server URL, e.g. http://127.0.0.1:8000/v1.")
         return self
 
@@ -266,6 +301,30 @@ class TrainingConfig(_Section):
     )
     use_lora: bool = Field(False, description="Train a LoRA adapter (large models) instead of full weights.")
     lora_rank: int = Field(16, ge=1, description="LoRA rank when use_lora is on.")
+    num_processes: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Training processes (ranks) of the update stage. Above 1 the stage launches its own process group "
+            "(torchrun unless 'launcher' names another) and each rank trains on whole groups, never part of one; "
+            "when the round's groups do not divide evenly, the largest process count that divides them is used."
+        ),
+    )
+    launcher: Literal["none", "torchrun", "accelerate"] = Field(
+        "none",
+        description=(
+            "How the update stage runs: 'none' trains inside the stage's process (num_processes 1) or under torchrun "
+            "(more); 'torchrun' always launches 'torchrun --standalone' (gloo ranks on CPU, NCCL on GPUs); "
+            "'accelerate' runs 'accelerate launch --config_file accelerate_config' for DDP, DeepSpeed or FSDP."
+        ),
+    )
+    accelerate_config: Path | None = Field(
+        None,
+        description=(
+            "Accelerate config file for launcher 'accelerate' (deployments/accelerate/ ships DDP, DeepSpeed ZeRO-3 "
+            "and FSDP2 ones); num_processes overrides the file's process count so the groups divide evenly."
+        ),
+    )
 
 
 class TrackingConfig(_Section):

@@ -59,10 +59,25 @@ def make_environment(env_config: EnvironmentConfig):
 
 
 def load_engine(checkpoint: str, config: PipelineConfig):
-    """The engine ``config.rollout.engine`` names (transformers, vllm or openai), on this checkpoint."""
-    from agent.engines import make_engine
+    """The engine ``config.rollout.engine`` names (transformers, vllm or openai), on this checkpoint.
 
-    return make_engine(checkpoint, config)
+    With 'openai', the checkpoint's weights are pushed to every server first (agent/weights.py).
+    """
+    from agent.engines import open_engine
+
+    return open_engine(checkpoint, config)
+
+
+@contextlib.contextmanager
+def engine_session(checkpoint: str, config: PipelineConfig) -> Iterator[Any]:
+    """`load_engine` for the length of a stage: released at the end (vLLM shut down, GPU memory freed)."""
+    from agent.engines import release
+
+    engine = load_engine(checkpoint, config)
+    try:
+        yield engine
+    finally:
+        release(engine)
 
 
 def max_context(engine) -> int | None:

@@ -19,6 +19,7 @@ from typing import Any
 from coevolve.config import PipelineConfig
 from coevolve.errors import ConfigError
 from coevolve.records import Task
+from agent.engines import release
 from tasks.common import HELDOUT_ROUND, load_engine, max_context, open_warehouse
 from tasks.rollout import play_episodes, success_rate
 
@@ -40,25 +41,30 @@ def evaluate_checkpoint(
 ) -> float:
     """Greedy success rate of ``checkpoint`` on ``tasks``; rows are stored under (run, round, split).
 
-    Pass ``engine`` to reuse a loaded model across splits.
+    Pass ``engine`` to reuse a loaded model across splits; an engine loaded here is released before returning.
     """
     if not tasks:
         return 0.0
+    owned = engine is None
     engine = engine or load_engine(checkpoint, config)
-    trajectories = play_episodes(
-        engine,
-        tasks,
-        samples=1,
-        temperature=config.rollout.eval_temperature,
-        max_new_tokens=config.rollout.max_new_tokens,
-        env_config=config.environment,
-        run_id=config.run_id,
-        round_=round_,
-        max_context_tokens=max_context(engine),
-        batch_size=config.rollout.generate_batch,
-        desc=f"evaluate {split}",
-        seed=config.seed,  # greedy ignores it; a sampled evaluation (eval_temperature > 0) replays
-    )
+    try:
+        trajectories = play_episodes(
+            engine,
+            tasks,
+            samples=1,
+            temperature=config.rollout.eval_temperature,
+            max_new_tokens=config.rollout.max_new_tokens,
+            env_config=config.environment,
+            run_id=config.run_id,
+            round_=round_,
+            max_context_tokens=max_context(engine),
+            batch_size=config.rollout.generate_batch,
+            desc=f"evaluate {split}",
+            seed=config.seed,  # greedy ignores it; a sampled evaluation (eval_temperature > 0) replays
+        )
+    finally:
+        if owned:
+            release(engine)
     with open_warehouse(config) as wh:
         wh.write_evaluations(
             config.run_id,

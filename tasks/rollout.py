@@ -236,7 +236,7 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from coevolve.config import PipelineConfig  # noqa: E402
 from coevolve.errors import DataError, is_retryable  # noqa: E402
-from tasks.common import load_engine, max_context, open_warehouse, resumable  # noqa: E402
+from tasks.common import engine_session, max_context, open_warehouse, resumable  # noqa: E402
 
 
 @task(name="rollout", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
@@ -249,20 +249,21 @@ def rollout_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
         if not pool:
             raise DataError(f"Pool {round_} of run {config.run_id!r} is empty; round {round_ - 1} must finish first.")
         batch = draw_batch(pool, config.rollout.tasks_per_round, config.seed, round_)
-        engine = load_engine(checkpoint, config)
-        trajectories = play_episodes(
-            engine,
-            batch,
-            samples=config.rollout.group_size,
-            temperature=config.rollout.temperature,
-            max_new_tokens=config.rollout.max_new_tokens,
-            env_config=config.environment,
-            run_id=config.run_id,
-            round_=round_,
-            max_context_tokens=max_context(engine),
-            batch_size=config.rollout.generate_batch,
-            seed=config.seed,  # same seed and round, same samples on a re-run
-        )
+        # Released before the update stage trains: vLLM shut down, GPU memory and connections freed.
+        with engine_session(checkpoint, config) as engine:
+            trajectories = play_episodes(
+                engine,
+                batch,
+                samples=config.rollout.group_size,
+                temperature=config.rollout.temperature,
+                max_new_tokens=config.rollout.max_new_tokens,
+                env_config=config.environment,
+                run_id=config.run_id,
+                round_=round_,
+                max_context_tokens=max_context(engine),
+                batch_size=config.rollout.generate_batch,
+                seed=config.seed,  # same seed and round, same samples on a re-run
+            )
         with open_warehouse(config) as wh:
             wh.write_trajectories(trajectories)
         reasons: dict[str, int] = {}

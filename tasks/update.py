@@ -10,6 +10,12 @@ How a round maps onto TRL:
   rollout hook hands back that task's stored trajectories in order;
 - one generation batch holds every group; each optimizer step accumulates over all groups, and
   the batch is reused for ``steps_per_round`` steps (TRL's ``num_iterations``);
+- under several processes (tasks/launch.py starts them) the generation batch is shared: each rank
+  takes an equal number of whole groups (micro-batches of group_size rows), so every group enters every
+  optimizer step exactly once, on one rank, and DDP averages the gradients; rank 0 writes the
+  checkpoint. TRL sizes a generation batch as per-device batch x processes x steps_per_generation
+  and drops an incomplete one, so steps_per_generation is the groups per rank, not all groups
+  (with all of them, two ranks would ask for twice the rows there are and train zero steps);
 - ``completion_mask`` becomes TRL's ``env_mask``, so tool results never enter the loss;
 - the stored logprobs replace TRL's recomputed "old" logprobs, so the importance ratio is taken
   against the policy that actually sampled (same checkpoint: ratio ~1 at the first step). This
@@ -165,6 +171,48 @@ def _save_atomically(out_dir: Path, write: Any) -> None:
     staging.rename(out_dir)
 
 
+def uses_launcher(config: PipelineConfig) -> bool:
+    """Whether the update trains in a launched process group (tasks/launch.py) rather than in the stage's process."""
+    return config.training.launcher != "none" or config.training.num_processes > 1
+
+
+def world_size() -> int:
+    """Training processes of this process group: WORLD_SIZE, which torchrun and accelerate launch set; 1 otherwise."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _save_from_ranks(trainer: Any, checkpoint_in: Path, out_dir: Path, tokenizer: Any, peft_config: Any) -> None:
+    """Save a checkpoint trained by several ranks: every rank helps gather the weights, rank 0 alone writes them.
+
+    Gathering is a collective (DeepSpeed ZeRO-3 and FSDP hold a shard per rank), so every rank calls it;
+    rank 0 then loads the gathered weights into a fresh copy of the input checkpoint and writes the
+    same files as a single-process update, atomically.
+    """
+    from agent.engine import load_policy
+
+    accelerator = trainer.accelerator
+    state_dict = accelerator.get_state_dict(trainer.model_wrapped)
+    if accelerator.is_main_process:
+
+        def write(staging: Path) -> None:
+            trained, _ = load_policy(checkpoint_in)
+            if peft_config is not None:
+                from peft import get_peft_model
+
+                trained = get_peft_model(trained, peft_config)
+            trained.load_state_dict({k: v.detach().cpu() for k, v in state_dict.items()})
+            if peft_config is not None:
+                trained.save_pretrained(staging / "adapter", safe_serialization=True)
+                trained = trained.merge_and_unload()
+            trained.save_pretrained(staging, safe_serialization=True)
+            tokenizer.save_pretrained(staging)
+
+        _save_atomically(out_dir, write)
+    accelerator.wait_for_everyone()
+
+
 def _summarize_logs(log_history: list[dict[str, Any]]) -> dict[str, float]:
     """Mean over optimizer steps of every numeric value TRL logged (loss, kl, clip ratios, rewards...)."""
     sums: dict[str, list[float]] = defaultdict(list)
@@ -220,11 +268,20 @@ def grpo_update(
     model, tokenizer = load_policy(checkpoint_in)
     cuda = torch.cuda.is_available()
     task_ids = list(groups)
+    world = world_size()
+    if len(task_ids) % world:
+        raise DataError(
+            f"{len(task_ids)} groups cannot be shared evenly by {world} training processes: every rank trains on whole "
+            "groups and the same number of them. Launch a process count that divides the groups (tasks/launch.py does)."
+        )
+    trained_here: list[str] = []
 
     def replay_rollouts(prompts: list[str], trainer: Any) -> dict[str, list]:
         # TRL asks for group_size completions of each task id; hand back the stored ones in sample order.
+        # Under several processes TRL calls this on every rank with that rank's share of the prompts.
         handed: dict[str, int] = defaultdict(int)
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "stored_reward")}
+        trained_here.extend(task_id for task_id in dict.fromkeys(prompts) if task_id not in trained_here)
         for task_id in prompts:
             trajectory = groups[task_id][handed[task_id] % group_size]
             handed[task_id] += 1
@@ -253,11 +310,14 @@ def grpo_update(
         )
 
     with tempfile.TemporaryDirectory(prefix="grpo-") as scratch:
+        # One generation batch holds every group once: each rank takes len(task_ids) / world whole groups
+        # (TRL hands each rank a consecutive block of the repeated prompts) in micro-batches of group_size
+        # rows, and each optimizer step accumulates over all of them: every group enters every step on one rank.
         args = GRPOConfig(
             output_dir=scratch,
             per_device_train_batch_size=group_size,
-            gradient_accumulation_steps=len(task_ids),
-            steps_per_generation=len(task_ids),
+            gradient_accumulation_steps=len(task_ids) // world,
+            steps_per_generation=len(task_ids) // world,
             num_generations=group_size,
             num_iterations=config.training.steps_per_round,
             max_steps=config.training.steps_per_round,
@@ -309,7 +369,10 @@ def grpo_update(
             trained.save_pretrained(staging, safe_serialization=True)
             tokenizer.save_pretrained(staging)
 
-        _save_atomically(out_dir, write)
+        if world == 1:
+            _save_atomically(out_dir, write)
+        else:
+            _save_from_ranks(trainer, checkpoint_in, out_dir, tokenizer, peft_config)
 
     return {
         **logged,
@@ -318,6 +381,9 @@ def grpo_update(
         "loss": float(result.training_loss),
         "steps": int(result.global_step),
         "groups": len(task_ids),
+        "processes": world,
+        "rank": trainer.accelerator.process_index,
+        "task_ids": trained_here,
         "kl_reference_checkpoint": str(reference_checkpoint),
         "duration_s": round(time.perf_counter() - started, 3),
     }
@@ -335,7 +401,12 @@ def update_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
             trajectories = wh.trajectories(config.run_id, round_)
         out_dir = config.checkpoint_dir(round_ + 1)
         reference = kl_reference_checkpoint(config, checkpoint)
-        stats = grpo_update(Path(checkpoint), trajectories, config, out_dir, reference_checkpoint=reference)
+        if uses_launcher(config):
+            from tasks.launch import launch_update
+
+            stats = launch_update(Path(checkpoint), trajectories, config, round_, out_dir, reference_checkpoint=reference)
+        else:
+            stats = grpo_update(Path(checkpoint), trajectories, config, out_dir, reference_checkpoint=reference)
         get_run_logger().info("round %d: GRPO %s", round_, {k: stats[k] for k in ("groups", "steps", "loss", "skipped") if k in stats})
         return {"checkpoint": str(out_dir), "stats": stats, "trained_on": trained_on(trajectories, config.rollout.group_size)}
 

@@ -2,9 +2,10 @@
 
 `openai_server` starts ``python -m vllm.entrypoints.openai.api_server`` from the separate vLLM
 environment (``.venv-vllm``, made by ``make setup-vllm``; ``make test`` makes it too) on a free
-127.0.0.1 port, serving a tiny policy built here by `agent.tiny.build_tiny_policy`. It waits for
-``/v1/models``, yields the base URL, the served model name and the checkpoint folder, and stops the
-server by its process id at the end of the session.
+127.0.0.1 port, serving a tiny policy built here by `agent.tiny.build_tiny_policy`, with the
+command line `coevolve serve` uses (`agent.serve.server_command`; `start_servers` starts any
+number of such servers at once). It waits for ``/health``, yields the base URL, the served model
+name and the checkpoint folder, and stops the server by its process group at the end of the session.
 
 Without ``.venv-vllm`` the tests that need the server are skipped with the reason, so a developer
 without it can still run the suite; with ``REQUIRE_VLLM_TESTS=1`` (set by ``make test``) a
@@ -14,12 +15,10 @@ missing environment fails instead, so CI always exercises vLLM.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -114,59 +113,67 @@ def _free_port() -> int:
 
 
 def _wait_until_ready(process: subprocess.Popen, base_url: str, log_path: Path) -> None:
-    import httpx
+    """The pipeline's own readiness wait (agent/serve.py), with the tests' start-up budget."""
+    from agent.serve import wait_until_ready
 
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"The vLLM server exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{base_url}/models", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"The vLLM server was not ready after {SERVER_START_TIMEOUT_S:.0f} s:\n{log_path.read_text()[-4000:]}")
+    wait_until_ready(process, base_url, log_path, timeout_s=SERVER_START_TIMEOUT_S)
 
 
 def _stop(process: subprocess.Popen) -> None:
     """Stop the server and the workers it spawned: its own process group, by the server's id."""
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
+    from agent.serve import stop_server
+
+    stop_server(process)
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """A server started by `start_servers`: its URL, the name it serves, its process and log."""
+
+    base_url: str
+    model: str
+    process: subprocess.Popen
+    log_path: Path
 
 
 @pytest.fixture(scope="session")
-def openai_server(vllm_python: Path, served_policy_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAIServer]:
-    """A real OpenAI-compatible vLLM server (CPU build) on 127.0.0.1 serving the tiny policy."""
-    port = _free_port()
-    base_url = f"http://127.0.0.1:{port}/v1"
-    model = str(served_policy_dir)
-    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    command = [
-        str(vllm_python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--dtype", "float32",  # the checkpoint's dtype: greedy tokens then match the transformers engine
-        "--max-model-len", "2048",
-        "--logprobs-mode", "processed_logprobs",  # behaviour logprobs after temperature
-        "--enforce-eager",
-        "--seed", "0",
-        # Seeded requests whose prefill is split into chunks crash the CPU build ("CPU Generator does
-        # not use offset"); whole prefills up to the context length avoid it.
-        "--no-enable-chunked-prefill",
-        "--max-num-batched-tokens", "4096",
-    ]  # fmt: skip
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=vllm_env(), cwd=REPO, start_new_session=True)
+def start_servers(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """Start vLLM servers the documented way (`agent.serve`, what `coevolve serve` runs), all at once.
+
+    ``start([options, ...])`` starts one server per `agent.serve.ServeOptions` (the port is picked
+    here, on 127.0.0.1), waits until all answer ``/health`` and returns them; every server is
+    stopped by its process group at the end of the session.
+    """
+    from agent.serve import base_url, start_server, stop_server, wait_until_ready
+    from agent.weights import served_name
+
+    started: list[subprocess.Popen] = []
+
+    def start(options_list: list) -> list[RunningServer]:
+        servers = []
+        for options in options_list:
+            options = replace(options, host="127.0.0.1", port=_free_port())
+            log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+            process = start_server(options, log_path, python=vllm_python)
+            started.append(process)
+            servers.append(RunningServer(base_url(options), served_name(options.model), process, log_path))
+        for server in servers:
+            wait_until_ready(server.process, server.base_url, server.log_path, SERVER_START_TIMEOUT_S)
+        return servers
+
     try:
-        _wait_until_ready(process, base_url, log_path)
-        yield OpenAIServer(base_url=base_url, model=model, model_dir=served_policy_dir, log_path=log_path)
+        yield start
     finally:
-        _stop(process)
+        for process in started:
+            stop_server(process)
+
+
+@pytest.fixture(scope="session")
+def openai_server(start_servers, served_policy_dir: Path) -> OpenAIServer:
+    """A real OpenAI-compatible vLLM server (CPU build) on 127.0.0.1 serving the tiny policy, started as `coevolve serve` does."""
+    from agent.serve import ServeOptions
+
+    # float32, the checkpoint's dtype: greedy tokens then match the transformers engine ('auto' would serve it in half precision).
+    options = ServeOptions(model=str(served_policy_dir), dtype="float32", max_model_len=2048, seed=0, cpu=True)
+    (server,) = start_servers([options])
+    return OpenAIServer(base_url=server.base_url, model=server.model, model_dir=served_policy_dir, log_path=server.log_path)

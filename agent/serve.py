@@ -1,0 +1,189 @@
+"""Starting a vLLM OpenAI-compatible server the way the 'openai' engine expects it (``coevolve serve``).
+
+One function, `server_command`, builds the command line, and `server_env` the environment; the
+CLI and the test fixtures both start servers through `start_server`, so the documented way is the
+tested way. What the pipeline needs from a server:
+
+- ``--logprobs-mode processed_logprobs``: behaviour logprobs of the sampling distribution;
+- prefix caching: a round's prompts share long prefixes;
+- the model by its absolute, resolved path, so the served name does not depend on how the path was
+  written (the engine resolves names the same way);
+- with LoRA training (``training.use_lora``): ``--enable-lora --max-lora-rank R --max-loras K`` and
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, so each round's adapter is loaded at runtime;
+- ``VLLM_SERVER_DEV_MODE=1``: the ``/pause``, ``/collective_rpc`` and ``/resume`` endpoints through
+  which full fine-tuning runs reload each round's weights without a restart;
+- on a CPU build: ``--no-enable-chunked-prefill --max-num-batched-tokens N`` (seeded requests crash
+  chunked prefill there: "CPU Generator does not use offset");
+- bound to 127.0.0.1 unless another host is given.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.weights import served_name
+
+REPO = Path(__file__).resolve().parents[1]
+# The separate environment `make setup-vllm` builds with the CPU build of vLLM.
+VLLM_VENV_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+# vLLM accepts only these LoRA ranks as --max-lora-rank.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What a rollout server is started with; `from_config` fills it from the pipeline configuration."""
+
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    seed: int = 0
+    lora_rank: int | None = None  # None: no LoRA; else the largest adapter rank the server accepts
+    max_loras: int = 2
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    cpu: bool = False
+    max_num_batched_tokens: int = 4096
+    enforce_eager: bool = True
+
+    @classmethod
+    def from_config(cls, config, model: str | Path, **overrides) -> ServeOptions:
+        rollout, training = config.rollout, config.training
+        lora_rank = None
+        if training.use_lora:
+            # Rounds' adapters are stacked (agent.weights), so the server needs room for several ranks.
+            lora_rank = rollout.server_max_lora_rank
+        values = dict(
+            model=str(model),
+            dtype=rollout.vllm_dtype,
+            max_model_len=rollout.vllm_max_model_len,
+            seed=config.seed,
+            lora_rank=lora_rank,
+            max_loras=rollout.server_max_loras,
+            tensor_parallel_size=rollout.vllm_tensor_parallel_size,
+            data_parallel_size=rollout.vllm_data_parallel_size,
+            cpu=not _has_cuda(),
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def server_command(options: ServeOptions, python: str | Path | None = None) -> list[str]:
+    """The command line of a vLLM server started the way the pipeline expects it."""
+    command = [
+        str(python or default_python()), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", served_name(options.model),
+        "--host", options.host,
+        "--port", str(options.port),
+        "--dtype", options.dtype,
+        "--seed", str(options.seed),
+        "--logprobs-mode", "processed_logprobs",  # behaviour logprobs after temperature
+        "--enable-prefix-caching",
+    ]  # fmt: skip
+    if options.max_model_len is not None:
+        command += ["--max-model-len", str(options.max_model_len)]
+    if options.enforce_eager:
+        command.append("--enforce-eager")
+    if options.tensor_parallel_size > 1:
+        command += ["--tensor-parallel-size", str(options.tensor_parallel_size)]
+    if options.data_parallel_size > 1:
+        command += ["--data-parallel-size", str(options.data_parallel_size)]
+    if options.lora_rank is not None:
+        rank = next((r for r in VLLM_LORA_RANKS if r >= options.lora_rank), None)
+        if rank is None:
+            raise ValueError(f"vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}; {options.lora_rank} is too large.")
+        command += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", str(options.max_loras)]
+    if options.cpu:
+        # Whole prefills: the CPU build's sampler cannot resume a seeded request after a partial prefill.
+        tokens = max(options.max_num_batched_tokens, options.max_model_len or 0)
+        command += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(tokens)]
+    return command
+
+
+def server_env(options: ServeOptions, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a server process: offline, loopback, weight reloads and runtime LoRA on."""
+    env = dict(os.environ if base is None else base)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        DO_NOT_TRACK="true",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_HOST_IP="127.0.0.1" if options.host in ("127.0.0.1", "localhost") else env.get("VLLM_HOST_IP", ""),
+        TOKENIZERS_PARALLELISM="false",
+        VLLM_SERVER_DEV_MODE="1",  # /pause, /collective_rpc (reload_weights), /resume
+    )
+    if not env["VLLM_HOST_IP"]:
+        del env["VLLM_HOST_IP"]
+    if options.lora_rank is not None:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if options.cpu:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache; raise it for larger models
+    return env
+
+
+def default_python() -> Path:
+    """The interpreter that has vLLM: the CPU build's environment when present, else this one."""
+    return VLLM_VENV_PYTHON if VLLM_VENV_PYTHON.is_file() else Path(sys.executable)
+
+
+def base_url(options: ServeOptions) -> str:
+    return f"http://{options.host}:{options.port}/v1"
+
+
+def start_server(options: ServeOptions, log_path: Path, python: str | Path | None = None) -> subprocess.Popen:
+    """Start a server in its own process group (so `stop_server` also stops its workers); output to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = server_env(options)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    with log_path.open("w") as log:
+        return subprocess.Popen(
+            server_command(options, python), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+        )
+
+
+def wait_until_ready(process: subprocess.Popen, url: str, log_path: Path, timeout_s: float = 300.0) -> None:
+    """Wait until the server answers ``/health``; fail with the log's tail if it exits or takes too long."""
+    import httpx
+
+    root = url.rstrip("/").removesuffix("/v1")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"The vLLM server exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{root}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"The vLLM server was not ready after {timeout_s:.0f} s:\n{log_path.read_text()[-4000:]}")
+
+
+def stop_server(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Stop a server started by `start_server` and the workers it spawned (its process group)."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=timeout_s)

