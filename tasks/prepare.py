@@ -119,7 +119,7 @@ def checkpoint_folder(checkpoint: str, local_only: bool = False) -> Path:
     """The local folder holding a checkpoint's files, so it can be digested.
 
     A local path must exist. A name that is not a path (a hub model id given as ``policy.model``)
-    resolves to its snapshot in the local hub cache unless ``local_only`` (every checkpoint an update
+    resolves to its snapshot in the hub cache unless ``local_only`` (every checkpoint an update
     wrote); a model that is neither stops the round.
     """
     local = Path(checkpoint).expanduser()
@@ -130,11 +130,14 @@ def checkpoint_folder(checkpoint: str, local_only: bool = False) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(checkpoint, local_files_only=True))
+        # Downloads into the hub cache when the hub is reachable and allowed (HF_HUB_OFFLINE unset or 0);
+        # offline it resolves the cached snapshot, so the digest covers the files the engines load.
+        return Path(snapshot_download(checkpoint))
     except Exception as exc:  # noqa: BLE001 - any failure means the model is not on this machine
         raise DataError(
             f"Checkpoint {checkpoint!r} is neither a local folder nor in the local hub cache ({type(exc).__name__}); "
-            "give policy.model as a local path, or download the model into the hub cache first."
+            "give policy.model as a local path, or download the model into the hub cache first "
+            "(HF_HUB_OFFLINE=0 on a machine that reaches the hub)."
         ) from None
 
 

@@ -179,3 +179,11 @@ def test_a_changed_d0_snapshot_is_named(prepared_round_zero) -> None:
     write_pool_snapshot([_task(9)], snapshot)
     with pytest.raises(DataError, match=f"Pool snapshot {snapshot} has digest"):
         verify_round_inputs(config, 0)
+
+
+def test_a_hub_model_id_that_is_not_on_this_machine_stops_the_round_with_the_reason(monkeypatch) -> None:
+    from tasks.prepare import checkpoint_folder
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError, match="'coevolve-tests/absent-model' is neither a local folder nor in the local hub cache"):
+        checkpoint_folder("coevolve-tests/absent-model")
