@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from agent.chat import ChatFormat
 
@@ -56,7 +56,29 @@ def load_policy(model: str | Path) -> tuple[Any, Any]:
     return policy, tokenizer
 
 
-class TransformersEngine:
+def free_device_memory() -> None:
+    """Collect the models an engine dropped and, on a GPU, hand their cached memory back for the update stage."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class ClosedOnExit:
+    """Engines are context managers: leaving the ``with`` block releases the engine through its ``close``."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TransformersEngine(ClosedOnExit):
     """Batched sampling from a local policy checkpoint with per-token behaviour logprobs."""
 
     def __init__(self, model_path: str | Path, torch_threads: int = 1, seed: int = 0) -> None:
@@ -76,18 +98,8 @@ class TransformersEngine:
 
     def close(self) -> None:
         """Drop the model and, on a GPU, return its memory, so the update stage can train in it."""
-        import torch
-
         self.model = None
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-    def __enter__(self) -> TransformersEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        free_device_memory()
 
     def generate(
         self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None

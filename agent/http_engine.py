@@ -46,7 +46,7 @@ from typing import Any
 from coevolve.errors import ConfigError, InfrastructureError
 
 from agent.chat import ChatFormat
-from agent.engine import Generation
+from agent.engine import ClosedOnExit, Generation
 
 TOKEN_ID_PREFIX = "token_id:"
 # Mean absolute difference per token between served and locally computed logprobs that the check
@@ -128,7 +128,7 @@ def has_local_weights(path: str | Path) -> bool:
     return (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()
 
 
-class OpenAICompatibleEngine:
+class OpenAICompatibleEngine(ClosedOnExit):
     """Batched sampling from an OpenAI-compatible completions endpoint, with per-token logprobs."""
 
     def __init__(
@@ -214,12 +214,6 @@ class OpenAICompatibleEngine:
 
     def close(self) -> None:
         self.fleet.close()
-
-    def __enter__(self) -> OpenAICompatibleEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # --- generation ---------------------------------------------------------------------------------
     def generate(

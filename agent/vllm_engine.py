@@ -25,12 +25,11 @@ construct the engine need a ``if __name__ == "__main__":`` guard (vLLM spawns wo
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Any
 
 from agent.chat import ChatFormat
-from agent.engine import Generation
+from agent.engine import ClosedOnExit, Generation, free_device_memory
 
 
 def _whole_prefills_on_cpu(model_path: str | Path, args: dict[str, Any]) -> dict[str, Any]:
@@ -52,7 +51,7 @@ def _whole_prefills_on_cpu(model_path: str | Path, args: dict[str, Any]) -> dict
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(context), 4096)}
 
 
-class VLLMEngine:
+class VLLMEngine(ClosedOnExit):
     """Batched sampling from a local checkpoint through ``vllm.LLM``."""
 
     def __init__(
@@ -148,19 +147,9 @@ class VLLMEngine:
         if callable(shutdown):
             shutdown()
         self.llm = None
-        gc.collect()
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        free_device_memory()
 
     def close(self) -> None:
-        self.shutdown()
-
-    def __enter__(self) -> VLLMEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
     def generate(

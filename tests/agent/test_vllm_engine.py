@@ -6,7 +6,6 @@ environment on the served tiny policy and reports its generations as JSON.
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.engine import TransformersEngine
+from tests.conftest import run_vllm_probe
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = """
@@ -54,17 +54,8 @@ def prompts(local, served_conversations):
 
 @pytest.fixture(scope="module")
 def probe(vllm_python, vllm_environ, served_policy_dir, prompts, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("vllm-probe")
-    (folder / "probe.py").write_text(PROBE)
-    (folder / "job.json").write_text(json.dumps({"model": str(served_policy_dir), "prompts": prompts}))
-    done = subprocess.run(
-        [str(vllm_python), str(folder / "probe.py"), str(folder / "job.json"), str(folder / "out.json")],
-        env=vllm_environ, cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    if done.returncode != 0:
-        sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])
-    assert done.returncode == 0, "the vLLM probe failed; its output is above"
-    return json.loads((folder / "out.json").read_text())
+    job = {"model": str(served_policy_dir), "prompts": prompts}
+    return run_vllm_probe(vllm_python, vllm_environ, PROBE, job, tmp_path_factory.mktemp("vllm-probe"))
 
 
 def test_greedy_tokens_and_logprobs_match_the_transformers_engine(probe, local, prompts):

@@ -7,18 +7,15 @@ update would leave it; a third checkpoint also changes the tied embeddings.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from agent.engine import TransformersEngine
+from tests.conftest import run_vllm_probe
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 PROBE = """
 import json, sys
 from agent.vllm_engine import VLLMEngine
@@ -76,18 +73,8 @@ def prompts(served_policy_dir, served_conversations):
 
 @pytest.fixture(scope="module")
 def probe(vllm_python, vllm_environ, served_policy_dir, round1_dir, embeddings_changed_dir, prompts, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("vllm-reload")
-    (folder / "probe.py").write_text(PROBE)
     job = {"round0": str(served_policy_dir), "round1": str(round1_dir), "embeddings_changed": str(embeddings_changed_dir), "prompts": prompts}
-    (folder / "job.json").write_text(json.dumps(job))
-    done = subprocess.run(
-        [str(vllm_python), str(folder / "probe.py"), str(folder / "job.json"), str(folder / "out.json")],
-        env=vllm_environ, cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    if done.returncode != 0:
-        sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])
-    assert done.returncode == 0, "the vLLM probe failed; its output is above"
-    return json.loads((folder / "out.json").read_text())
+    return run_vllm_probe(vllm_python, vllm_environ, PROBE, job, tmp_path_factory.mktemp("vllm-reload"))
 
 
 def test_a_new_checkpoint_is_loaded_into_the_running_engine(probe):

