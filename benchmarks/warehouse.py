@@ -1,30 +1,67 @@
-"""Warehouse at scale: ingest rate of `Warehouse.write_trajectories` and the latency of every view.
+"""Warehouse at scale: ingest against pyarrow alone, the latency of every view, and mining from the files.
 
-Writes synthetic rounds through the real write path (one call per batch, like the rollout stage),
-then times each documented view (a full ``SELECT *`` plus a filtered query) on a read-only
-connection, as an analyst would. Trajectories have 8 steps, 32 prompt and 64 completion tokens,
-and a pool, signals (5% of trajectories) and candidates per round, so every view has rows.
+For each size (``--steps``) and write batch (``--batch``, trajectories per write), in one run:
 
-    .venv/bin/python benchmarks/warehouse.py --steps 1000000 --steps 3000000
-    (HF_HUB_OFFLINE etc. not needed; BFCL is not imported)
+- ingest: synthetic rollout records (`coevolve.records.Trajectory` with `Step`s and `ToolCall`s: 2-6
+  steps per trajectory, about 4 on average; 1-3 calls per step with 1-3 arguments, mostly strings, some
+  numbers, booleans and lists; observations of about 80 characters, a fifth of them errors; model
+  text of about 120 characters; a trajectory's tool names follow one plan of a Zipf-like vocabulary
+  of 5,000, so a long tail of tool sequences is rare; 128 prompt token ids and 60 completion ids per
+  step with their mask and logprobs) are generated one batch at a time, so memory stays bounded at
+  any size. Each batch goes to durable storage through `Warehouse.write_trajectories` (Arrow
+  conversion, zstd Parquet, fsync, rename), and the same batch, as plain dict rows of the same nested shape (built outside
+  the timing), through pyarrow alone: ``pa.Table.from_pylist`` then ``pq.write_table`` of steps and
+  trajectories, with the warehouse's compression, into a second folder (no fsync). Both are timed
+  per batch, interleaved, so load on the machine falls on both alike; steps/s and their ratio are
+  reported. Generating the records is timed apart.
+- views: every analysis view over a read-only `Warehouse.connect` session, ``SELECT *`` and a
+  filtered query, best of ``--repeats``; plus the number of files per table.
+- mining: `Warehouse.trajectory_frame` (the read the mine stage does) and `tasks.mine.mine_signals`
+  on the last round over the whole history, best of ``--repeats`` each.
 
-Prints one JSON line per size; the figures are recorded in benchmarks/README.md.
+Each round also gets a pool, signals on 5% of its trajectories and 200 judged candidates, so every
+view has rows. 8 samples per task per round; half of each round's tasks were played the round before.
+
+Run (from the repository root):
+
+    .venv/bin/python benchmarks/warehouse.py --steps 1000000 --steps 10000000 --batch 2048
+    .venv/bin/python benchmarks/warehouse.py --steps 200000 --batch 32     # the rollout stage's default flush
+
+Prints one JSON object per (size, batch); the figures are recorded in benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from coevolve.records import Candidate, Provenance, Signal, Step, Task, ToolCall, Trajectory, Verdict
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-TOOLS = ["mkdir", "cd", "ls", "touch", "cat", "grep", "mv", "cp", "rm", "echo", "wc", "sort"]
-STEPS_PER_TRAJECTORY = 8
-GROUP = 8  # samples per task
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from coevolve.config import SignalConfig  # noqa: E402
+from coevolve.records import Candidate, Provenance, Signal, Step, Task, ToolCall, Trajectory, Verdict  # noqa: E402
+from storage.tables import _WRITE_OPTIONS  # noqa: E402
+from storage.warehouse import SCHEMAS, Warehouse  # noqa: E402
+from tasks.mine import mine_signals  # noqa: E402
+
+RUN = "bench"
+GROUP = 8  # samples per task per round
+PROMPT_TOKENS = 128
+TOKENS_PER_STEP = 60
+TOOLS = [
+    "mkdir", "cd", "ls", "touch", "cat", "grep", "mv", "cp", "rm", "echo", "wc", "sort", "find", "tail", "diff",
+    "du", "pwd", "get_ticket", "post_tweet", "send_message",
+]  # fmt: skip
+ARG_NAMES = ["dir_name", "file_name", "content", "pattern", "count", "recursive", "source", "destination"]
 VIEWS = {
     "v_success_by_round": "round = 3",
     "v_success_by_task": "success_rate > 0.5",
@@ -36,110 +73,225 @@ VIEWS = {
 }
 
 
+class Records:
+    """Synthetic rollout records: pre-drawn texts and a Zipf-like vocabulary of call patterns."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = rng = random.Random(seed)
+        words = ["file", "folder", "report", "draft", "notes", "data", "log", "final", "temp", "backup", "src", "docs"]
+
+        def text(n: int) -> str:
+            out = ""
+            while len(out) < n:
+                out += rng.choice(words) + rng.choice([" ", "_", "/", ".txt ", ", "])
+            return out[:n]
+
+        self.observations = [
+            (f"Error: {text(rng.randint(60, 90))}" if i % 5 == 0 else f'{{"result": "{text(rng.randint(60, 90))}"}}')
+            for i in range(500)
+        ]
+        self.texts = [text(rng.randint(90, 150)) for _ in range(500)]
+        self.values: list[object] = [text(rng.randint(4, 24)) for _ in range(300)] + [3, 17, True, False, ["a", "b"]]
+        # A trajectory's calls (2-6 steps of 1-3 calls) follow one plan of a Zipf-like vocabulary, so
+        # most trajectories share a few common tool sequences and a long tail is rare, as in real rollouts.
+        self.plans = [
+            [[rng.choice(TOOLS) for _ in range(rng.randint(1, 3))] for _ in range((4, 3, 5, 2, 6)[k % 5])]
+            for k in range(5000)
+        ]
+        self.weights = [1.0 / (k + 1) ** 1.1 for k in range(len(self.plans))]
+        self.tokens = list(range(1000, 1000 + PROMPT_TOKENS + 6 * TOKENS_PER_STEP))
+
+    def trajectory(self, round_: int, task_id: str, sample: int, skill: float) -> Trajectory:
+        rng = self.rng
+        plan = rng.choices(self.plans, self.weights)[0]
+        n_steps = len(plan)
+        steps = []
+        for k, names in enumerate(plan):
+            calls = [
+                ToolCall(name, {a: rng.choice(self.values) for a in rng.sample(ARG_NAMES, rng.randint(1, 3))})
+                for name in names
+            ]
+            observations = [rng.choice(self.observations) for _ in names]
+            failed = observations[-1].startswith("Error")
+            steps.append(Step(turn=k // 2, index=k, model_text=rng.choice(self.texts), calls=calls,
+                              observations=observations, error="tool error" if failed else None,
+                              completion_tokens=30))  # fmt: skip
+        completion = n_steps * TOKENS_PER_STEP
+        success = rng.random() < skill
+        return Trajectory(
+            run_id=RUN, round=round_, task_id=task_id, sample=sample, steps=steps,
+            prompt_ids=self.tokens[:PROMPT_TOKENS], completion_ids=self.tokens[:completion],
+            completion_mask=[1, 0] * (completion // 2), logprobs=[-0.5] * completion, reward=float(success),
+            success=success, finish_reason="done" if success else "max_steps", duration_s=rng.random() * 30,
+        )  # fmt: skip
+
+
+def dict_rows(trajs: list[Trajectory]) -> tuple[list[dict], list[dict]]:
+    """The same records as plain dict rows of the files' nested shape (calls' argument values as JSON literals)."""
+    heads, steps = [], []
+    for t in trajs:
+        tid = t.trajectory_id
+        heads.append({
+            "trajectory_id": tid, "task_id": t.task_id, "sample": t.sample, "reward": t.reward, "success": t.success,
+            "finish_reason": t.finish_reason, "num_steps": len(t.steps), "tool_sequence": t.tool_sequence,
+            "prompt_ids": t.prompt_ids, "completion_ids": t.completion_ids, "completion_mask": t.completion_mask,
+            "logprobs": t.logprobs, "duration_s": t.duration_s,
+        })  # fmt: skip
+        for i, s in enumerate(t.steps):
+            steps.append({
+                "trajectory_id": tid, "step_index": i, "step_number": s.index, "turn": s.turn,
+                "model_text": s.model_text,
+                "calls": [{"name": c.name, "arguments": {k: json.dumps(v) for k, v in c.arguments.items()}}
+                          for c in s.calls],
+                "tool_names": [c.name for c in s.calls], "observations": s.observations, "error": s.error,
+                "completion_tokens": s.completion_tokens,
+            })  # fmt: skip
+    return heads, steps
+
+
 def make_task(index: int, round_: int) -> Task:
-    calls = [ToolCall(TOOLS[(index + k) % len(TOOLS)], {"name": f"f{index}_{k}"}) for k in range(3)]
     return Task(
         environment="bfcl",
         initial_config={"GorillaFileSystem": {"root": {"w": {"type": "directory", "contents": {}}}}},
         involved_classes=["GorillaFileSystem"],
         turns=[f"task {index}"],
-        reference=[calls],
+        reference=[[ToolCall(TOOLS[(index + k) % len(TOOLS)], {"dir_name": f"f{index}_{k}"}) for k in range(3)]],
         provenance=Provenance(origin="seed" if round_ == 0 else "boundary", round=round_),
     )
 
 
-def make_trajectory(rng: random.Random, run_id: str, round_: int, task: Task, sample: int) -> Trajectory:
-    steps = []
-    for k in range(STEPS_PER_TRAJECTORY):
-        call = ToolCall(rng.choice(TOOLS), {"name": f"x{k}"})
-        failed = rng.random() < 0.2
-        steps.append(Step(turn=k // 4, index=k, model_text=call.render(), calls=[call], observations=["error: no" if failed else "ok"], error="failed" if failed else None, completion_tokens=8))
-    success = rng.random() < 0.4
-    return Trajectory(
-        run_id=run_id, round=round_, task_id=task.task_id, sample=sample, steps=steps,
-        prompt_ids=list(range(32)), completion_ids=list(range(64)), completion_mask=[1] * 64, logprobs=[-0.5] * 64,
-        reward=float(success), success=success, finish_reason="done" if success else "max_steps", duration_s=0.5,
-    )  # fmt: skip
+def ingest(warehouse: Warehouse, plain: Path, total_steps: int, rounds: int, batch: int) -> dict:
+    """Writes about ``total_steps`` steps over ``rounds`` rounds, each batch both ways; returns the timings."""
+    records = Records()
+    rng = random.Random(1)
+    warehouse.ensure_run(RUN, {})
+    per_round = total_steps // 4 // rounds // GROUP  # tasks per round
+    skill: dict[int, float] = {}
+    timings = {"warehouse_s": 0.0, "pyarrow_s": 0.0, "records_s": 0.0}
+    steps_written = trajectories_written = batches = 0
 
+    def write(pending: list[Trajectory], round_: int) -> None:
+        nonlocal steps_written, trajectories_written, batches
+        heads, steps = dict_rows(pending)
+        gc.collect()
+        started = time.perf_counter()
+        warehouse.write_trajectories(pending)
+        timings["warehouse_s"] += time.perf_counter() - started
+        started = time.perf_counter()
+        folder = plain / f"round={round_}"
+        pq.write_table(pa.Table.from_pylist(steps, schema=SCHEMAS["steps"]), folder / f"steps-{batches}.parquet", **_WRITE_OPTIONS)
+        pq.write_table(pa.Table.from_pylist(heads, schema=SCHEMAS["trajectories"]), folder / f"trajectories-{batches}.parquet", **_WRITE_OPTIONS)
+        timings["pyarrow_s"] += time.perf_counter() - started
+        steps_written += len(steps)
+        trajectories_written += len(pending)
+        batches += 1
 
-def ingest(warehouse, total_steps: int, rounds: int, batch_trajectories: int) -> dict:
-    """Write ``total_steps`` steps spread over ``rounds`` rounds; returns ingest timings."""
-    rng = random.Random(0)
-    run_id = "bench"
-    warehouse.ensure_run(run_id, {})
-    trajectories_total = total_steps // STEPS_PER_TRAJECTORY
-    per_round = trajectories_total // rounds
-    tasks_per_round = max(1, per_round // GROUP)
-    write_s = build_s = 0.0
-    written = 0
     for round_ in range(rounds):
-        # Half of each round's tasks were played the round before, so forgetting events occur.
-        first = round_ * min(tasks_per_round, 2000) // 2
-        tasks = [make_task(first + i, round_) for i in range(min(tasks_per_round, 2000))]
+        (plain / f"round={round_}").mkdir(parents=True)
+        first = round_ * per_round // 2  # half of this round's tasks were played the round before
+        numbers = range(first, first + per_round)
+        tasks = [make_task(i, round_) for i in numbers]
         warehouse.write_tasks(tasks)
-        warehouse.set_pool(run_id, round_, [t.task_id for t in tasks])
+        warehouse.set_pool(RUN, round_, [t.task_id for t in tasks])
         pending: list[Trajectory] = []
-        for i in range(per_round):
-            # Task ids cycle so that (task, sample) stays unique within the round.
-            task = tasks[(i // GROUP) % len(tasks)]
+        for number, task in zip(numbers, tasks):
+            level = skill.setdefault(number, rng.random())
             started = time.perf_counter()
-            pending.append(make_trajectory(rng, run_id, round_, task, sample=i))
-            build_s += time.perf_counter() - started
-            if len(pending) == batch_trajectories or i == per_round - 1:
-                started = time.perf_counter()
-                warehouse.write_trajectories(pending)
-                write_s += time.perf_counter() - started
-                written += len(pending) * STEPS_PER_TRAJECTORY
+            pending += [records.trajectory(round_, task.task_id, s, level) for s in range(GROUP)]
+            timings["records_s"] += time.perf_counter() - started
+            if len(pending) >= batch:
+                write(pending, round_)
                 pending = []
-        signals = [
-            Signal(run_id, round_, rng.choice(["boundary", "rare", "forgetting"]), f"{run_id}/r{round_}/{tasks[i % len(tasks)].task_id}/s{i}", tasks[i % len(tasks)].task_id, {"score": 0.0})
-            for i in range(0, per_round, 20)
-        ]
+        if pending:
+            write(pending, round_)
+        picked = [tasks[i] for i in range(0, len(tasks), 2)]  # signals on 5% of the round's trajectories
+        signals = [Signal(RUN, round_, ("boundary", "rare", "forgetting")[i % 3], f"{RUN}/r{round_}/{t.task_id}/s{i % GROUP}",
+                          t.task_id, {"score": 0.0}) for i, t in enumerate(picked[: len(tasks) * GROUP // 20])]  # fmt: skip
         warehouse.write_signals(signals)
-        warehouse.write_candidates(run_id, round_, [Candidate(make_task(10_000_000 + round_ * 1000 + i, round_ + 1), signals[i].signal_id, Verdict(i % 2 == 0, "ok")) for i in range(min(200, len(signals)))])
-    return {"steps": written, "write_s": round(write_s, 1), "steps_per_s": round(written / write_s), "synthesis_s": round(build_s, 1)}
+        warehouse.write_candidates(RUN, round_, [
+            Candidate(make_task(10_000_000 + round_ * 1000 + i, round_ + 1), s.signal_id, Verdict(i % 2 == 0, "ok"))
+            for i, s in enumerate(signals[:200])
+        ])  # fmt: skip
+    ours, theirs = steps_written / timings["warehouse_s"], steps_written / timings["pyarrow_s"]
+    return {
+        "steps": steps_written, "trajectories": trajectories_written, "batches": batches,
+        "steps_per_batch": round(steps_written / batches),
+        "warehouse_s": round(timings["warehouse_s"], 1), "warehouse_steps_per_s": round(ours),
+        "pyarrow_s": round(timings["pyarrow_s"], 1), "pyarrow_steps_per_s": round(theirs),
+        "ratio": round(ours / theirs, 2), "records_s": round(timings["records_s"], 1),
+    }  # fmt: skip
 
 
-def time_views(path: Path, repeats: int) -> dict[str, dict[str, float]]:
-    import duckdb
+def best(repeats: int, fn, *args):
+    times, result = [], None
+    for _ in range(repeats):
+        gc.collect()
+        started = time.perf_counter()
+        result = fn(*args)
+        times.append(time.perf_counter() - started)
+    return result, round(min(times), 3)
 
+
+def time_views(root: Path, repeats: int) -> dict[str, dict[str, float]]:
     latencies: dict[str, dict[str, float]] = {}
-    con = duckdb.connect(str(path), read_only=True)
-    try:
-        for view, where in VIEWS.items():
-            row: dict[str, float] = {}
-            for label, query in (("all", f"SELECT * FROM {view}"), ("filtered", f"SELECT * FROM {view} WHERE {where}")):
-                best = float("inf")
-                for _ in range(repeats):
-                    started = time.perf_counter()
-                    con.sql(query).fetchall()
-                    best = min(best, time.perf_counter() - started)
-                row[label + "_s"] = round(best, 3)
-            row["rows"] = len(con.sql(f"SELECT * FROM {view}").fetchall())
-            latencies[view] = row
-    finally:
-        con.close()
+    with Warehouse(root, read_only=True) as wh:
+        con = wh.connect()
+        try:
+            for view, where in VIEWS.items():
+                rows, all_s = best(repeats, lambda q: con.sql(q).fetchall(), f"SELECT * FROM {view}")
+                _, filtered_s = best(repeats, lambda q: con.sql(q).fetchall(), f"SELECT * FROM {view} WHERE {where}")
+                latencies[view] = {"all_s": all_s, "filtered_s": filtered_s, "rows": len(rows)}
+        finally:
+            con.close()
     return latencies
 
 
-def main() -> None:
-    from storage.warehouse import Warehouse
+def time_mining(root: Path, rounds: int, repeats: int) -> dict:
+    last = rounds - 1
+    with Warehouse(root, read_only=True) as wh:
+        frame, read_s = best(repeats, wh.trajectory_frame, RUN, last)
+    signals, mine_s = best(repeats, mine_signals, frame, last, RUN, SignalConfig())
+    kinds = {k: sum(1 for s in signals if s.kind == k) for k in ("forgetting", "boundary", "rare")}
+    return {"rows": frame.height, "read_s": read_s, "mine_s": mine_s, "total_s": round(read_s + mine_s, 3), "signals": kinds}
 
+
+def file_counts(root: Path) -> dict[str, int]:
+    tables = root / "tables"
+    return {t.name: sum(1 for _ in t.rglob("*.parquet")) for t in sorted(tables.iterdir())}
+
+
+def folder_mb(path: Path) -> int:
+    return round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20)
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, action="append", help="total steps; repeat for several sizes (default 1M)")
+    parser.add_argument("--batch", type=int, action="append",
+                        help="trajectories per write; repeat for several (default 2048; the rollout stage writes "
+                             "warehouse.flush_every, 32 by default)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=2000, help="trajectories per write (the rollout stage writes a round at once)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workdir", help="folder for the scratch warehouses (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the warehouses written (their folder is printed)")
     args = parser.parse_args()
     for total in args.steps or [1_000_000]:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "warehouse.duckdb"
-            warehouse = Warehouse(path)
-            result = ingest(warehouse, total, args.rounds, args.batch)
-            warehouse.close()
-            result["file_mb"] = round(path.stat().st_size / 2**20)
-            result["views"] = time_views(path, args.repeats)
-            print(json.dumps(result), flush=True)
+        for batch in args.batch or [2048]:
+            with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+                if args.keep:
+                    tmp = tempfile.mkdtemp(dir=args.workdir)
+                root, plain = Path(tmp) / "warehouse", Path(tmp) / "pyarrow"
+                result: dict = {"steps": total, "batch": batch, "folder": tmp if args.keep else None,
+                                "load_before": round(os.getloadavg()[0], 1)}
+                with Warehouse(root) as wh:
+                    result["ingest"] = ingest(wh, plain, total, args.rounds, batch)
+                result["load_after_ingest"] = round(os.getloadavg()[0], 1)
+                result["files"] = file_counts(root)
+                result["warehouse_mb"], result["pyarrow_mb"] = folder_mb(root), folder_mb(plain)
+                result["views"] = time_views(root, args.repeats)
+                result["mining"] = time_mining(root, args.rounds, args.repeats)
+                result["load_after"] = round(os.getloadavg()[0], 1)
+                print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

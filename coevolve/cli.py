@@ -1,10 +1,11 @@
-"""Command line: ``coevolve evolve | round | evaluate | ablation | sql | lineage | config | status | serve``.
+"""Command line: ``coevolve evolve | round | evaluate | ablation | sql | warehouse | lineage | config | status | serve``.
 
     coevolve evolve [--config FILE] [--set section.field=value ...] [--rounds N]
     coevolve round --round R [--config FILE] [--set ...]
     coevolve evaluate --checkpoint PATH [--categories base,miss_func,...] [--limit N] [--no-heldout] [--dev]
     coevolve ablation [--arms static,random,full] [--seeds 1,2,3] [--rounds 5]
     coevolve sql "SELECT * FROM v_success_by_round"
+    coevolve warehouse migrate [PATH] [--to ROOT] [--check]
     coevolve lineage VERSION [--model NAME]
     coevolve config --show
     coevolve status
@@ -18,7 +19,6 @@ PREFECT_API_URL points at a server.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,39 +27,12 @@ from typing import Any
 from coevolve.config import PipelineConfig, load_config
 from coevolve.errors import PipelineError
 
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "DO_NOT_TRACK": "true",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "VLLM_NO_USAGE_STATS": "1",
-    "VLLM_HOST_IP": "127.0.0.1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
-
-
-# policy.cpu_kernels = "avx2": the kernels every x86 CPU of the last decade has, so AVX2 and AVX-512
-# machines compute the same bits (torch's ATen, MKL's conditional numerical reproducibility, oneDNN).
-AVX2_KERNELS_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+from coevolve.settings import apply_settings
 
 
 def prepare_environment(config: PipelineConfig) -> None:
     """Offline switches, CPU kernels and state locations, set before torch, prefect, mlflow or bfcl_eval load."""
-    for key, value in OFFLINE_ENV.items():
-        os.environ.setdefault(key, value)
-    if config.policy.cpu_kernels == "avx2":
-        for key, value in AVX2_KERNELS_ENV.items():
-            os.environ.setdefault(key, value)
-    state = config.state_dir.resolve()
-    state.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("PREFECT_HOME", str(state / "prefect"))
-    os.environ.setdefault("BFCL_PROJECT_ROOT", str(state / "bfcl"))
-    # The per-round table is the main output; Prefect's own INFO lines go to its API and UI.
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    apply_settings(config, prefect_home=True)
 
 
 COLUMNS = ("round", "pool", "rollouts", "success", "signals f/b/r", "accepted", "rejected", "held-out", "time")
@@ -134,12 +107,13 @@ def cmd_sql(args: argparse.Namespace) -> int:
     config = _load(args)
     from storage.warehouse import Warehouse
 
-    path = Path(args.database) if args.database else config.warehouse_path
-    if not path.exists():
-        raise PipelineError(f"No warehouse at {path}; run `coevolve evolve` first or pass --database.")
+    root = args.database or config.warehouse_path
+    if "://" not in str(root) and not Path(root).exists():
+        raise PipelineError(f"No warehouse at {root}; run `coevolve evolve` first or pass --database.")
     import duckdb
 
-    with Warehouse(path, read_only=True) as wh:
+    # Read-only and lock-free: the views scan the table files, which writers replace atomically.
+    with Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
         try:
             frame = wh.sql(args.query)
         except duckdb.Error as exc:
@@ -151,6 +125,31 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
     with pl.Config(tbl_rows=args.limit, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
         print(frame)
+    return 0
+
+
+def cmd_warehouse_migrate(args: argparse.Namespace) -> int:
+    """Convert a single-file warehouse to the open-table layout and compare every table; 1 when any differs."""
+    config = load_config(args.config, args.set)
+    from storage.migrate import compare, default_target, migrate
+
+    source = Path(args.path) if args.path else config.state_dir / "warehouse.duckdb"
+    target = args.target or str(default_target(source))
+    options = config.warehouse.storage_options
+    if args.check:
+        report = compare(source, target, storage_options=options)
+    else:
+        print(f"converting {source} to {target}")
+        report = migrate(source, target, storage_options=options)
+    print(report.format())
+    if not report.ok:
+        print(
+            f"error: {', '.join(report.mismatched)} differ between {source} and {report.target}; nothing was deleted. "
+            "Inspect the new warehouse, move it aside and convert again; the old file is unchanged.",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"every table matches; {source} is unchanged and can be archived.")
     return 0
 
 
@@ -210,10 +209,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     config = _load(args)
-    from tasks.common import open_warehouse
+    from storage.warehouse import Warehouse
 
-    with open_warehouse(config) as wh:
-        summaries = wh.rounds(config.run_id)
+    root = config.warehouse_path
+    if "://" not in str(root) and not Path(root).exists():
+        summaries = []
+    else:
+        with Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
+            summaries = wh.rounds(config.run_id)
     print(format_row(COLUMNS))
     for s in summaries:
         print(summary_row(s.to_dict(), 0.0))
@@ -279,9 +282,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sql", help="Run a read-only SQL query on the warehouse.")
     common(p)
     p.add_argument("query")
-    p.add_argument("--database", help="Warehouse file (default: the configured state folder's).")
+    p.add_argument("--database", help="Warehouse folder or URL (default: the configuration's warehouse.uri, else state_dir/warehouse).")
     p.add_argument("--limit", type=int, default=50, help="Rows to print.")
     p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("warehouse", help="Manage the warehouse's storage.")
+    wsub = p.add_subparsers(dest="warehouse_command", required=True)
+    m = wsub.add_parser(
+        "migrate",
+        help="Convert a single-file warehouse (warehouse.duckdb) to the open-table layout and compare every table.",
+    )
+    common(m)
+    m.add_argument("path", nargs="?", help="The old warehouse file (default: state_dir/warehouse.duckdb); it is left unchanged.")
+    m.add_argument("--to", dest="target", help="New warehouse folder or URL (default: the folder warehouse beside PATH).")
+    m.add_argument("--check", action="store_true", help="Only compare PATH with an already converted warehouse at --to.")
+    m.set_defaults(func=cmd_warehouse_migrate)
 
     p = sub.add_parser("ablation", help="Static vs random vs signal-guided synthesis (and each signal left out), over seeds.")
     common(p)

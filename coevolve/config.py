@@ -151,14 +151,34 @@ class RolloutConfig(_Section):
     control_timeout_s: float = Field(
         30.0, gt=0, description="Seconds a health check or weight-push call to a server may take, so a hung server cannot stall a stage."
     )
-    weight_sync: Literal["auto", "lora", "reload", "off"] = Field(
+    weight_sync: Literal["auto", "lora", "reload", "off", "restart"] = Field(
         "auto",
         description=(
-            "How engine 'openai' gets each round's weights onto its servers without a restart: 'lora' loads the round's "
-            "adapter (training.use_lora; servers started on checkpoint 0 with --enable-lora), 'reload' reloads the "
-            "checkpoint in place (servers with VLLM_SERVER_DEV_MODE=1), 'off' asks for the checkpoint by name (servers "
-            "restarted on each checkpoint). 'auto' is 'lora' with use_lora, else 'reload' where the servers allow it, "
-            "else 'off'."
+            "How engine 'openai' gets each round's weights onto its servers: 'lora' loads the round's adapter "
+            "(training.use_lora; servers started on checkpoint 0 with --enable-lora), 'reload' reloads the checkpoint in "
+            "place (servers with VLLM_SERVER_DEV_MODE=1), 'off' asks for the checkpoint by name (servers restarted on "
+            "each checkpoint by someone else), 'restart' starts the pipeline's own servers on each stage's checkpoint "
+            "(managed_servers > 0; for vLLM builds that cannot reload in place). 'auto' is 'lora' with use_lora, else "
+            "'restart' with managed servers, else 'reload' where the servers allow it, else 'off'."
+        ),
+    )
+    managed_servers: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Rollout servers the pipeline starts itself (`coevolve serve`, on 127.0.0.1) on each rollout or evaluation "
+            "stage's checkpoint and stops when the stage releases its engine, so no server holds memory while the "
+            "update trains. The fallback where servers cannot take weights in place (a vLLM without reload_weights, or "
+            "a checkpoint that changed tied embeddings): costs one server start per stage. 0: use base_url(s)."
+        ),
+    )
+    managed_port: int = Field(
+        8100,
+        ge=1024,
+        le=65535,
+        description=(
+            "Port of the first managed server; the following ones take the next ports, and a port already taken is "
+            "replaced by a free one, so a stale server or another run cannot block a stage."
         ),
     )
     server_max_lora_rank: int = Field(
@@ -191,8 +211,29 @@ class RolloutConfig(_Section):
 
     @model_validator(mode="after")
     def _check_engine(self) -> RolloutConfig:
-        if self.engine == "openai" and not self.base_url and not self.base_urls:
-            raise ValueError("rollout.engine is 'openai' but rollout.base_url is not set; give the server URL, e.g. http://127.0.0.1:8000/v1.")
+        if self.managed_servers > 0:
+            if self.engine != "openai":
+                raise ValueError(
+                    f"rollout.managed_servers={self.managed_servers} starts servers for engine 'openai', but rollout.engine "
+                    f"is {self.engine!r}; set rollout.engine=openai or rollout.managed_servers=0."
+                )
+            if self.base_url or self.base_urls:
+                raise ValueError(
+                    f"rollout.managed_servers={self.managed_servers} starts the pipeline's own servers, so rollout.base_url "
+                    "and rollout.base_urls must be empty; remove them to use managed servers, or set "
+                    "rollout.managed_servers=0 to use the servers at those URLs."
+                )
+        elif self.weight_sync == "restart":
+            raise ValueError(
+                "rollout.weight_sync=restart restarts servers the pipeline starts itself, but rollout.managed_servers is 0; "
+                "set rollout.managed_servers=1 (or more), or choose weight_sync auto, lora, reload or off for servers "
+                "at rollout.base_url(s)."
+            )
+        if self.engine == "openai" and not self.base_url and not self.base_urls and self.managed_servers == 0:
+            raise ValueError(
+                "rollout.engine is 'openai' but rollout.base_url is not set; give the server URL, e.g. "
+                "http://127.0.0.1:8000/v1, or let the pipeline start its own servers with rollout.managed_servers=1."
+            )
         return self
 
 
@@ -328,7 +369,23 @@ class TrainingConfig(_Section):
 
 
 class TrackingConfig(_Section):
-    mlflow_uri: str | None = Field(None, description="MLflow tracking URI; None uses SQLite under state_dir.")
+    mlflow_uri: str | None = Field(
+        None,
+        description=(
+            "MLflow tracking URI; None uses SQLite under state_dir. With a tracking server (`mlflow server "
+            "--backend-store-uri sqlite:///... --serve-artifacts --host 127.0.0.1`), http://HOST:PORT: artifacts go "
+            "through the server, so workers need no shared artifact folder."
+        ),
+    )
+    register_checkpoints: Literal["copy", "uri"] = Field(
+        "copy",
+        description=(
+            "How each round's checkpoint becomes a model version: 'copy' logs the checkpoint folder as artifacts "
+            "(self-contained; a 4B model copies about 8 GB a round), 'uri' registers the folder where it already is "
+            "(state_dir on shared storage), copying nothing; the folder must then be kept. 'uri' needs a store this "
+            "process opens (SQLite): a tracking server refuses local folders as version sources."
+        ),
+    )
     experiment: str = Field("coevolve", description="MLflow experiment name.")
     registered_model: str = Field(
         "coevolve-policy",
@@ -339,6 +396,79 @@ class TrackingConfig(_Section):
             "never share them)."
         ),
     )
+
+
+class WarehouseConfig(_Section):
+    uri: str | None = Field(
+        None,
+        description=(
+            "Where the warehouse's table files and records live: a folder, or s3://bucket/prefix (fsspec with s3fs: "
+            "pip install -e '.[s3]'; the bucket must exist). None keeps them under state_dir/warehouse. Every machine "
+            "that runs a stage must see the same place; checkpoints, pool snapshots and MLflow stay under state_dir."
+        ),
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "fsspec options for uri (for s3://, s3fs.S3FileSystem's arguments), e.g. {'endpoint_url': "
+            "'http://127.0.0.1:9000'} for an S3-compatible server (MinIO, moto), {'client_kwargs': {'region_name': "
+            "'eu-west-1'}} for a region. Credentials are better left to the usual AWS_* variables (or key/secret here "
+            "only in a private file). Listings are never cached (use_listings_cache defaults to False for URLs), so "
+            "every reader sees files other processes wrote since."
+        ),
+    )
+    flush_every: int = Field(
+        64,
+        ge=1,
+        description=(
+            "Finished episodes the rollout stage collects before writing them: a failure late in the stage loses "
+            "at most this many, and a resumed stage plays only the episodes not yet stored. Each batch is two "
+            "files made durable (fsync), about 5 ms each here, so much smaller batches slow writes and leave "
+            "many small files (benchmarks/README.md, warehouse)."
+        ),
+    )
+
+
+class PlacementConfig(_Section):
+    """Where each stage of a round runs: 'inline' in the round's process, or a deployment on a work pool."""
+
+    rollout: str = Field("inline", description="'inline', or the deployment that runs the stage, e.g. 'coevolve-stage/rollout-gpu'.")
+    mine: str = Field("inline", description="'inline', or a deployment such as 'coevolve-stage/mine-cpu'.")
+    synthesize: str = Field("inline", description="'inline', or a deployment such as 'coevolve-stage/synthesize-cpu'.")
+    validate_: str = Field(
+        "inline", alias="validate", description="'inline', or a deployment such as 'coevolve-stage/validate-cpu'."
+    )
+    update: str = Field("inline", description="'inline', or a deployment such as 'coevolve-stage/update-gpu'.")
+    evaluate: str = Field("inline", description="'inline', or a deployment such as 'coevolve-stage/evaluate-gpu'.")
+    stage_timeout_s: float = Field(
+        6 * 3600.0, gt=0, description="Seconds the round waits for a deployed stage before failing it (a 4B update can take hours)."
+    )
+    round_concurrency: Literal["wait", "fail"] = Field(
+        "wait",
+        description=(
+            "A second round of the same run started while one runs (on any machine that shares the Prefect server): "
+            "'wait' until the first finishes (up to round_wait_s), or 'fail' at once naming the run."
+        ),
+    )
+    round_wait_s: float = Field(
+        24 * 3600.0, gt=0, description="Seconds a waiting round waits for the run's slot before it fails."
+    )
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True, serialize_by_alias=True)
+
+    @field_validator("rollout", "mine", "synthesize", "validate_", "update", "evaluate")
+    @classmethod
+    def _deployment_name(cls, value: str) -> str:
+        if value != "inline" and value.count("/") != 1:
+            raise ValueError(
+                f"{value!r} is neither 'inline' nor a deployment name '<flow>/<deployment>'; e.g. "
+                "'coevolve-stage/rollout-gpu' (prefect.yaml defines one per placeable stage)."
+            )
+        return value
+
+    def target(self, stage: str) -> str:
+        """'inline' or the deployment of ``stage``."""
+        return getattr(self, "validate_" if stage == "validate" else stage)
 
 
 class PipelineConfig(_Section):
@@ -362,6 +492,8 @@ class PipelineConfig(_Section):
     pool: PoolConfig = PoolConfig()
     training: TrainingConfig = TrainingConfig()
     tracking: TrackingConfig = TrackingConfig()
+    warehouse: WarehouseConfig = WarehouseConfig()
+    placement: PlacementConfig = PlacementConfig()
 
     @field_validator("state_dir", mode="after")
     @classmethod
@@ -374,6 +506,14 @@ class PipelineConfig(_Section):
             raise ValueError(
                 f"synthesis.max_task_steps ({self.synthesis.max_task_steps}) is below synthesis.min_task_steps "
                 f"({self.synthesis.min_task_steps}); raise max_task_steps or lower min_task_steps."
+            )
+        server = (self.tracking.mlflow_uri or "").startswith(("http://", "https://"))
+        if self.tracking.register_checkpoints == "uri" and server:
+            raise ValueError(
+                f"tracking.register_checkpoints='uri' cannot be used with the MLflow tracking server "
+                f"{self.tracking.mlflow_uri}: a server refuses to register a local checkpoint folder (a file:// source "
+                "outside the run's artifacts). Use tracking.register_checkpoints=copy, or a store of your own "
+                "(tracking.mlflow_uri unset, or sqlite:///<shared path>) to register the folder where it is."
             )
         needs_llm = self.synthesis.synthesizer == "llm" or self.validation.llm_judge
         if needs_llm and not self.synthesis.llm_model:
@@ -390,8 +530,9 @@ class PipelineConfig(_Section):
 
     # Paths derived from state_dir, so one setting moves every store.
     @property
-    def warehouse_path(self) -> Path:
-        return self.state_dir / "warehouse.duckdb"
+    def warehouse_path(self) -> Path | str:
+        """The warehouse root: ``warehouse.uri``, else the folder ``state_dir/warehouse``."""
+        return self.warehouse.uri or self.state_dir / "warehouse"
 
     @property
     def mlflow_tracking_uri(self) -> str:

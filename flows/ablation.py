@@ -16,6 +16,7 @@ from typing import Any
 from prefect import flow
 
 from coevolve.config import PipelineConfig
+from coevolve.settings import apply_settings
 from coevolve.errors import ConfigError
 from coevolve.records import canonical_json
 from flows.evaluate import coevolve_evaluate
@@ -81,6 +82,7 @@ def coevolve_ablation(
 ) -> dict[str, Any]:
     """Run every arm for every seed, score the final checkpoints, and write the report."""
     base = PipelineConfig.model_validate(config or {})
+    apply_settings(base)  # a worker started anywhere runs like the CLI
     arms = list(arms or ARMS)
     seeds = list(seeds or [1, 2, 3])
     results: list[dict[str, Any]] = []

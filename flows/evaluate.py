@@ -16,6 +16,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from coevolve.config import PipelineConfig
+from coevolve.settings import apply_settings
 from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, category_name, evaluate_split_task, evaluation_round
 
 DEFAULT_CATEGORIES = ["multi_turn_base"]
@@ -63,6 +64,7 @@ def coevolve_evaluate(
     tasks.evaluate.evaluation_round); ``dev`` adds the dev split, for choosing settings.
     """
     cfg = PipelineConfig.model_validate(config or {})
+    apply_settings(cfg)  # a worker started anywhere runs like the CLI
     splits = [category_name(c) for c in categories] + ([HELDOUT_SPLIT] if heldout else []) + ([DEV_SPLIT] if dev else [])
     round_ = evaluation_round(cfg, checkpoint) if round_ is None else round_
     results = {split: evaluate_split_task(cfg, checkpoint, split, round_, limit) for split in splits}

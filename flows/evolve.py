@@ -12,6 +12,7 @@ from typing import Any
 from prefect import flow
 
 from coevolve.config import PipelineConfig
+from coevolve.settings import apply_settings
 from flows.round import coevolve_round
 from tasks.prepare import next_round_task
 
@@ -20,5 +21,6 @@ from tasks.prepare import next_round_task
 def coevolve_evolve(rounds: int = 3, config: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Run ``rounds`` rounds, starting after the run's last finished round."""
     cfg = PipelineConfig.model_validate(config or {})
+    apply_settings(cfg)  # a worker started anywhere runs like the CLI
     start = next_round_task(cfg)
     return [coevolve_round(round_=r, config=cfg.model_dump(mode="json")) for r in range(start, start + rounds)]

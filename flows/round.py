@@ -2,7 +2,9 @@
 
 Run one round: ``coevolve round --round 0`` (or ``prefect deployment run coevolve-round/per-round``).
 Each stage is a retryable Prefect task that records its output in the warehouse, so running a
-failed round again resumes after the last finished stage.
+failed round again resumes after the last finished stage. ``placement`` in the configuration puts
+rollout, mine, synthesize, validate, update and evaluate inline or on a work pool (flows/stage.py);
+their inputs and outputs are the typed models of coevolve/stages.py either way.
 """
 
 from __future__ import annotations
@@ -12,14 +14,10 @@ from typing import Any
 from prefect import flow
 
 from coevolve.config import PipelineConfig
+from coevolve.settings import apply_settings
+from flows.stage import run_slot, run_stage
 from tasks.common import round_lock
-from tasks.evaluate import evaluate_task
-from tasks.mine import mine_task
 from tasks.prepare import prepare_task
-from tasks.rollout import rollout_task
-from tasks.synthesize import synthesize_task
-from tasks.update import update_task
-from tasks.validate import validate_task
 from tasks.version import version_task
 
 
@@ -27,14 +25,18 @@ from tasks.version import version_task
 def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run round ``round_`` of the run described by ``config`` (a PipelineConfig as a dict)."""
     cfg = PipelineConfig.model_validate(config or {})
-    with round_lock(cfg, round_):
+    apply_settings(cfg)  # a worker started anywhere runs like the CLI
+    with run_slot(cfg, round_), round_lock(cfg, round_):
         prepared = prepare_task(cfg, round_)
-        rollout = rollout_task(cfg, round_, prepared["checkpoint"])
-        mined = mine_task(cfg, round_)
-        candidates = synthesize_task(cfg, round_, mined["selected"])
-        validated = validate_task(cfg, round_, candidates)
-        updated = update_task(cfg, round_, prepared["checkpoint"])
-        evaluated = evaluate_task(cfg, round_, updated["checkpoint"])
-        outputs = {"rollout": rollout, "mine": mined, "validate": validated, "update": updated, "evaluate": evaluated}
+        rollout = run_stage(cfg, "rollout", round_=round_, checkpoint=prepared["checkpoint"])
+        mined = run_stage(cfg, "mine", round_=round_)
+        synthesized = run_stage(cfg, "synthesize", round_=round_, selected=mined.selected)
+        validated = run_stage(cfg, "validate", round_=round_, candidates=synthesized.candidates)
+        updated = run_stage(cfg, "update", round_=round_, checkpoint=prepared["checkpoint"])
+        evaluated = run_stage(cfg, "evaluate", round_=round_, checkpoint=updated.checkpoint)
+        outputs = {
+            name: output.model_dump(mode="json")
+            for name, output in (("rollout", rollout), ("mine", mined), ("validate", validated), ("update", updated), ("evaluate", evaluated))
+        }
         summary = version_task(cfg, round_, outputs)
     return {**summary, "baseline_heldout_success": prepared.get("baseline_heldout_success")}

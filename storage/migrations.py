@@ -1,11 +1,13 @@
-"""Numbered schema migrations of the warehouse.
+"""Numbered versions of the warehouse layout, and the SQL of its analysis views.
 
-Each entry is ``(version, sql)``. A migration is never edited once it has been applied to a
-database anywhere: change the schema by appending a new entry. `Warehouse` applies the missing
-ones in order, each in its own transaction, and records them in ``schema_version``.
+Versions 1 and 2 are the single-file DuckDB warehouse (``warehouse.duckdb``); their SQL is kept
+unchanged because ``coevolve warehouse migrate`` reads files written by them. Version 3 is the
+open-table layout (storage/tables.py, storage/catalog.py): its version is kept in
+``catalog/layout.json`` and checked whenever a warehouse opens. A version is never edited once
+released: change the layout by appending an entry with the function that converts the previous one.
 
-Views are created here too, so a database and the views analysts query always agree; the
-columns of every view are documented in storage/VIEWS.md.
+The analysis views are DuckDB SQL over the table views `Warehouse.connect` defines; their columns
+are documented in storage/VIEWS.md.
 """
 
 from __future__ import annotations
@@ -240,9 +242,133 @@ FROM candidates
 GROUP BY run_id, round;
 """
 
-MIGRATIONS: list[tuple[int, str]] = [
+# The single-file DuckDB warehouse, in the order its migrations were applied.
+SINGLE_FILE_MIGRATIONS: list[tuple[int, str]] = [
     (1, _TABLES),
     (2, _VIEWS),
 ]
+SINGLE_FILE_VERSION: int = SINGLE_FILE_MIGRATIONS[-1][0]
 
-LATEST_VERSION: int = MIGRATIONS[-1][0]
+# Layout versions of the open-table warehouse: (version, what changed).
+LAYOUTS: list[tuple[int, str]] = [
+    (3, "open table files: Parquet under tables/ (hive-partitioned by run_id and round), JSON records under catalog/; "
+        "steps carry run_id and round, tool calls are typed (list of struct name, arguments map)"),
+]
+LATEST_VERSION: int = LAYOUTS[-1][0]
+
+# The analysis views of layout 3, created in every session over the table views.
+VIEWS = """
+-- Purpose: the learning curve. Training-rollout success and reward per round.
+CREATE VIEW v_success_by_round AS
+SELECT run_id, round,
+       count(*)                                  AS trajectories,
+       count(DISTINCT task_id)                   AS tasks,
+       count(*) FILTER (WHERE success)           AS successes,
+       avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS success_rate,
+       avg(reward)                               AS mean_reward
+FROM trajectories
+GROUP BY run_id, round;
+
+-- Purpose: which tasks the policy masters or never solves, over all rounds of a run.
+-- Trajectories are counted per task before the join, so the join sees one row per task, not per rollout.
+CREATE VIEW v_success_by_task AS
+WITH per_task AS (
+    SELECT run_id, task_id,
+           count(*)                                   AS attempts,
+           count(*) FILTER (WHERE success)            AS successes,
+           avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS success_rate,
+           min(round)                                 AS first_round,
+           max(round)                                 AS last_round
+    FROM trajectories
+    GROUP BY run_id, task_id
+), origins AS (
+    SELECT task_id, any_value(origin) AS origin FROM tasks GROUP BY task_id
+)
+SELECT p.run_id, p.task_id, o.origin, p.attempts, p.successes, p.success_rate, p.first_round, p.last_round
+FROM per_task p
+LEFT JOIN origins o USING (task_id);
+
+-- Purpose: which tools the policy misuses. A call failed when its observation is an error
+-- (text starting with 'Error', any case, or a JSON/dict result whose first key is "error").
+-- Steps carry run_id, so no join with trajectories is needed. Both tests are one anchored regular
+-- expression (\\p{Zs}* is what ltrim removes, (?i:error) what lower(...) LIKE 'error%' matches): no
+-- lowered copy of every observation is made.
+CREATE VIEW v_tool_failure_rates AS
+WITH calls AS (
+    SELECT run_id,
+           unnest(tool_names)   AS tool_name,
+           unnest(observations) AS observation
+    FROM steps
+), judged AS (
+    SELECT run_id, tool_name,
+           coalesce(regexp_matches(observation, '^\\p{Zs}*(?i:error)|^\\s*\\{\\s*["'']error["'']'), false) AS failed
+    FROM calls
+    WHERE tool_name IS NOT NULL
+)
+SELECT run_id, tool_name,
+       count(*)                                  AS calls,
+       count(*) FILTER (WHERE failed)            AS failed_calls,
+       avg(CASE WHEN failed THEN 1.0 ELSE 0.0 END) AS failure_rate
+FROM judged
+GROUP BY run_id, tool_name;
+
+-- Purpose: how much each signal kind contributes per round (the paper: boundary is 45-51%).
+CREATE VIEW v_signal_mix AS
+SELECT run_id, round, kind,
+       count(*) AS signals,
+       count(*) / sum(count(*)) OVER (PARTITION BY run_id, round) AS share
+FROM signals
+GROUP BY run_id, round, kind;
+
+-- Purpose: pool size per round and which origins the newly added tasks have.
+-- A task is new in a round when no earlier round of the same run had it in its pool.
+CREATE VIEW v_pool_growth AS
+WITH member AS (
+    SELECT pm.run_id, pm.round, pm.task_id, t.origin,
+           min(pm.round) OVER (PARTITION BY pm.run_id, pm.task_id) AS first_round
+    FROM pool_membership pm LEFT JOIN tasks t USING (task_id)
+)
+SELECT run_id, round,
+       count(*)                                                             AS pool_size,
+       count(*) FILTER (WHERE round = first_round)                          AS new_tasks,
+       count(*) FILTER (WHERE round = first_round AND origin = 'seed')       AS new_seed,
+       count(*) FILTER (WHERE round = first_round AND origin = 'forgetting') AS new_forgetting,
+       count(*) FILTER (WHERE round = first_round AND origin = 'boundary')   AS new_boundary,
+       count(*) FILTER (WHERE round = first_round AND origin = 'rare')       AS new_rare,
+       count(*) FILTER (WHERE round = first_round AND origin = 'random')     AS new_random
+FROM member
+GROUP BY run_id, round;
+
+-- Purpose: tasks the policy could solve in an earlier round and fails now, measured on
+-- per-round success rates (score >= 0.5 before, < 0.5 now), with whether the miner flagged it.
+CREATE VIEW v_forgetting_events AS
+WITH per_round AS (
+    SELECT run_id, task_id, round,
+           avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS score
+    FROM trajectories
+    GROUP BY run_id, task_id, round
+), history AS (
+    SELECT *,
+           max(score) OVER (PARTITION BY run_id, task_id ORDER BY round
+                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS best_before
+    FROM per_round
+), flagged AS (
+    SELECT DISTINCT run_id, round, task_id FROM signals WHERE kind = 'forgetting'
+)
+SELECT h.run_id, h.task_id, h.round, h.score, h.best_before,
+       f.task_id IS NOT NULL AS signalled
+FROM history h
+LEFT JOIN flagged f USING (run_id, round, task_id)
+WHERE h.best_before >= 0.5 AND h.score < 0.5;
+
+-- Purpose: how many synthesized candidates validation accepts, per round (pending = not yet judged).
+CREATE VIEW v_acceptance_rates AS
+SELECT run_id, round,
+       count(*) FILTER (WHERE accepted)          AS accepted,
+       count(*) FILTER (WHERE NOT accepted)      AS rejected,
+       count(*) FILTER (WHERE accepted IS NULL)  AS pending,
+       count(*) FILTER (WHERE accepted)
+           / nullif(count(*) FILTER (WHERE accepted IS NOT NULL), 0) AS acceptance_rate
+FROM candidates
+GROUP BY run_id, round;
+"""

@@ -34,7 +34,7 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.exc import SQLAlchemyError  # noqa: E402
 
-from coevolve.errors import DataError, InfrastructureError  # noqa: E402
+from coevolve.errors import ConfigError, DataError, InfrastructureError  # noqa: E402
 
 # MLflow reserves the alias "latest" (models:/<name>/latest already means the newest version),
 # so the newest round's version gets this alias instead.
@@ -100,6 +100,26 @@ def _check_store_file(path: Path) -> None:
         raise _damaged_store(path, f"its folder {path.parent} is not writable by this user")
 
 
+def is_tracking_server(tracking_uri: str) -> bool:
+    """A tracking URI served by `mlflow server` (http or https), as opposed to a store this process opens itself."""
+    return tracking_uri.startswith(("http://", "https://"))
+
+
+def check_checkpoint_registration(tracking_uri: str, register_checkpoints: str) -> None:
+    """Refuse ``register_checkpoints='uri'`` with a tracking server: it would fail at the end of the round.
+
+    A tracking server refuses a model version whose source is a local path (file://) outside the run's
+    own artifact folder, and checkpoints are folders under state_dir.
+    """
+    if register_checkpoints == "uri" and is_tracking_server(tracking_uri):
+        raise ConfigError(
+            f"tracking.register_checkpoints='uri' cannot be used with the MLflow tracking server {tracking_uri}: a "
+            "server refuses to register a checkpoint folder (a file:// source outside the run's artifacts). Use "
+            "tracking.register_checkpoints=copy (the server stores the checkpoint as the run's artifacts), or a store "
+            "of your own (tracking.mlflow_uri unset, or sqlite:///<shared path>) to register the folder where it is."
+        )
+
+
 def _is_busy(exc: Exception) -> bool:
     """A store another process holds for the moment: worth a retry."""
     text = str(exc).lower()
@@ -133,10 +153,13 @@ class Tracker:
         found = self.client.get_experiment_by_name(experiment)
         if found is not None:
             return found.experiment_id
-        artifacts = artifacts_dir.resolve()
-        artifacts.mkdir(parents=True, exist_ok=True)
+        location = None  # a tracking server keeps artifacts where it was told to (--serve-artifacts)
+        if not is_tracking_server(self.tracking_uri):
+            artifacts = artifacts_dir.resolve()
+            artifacts.mkdir(parents=True, exist_ok=True)
+            location = artifacts.as_uri()
         try:
-            return self.client.create_experiment(experiment, artifact_location=artifacts.as_uri())
+            return self.client.create_experiment(experiment, artifact_location=location)
         except MlflowException as exc:
             # Another process created it between the lookup and the create.
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
@@ -170,12 +193,15 @@ class Tracker:
         tags: dict[str, str],
         training_pool_path: Path | None = None,
         training_pool_digest: str | None = None,
+        checkpoint_uri: str | None = None,
     ) -> dict[str, str]:
         """Logs one round in one MLflow run and registers its checkpoint as a new model version.
 
         ``training_pool_*`` is the pool the checkpoint was trained from (pool r), ``pool_*`` the pool
         the round produced (pool r+1); both are logged as dataset inputs and artifacts. Without a
         training pool, ``pool_digest`` is the only pool and is tagged as the training pool.
+        With ``checkpoint_uri`` (a folder on shared storage) the version is registered at that URI and
+        nothing is copied; without it the checkpoint folder is logged as the run's artifacts.
 
         Idempotent: when a finished run with this run_name already registered a version, its info
         is returned and nothing is logged. A run left unfinished by a crash after it registered its
@@ -194,6 +220,8 @@ class Tracker:
                 return self._adopt(stale.info.run_id, registered_model, registered[0])
             if stale.info.status == "RUNNING":
                 self.client.set_terminated(stale.info.run_id, "FAILED")
+        if checkpoint_uri is not None and checkpoint_uri.startswith("file:"):
+            check_checkpoint_registration(self.tracking_uri, "uri")
         if not Path(pool_path).is_file():
             raise DataError(f"Pool snapshot {pool_path} does not exist; write it before logging the round.")
         if not Path(checkpoint_dir).is_dir():
@@ -221,8 +249,12 @@ class Tracker:
                 self._log_pool(run_id, Path(pool_path), pool_digest, "produced")
             else:
                 self._log_pool(run_id, Path(pool_path), pool_digest, "training")
-            self.client.log_artifacts(run_id, str(checkpoint_dir), "checkpoint")
-            version = self._register(registered_model, f"{run.info.artifact_uri}/checkpoint", run_id, {RUN_NAME_TAG: run_name, **link})
+            if checkpoint_uri is None:
+                self.client.log_artifacts(run_id, str(checkpoint_dir), "checkpoint")
+                source = f"{run.info.artifact_uri}/checkpoint"
+            else:
+                source = checkpoint_uri
+            version = self._register(registered_model, source, run_id, {RUN_NAME_TAG: run_name, **link})
             self.client.set_tag(run_id, VERSION_TAG, version)
             self.client.set_terminated(run_id, "FINISHED")
         except BaseException:

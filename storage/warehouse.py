@@ -1,21 +1,32 @@
-"""The DuckDB warehouse: every record the pipeline produces, and the SQL to read it back.
+"""The trajectory warehouse: every record the pipeline produces, as open table files, and SQL to read them.
 
-Concurrency: DuckDB lets one process hold a file read-write, or any number of processes hold it
-read-only, never both. So `Warehouse` never keeps a connection open: each call opens the file,
-runs one transaction and closes it. Analysts (``Warehouse(path, read_only=True)`` or the duckdb
-CLI with ``-readonly``) get in between two writes; either side that finds the file locked retries
-with backoff for ``lock_timeout_s`` and then raises InfrastructureError (which Prefect retries).
+Where rows live (storage/README.md has the layout and why):
 
-Writes are idempotent: each batch deletes the rows with the same keys and inserts the new ones
-in one transaction, so re-running a stage replaces its rows instead of duplicating them.
+- trajectories, steps, signals, candidates, evaluations and pool membership: Parquet files under
+  ``<root>/tables/``, hive-partitioned by run and round (`storage.tables`); tasks, content-addressed
+  and shared by runs, under ``<root>/tables/tasks/``;
+- runs, rounds and finished stages: one JSON record each under ``<root>/catalog/`` (`storage.catalog`).
+
+``root`` is a folder (default ``<state_dir>/warehouse``) or ``s3://bucket/prefix`` through fsspec.
+Nothing holds a lock: every file and record is written whole in one atomic step, so any number of
+readers (``coevolve sql``, the DuckDB CLI, Polars, Spark) read while stages write, and several
+processes write disjoint shards of one round at once. DuckDB stays the engine: `connect` opens an
+in-memory DuckDB session whose views (storage/VIEWS.md) scan the files again on every query, so a
+session held open sees rows written after it opened.
+
+Re-running a stage replaces its rows: bulk rows (trajectories, steps) go to files named after the
+episodes they hold; the small tables (pool, signals, candidates, evaluations) keep one file per
+partition that a write merges into by key.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+import os
+import re
+from collections.abc import Iterable
+from itertools import accumulate
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,135 +35,260 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from coevolve.errors import DataError, InfrastructureError
+from coevolve.errors import DataError
 from coevolve.records import Candidate, RoundSummary, Signal, Step, Task, ToolCall, Trajectory
-from storage.migrations import LATEST_VERSION, MIGRATIONS
+from storage.catalog import PLACEHOLDER_RUN, Catalog
+from storage.migrations import LATEST_VERSION, VIEWS
+from storage.tables import TableFiles
 
 # Stage order of one round; clear_round drops a stage and every stage after it.
 STAGES: tuple[str, ...] = ("rollout", "mine", "synthesize", "validate", "update", "evaluate", "version")
 
 # Rows a stage writes for its own round, deleted when that stage is cleared for a re-run.
 _STAGE_TABLES: dict[str, tuple[str, ...]] = {
-    "rollout": ("steps", "trajectories"),
+    "rollout": ("trajectories", "steps"),
     "mine": ("signals",),
     "synthesize": ("candidates",),
     "evaluate": ("evaluations",),
 }
 
-# Trajectories and steps are the bulk of the warehouse; their batches are built as Arrow columns,
-# which DuckDB scans without a copy (a Polars frame built from per-row dicts costs ~10x more).
-_TRAJECTORY_SCHEMA = pa.schema([
-    ("trajectory_id", pa.string()), ("run_id", pa.string()), ("round", pa.int32()), ("task_id", pa.string()),
-    ("sample", pa.int32()), ("reward", pa.float64()), ("success", pa.bool_()), ("finish_reason", pa.string()),
-    ("num_steps", pa.int32()), ("tool_sequence", pa.list_(pa.string())), ("prompt_ids", pa.list_(pa.int32())),
-    ("completion_ids", pa.list_(pa.int32())), ("completion_mask", pa.list_(pa.int8())),
-    ("logprobs", pa.list_(pa.float64())), ("duration_s", pa.float64()),
-])  # fmt: skip
-_STEP_SCHEMA = pa.schema([
-    ("trajectory_id", pa.string()), ("step_index", pa.int32()), ("step_number", pa.int32()), ("turn", pa.int32()),
-    ("model_text", pa.string()), ("calls", pa.string()), ("tool_names", pa.list_(pa.string())),
-    ("observations", pa.list_(pa.string())), ("error", pa.string()), ("completion_tokens", pa.int32()),
-])  # fmt: skip
-_TASK_SCHEMA: dict[str, Any] = {
-    "task_id": pl.String, "environment": pl.String, "origin": pl.String, "round": pl.Int32,
-    "parent_trajectory_id": pl.String, "signal_id": pl.String, "content_hash": pl.String,
-    "task": pl.String, "tools": pl.List(pl.String),
+# A tool call as typed columns: the method name, and each argument's value as its JSON literal
+# (arguments of one call mix strings, numbers, lists and objects; a literal keeps each exact).
+CALL_TYPE = pa.struct([("name", pa.string()), ("arguments", pa.map_(pa.string(), pa.string()))])
+
+# Columns of every table's files; run_id and round of partitioned tables are in the path instead.
+SCHEMAS: dict[str, pa.Schema] = {
+    "trajectories": pa.schema([
+        ("trajectory_id", pa.string()), ("task_id", pa.string()), ("sample", pa.int32()), ("reward", pa.float64()),
+        ("success", pa.bool_()), ("finish_reason", pa.string()), ("num_steps", pa.int32()),
+        ("tool_sequence", pa.list_(pa.string())), ("prompt_ids", pa.list_(pa.int32())),
+        ("completion_ids", pa.list_(pa.int32())), ("completion_mask", pa.list_(pa.int8())),
+        ("logprobs", pa.list_(pa.float64())), ("duration_s", pa.float64()),
+    ]),
+    "steps": pa.schema([
+        ("trajectory_id", pa.string()), ("step_index", pa.int32()), ("step_number", pa.int32()), ("turn", pa.int32()),
+        ("model_text", pa.string()), ("calls", pa.list_(CALL_TYPE)), ("tool_names", pa.list_(pa.string())),
+        ("observations", pa.list_(pa.string())), ("error", pa.string()), ("completion_tokens", pa.int32()),
+    ]),
+    "signals": pa.schema([
+        ("signal_id", pa.string()), ("kind", pa.string()), ("trajectory_id", pa.string()), ("task_id", pa.string()),
+        ("evidence", pa.string()),
+    ]),
+    "candidates": pa.schema([
+        ("task_id", pa.string()), ("signal_key", pa.string()), ("signal_id", pa.string()), ("origin", pa.string()),
+        ("accepted", pa.bool_()), ("reason", pa.string()), ("task", pa.string()),
+    ]),
+    "evaluations": pa.schema([
+        ("split", pa.string()), ("task_id", pa.string()), ("success", pa.bool_()), ("reward", pa.float64()),
+        ("trajectory_id", pa.string()),
+    ]),
+    "pool_membership": pa.schema([("position", pa.int32()), ("task_id", pa.string())]),
+    "tasks": pa.schema([
+        ("task_id", pa.string()), ("environment", pa.string()), ("origin", pa.string()), ("round", pa.int32()),
+        ("parent_trajectory_id", pa.string()), ("signal_id", pa.string()), ("content_hash", pa.string()),
+        ("task", pa.string()), ("tools", pa.list_(pa.string())),
+    ]),
+}  # fmt: skip
+PARTITIONED = tuple(t for t in SCHEMAS if t != "tasks")
+# Keys a write to a small table merges by: a row written again replaces the stored one.
+_MERGE_KEYS: dict[str, tuple[str, ...]] = {
+    "signals": ("signal_id",),
+    "candidates": ("task_id", "signal_key"),
+    "evaluations": ("split", "task_id"),
 }
+# Columns of the bookkeeping records (storage/catalog.py) as their views show them.
+CATALOG_COLUMNS: dict[str, dict[str, str]] = {
+    "runs": {"run_id": "VARCHAR", "created_at": "TIMESTAMP", "config": "JSON"},
+    "rounds": {"run_id": "VARCHAR", "round": "INTEGER", "status": "VARCHAR", "summary": "JSON", "flow_run_id": "VARCHAR",
+               "started_at": "TIMESTAMP", "finished_at": "TIMESTAMP"},
+    "stage_runs": {"run_id": "VARCHAR", "round": "INTEGER", "stage": "VARCHAR", "finished_at": "TIMESTAMP", "output": "JSON"},
+}  # fmt: skip
+# Every table holds one empty file in this partition from the start, so the views have the
+# table's columns (and a glob that matches) before the first row is written.
+EMPTY_RUN = PLACEHOLDER_RUN
 
 
-def _now() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+def _now() -> str:
+    return datetime.now(timezone.utc).replace(tzinfo=None).isoformat(sep=" ")
 
 
-def _is_lock_error(exc: Exception) -> bool:
-    text = str(exc).lower()
-    return "lock" in text and ("conflicting" in text or "could not set" in text)
+def part_name(keys: Iterable[str]) -> str:
+    """A file name that depends only on which rows a file holds, so re-writing them replaces it."""
+    digest = hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:20]
+    return f"part-{digest}"
 
 
-# What DuckDB says about a file whose bytes are not a database it wrote: foreign or random bytes,
-# a truncated file, a block whose checksum no longer matches.
-_DAMAGE_MARKERS = ("not a valid duckdb database", "could not read enough bytes", "corrupt database file")
+# Every argument value is stored as its JSON literal, exactly as json.dumps writes it; strings, most
+# arguments, go through the encoder's C function for string literals (what json.dumps calls for them).
+_str_literal = json.encoder.encode_basestring_ascii
 
 
-def _is_damage_error(exc: Exception) -> bool:
-    text = str(exc).lower()
-    return any(marker in text for marker in _DAMAGE_MARKERS)
+def _literal(value: Any) -> str:
+    if type(value) is str:
+        return _str_literal(value)
+    return json.dumps(value, default=str)
+
+
+def _offsets(counts: Iterable[int]) -> pa.Array:
+    return pa.array(list(accumulate(counts, initial=0)), pa.int32())
+
+
+def _tool_calls(calls: list[ToolCall]) -> pa.Array:
+    """Calls as one Arrow array of CALL_TYPE: name, and each argument's value as its JSON literal."""
+    arguments = [c.arguments for c in calls]
+    values = [_str_literal(v) if type(v) is str else _literal(v) for a in arguments for v in a.values()]
+    mapped = pa.MapArray.from_arrays(
+        _offsets(len(a) for a in arguments), pa.array([k for a in arguments for k in a], pa.string()),
+        pa.array(values, pa.string()),
+    )
+    return pa.StructArray.from_arrays([pa.array([c.name for c in calls], pa.string()), mapped], fields=list(CALL_TYPE))
+
+
+def _read_calls(calls: list[dict[str, Any]] | None) -> list[ToolCall]:
+    return [ToolCall(c["name"], {k: json.loads(v) for k, v in (c["arguments"] or [])}) for c in calls or []]
+
+
+def _lists(counts: list[int], values: pa.Array, type_: pa.DataType) -> pa.Array:
+    return pa.ListArray.from_arrays(_offsets(counts), values, type=type_)
+
+
+def trajectory_tables(trajs: list[Trajectory]) -> tuple[pa.Table, pa.Table]:
+    """The Arrow tables of trajectories and their steps (one row per step), as the files hold them.
+
+    Built column by column: the steps' nested columns from flat value lists and offsets, so no
+    column passes through per-row Python dicts.
+    """
+    heads = list({t.trajectory_id: t for t in trajs}.values())
+    ids = [t.trajectory_id for t in heads]
+    steps = [s for t in heads for s in t.steps]
+    calls = [c for s in steps for c in s.calls]
+    call_counts = [len(s.calls) for s in steps]
+    call_array = _tool_calls(calls)
+    names = call_array.field(0)
+    per_trajectory = [len(t.steps) for t in heads]
+    step_calls = iter(call_counts)
+    tool_counts = [sum(next(step_calls) for _ in range(n)) for n in per_trajectory]
+
+    def tokens(attr: str, type_: pa.DataType) -> pa.Array:
+        return pa.array([getattr(t, attr) for t in heads], pa.list_(type_))  # nested lists convert in C++
+
+    trajectories = pa.Table.from_arrays(
+        [
+            pa.array(ids, pa.string()), pa.array([t.task_id for t in heads], pa.string()),
+            pa.array([t.sample for t in heads], pa.int32()), pa.array([float(t.reward) for t in heads], pa.float64()),
+            pa.array([bool(t.success) for t in heads], pa.bool_()),
+            pa.array([t.finish_reason for t in heads], pa.string()), pa.array(per_trajectory, pa.int32()),
+            _lists(tool_counts, names, pa.list_(pa.string())), tokens("prompt_ids", pa.int32()),
+            tokens("completion_ids", pa.int32()), tokens("completion_mask", pa.int8()),
+            tokens("logprobs", pa.float64()), pa.array([float(t.duration_s) for t in heads], pa.float64()),
+        ],
+        schema=SCHEMAS["trajectories"],
+    )  # fmt: skip
+    step_table = pa.Table.from_arrays(
+        [
+            pa.array([tid for tid, n in zip(ids, per_trajectory) for _ in range(n)], pa.string()),
+            pa.array([i for n in per_trajectory for i in range(n)], pa.int32()),
+            pa.array([s.index for s in steps], pa.int32()), pa.array([s.turn for s in steps], pa.int32()),
+            pa.array([s.model_text for s in steps], pa.string()),
+            _lists(call_counts, call_array, pa.list_(CALL_TYPE)), _lists(call_counts, names, pa.list_(pa.string())),
+            pa.array([s.observations for s in steps], pa.list_(pa.string())),
+            pa.array([s.error for s in steps], pa.string()), pa.array([s.completion_tokens for s in steps], pa.int32()),
+        ],
+        schema=SCHEMAS["steps"],
+    )  # fmt: skip
+    return trajectories, step_table
 
 
 class Warehouse:
-    """One DuckDB file holding runs, rounds, tasks, trajectories, signals and their views."""
+    """The warehouse under one root: table files, bookkeeping records, and DuckDB views over them."""
 
-    def __init__(self, path: Path | str, read_only: bool = False, lock_timeout_s: float = 60.0) -> None:
-        self.path = Path(path)
+    def __init__(
+        self, root: Path | str, read_only: bool = False, storage_options: dict[str, Any] | None = None, **_: Any
+    ) -> None:
+        self.files = TableFiles.open(root, storage_options)
+        self.root = self.files.root
+        self.path = self.root  # where error messages point
         self.read_only = read_only
-        self.lock_timeout_s = lock_timeout_s
+        self.catalog = Catalog(self.files)
         self._closed = False
-        if read_only and not self.path.exists():
-            raise DataError(f"Warehouse {self.path} does not exist; run a round (or open it read-write) first.")
-        if not read_only:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as con:
+        self._refuse_file(root)
+        layout = self._layout()
+        if layout is None:
             if read_only:
-                self._check_version(con)
-            else:
-                self._migrate(con)
+                raise DataError(f"Warehouse {self.root} does not exist; run a round (or open it read-write) first.")
+            self._create()
+        else:
+            self._check_version(int(layout.get("version", 0)))
 
-    # -- connection handling -------------------------------------------------------------------
+    # -- layout ----------------------------------------------------------------------------------
 
-    @contextmanager
-    def _connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        if self._closed:
-            raise DataError(f"Warehouse {self.path} is closed.")
-        deadline = time.monotonic() + self.lock_timeout_s
-        delay = 0.02
-        while True:
-            try:
-                con = duckdb.connect(str(self.path), read_only=self.read_only)
-                break
-            except duckdb.Error as exc:
-                if _is_damage_error(exc):
-                    raise self._damaged(exc) from exc
-                if not _is_lock_error(exc):
-                    raise DataError(f"Warehouse {self.path} cannot be opened: {exc}") from exc
-                if time.monotonic() >= deadline:
-                    raise InfrastructureError(
-                        f"Warehouse {self.path} stayed locked by another process for {self.lock_timeout_s:.0f} s: {exc}"
-                    ) from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
+    def _layout(self) -> dict[str, Any] | None:
+        path = self.catalog.layout_path()
         try:
-            yield con
-        except duckdb.Error as exc:
-            # A damaged block may only show when a query reads it.
-            if _is_damage_error(exc):
-                raise self._damaged(exc) from exc
-            raise
-        finally:
-            con.close()
+            layout = self.catalog.get(path)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise self._damaged_layout(path) from exc
+        except NotADirectoryError as exc:
+            raise self._damaged_file(root=self.root) from exc
+        if layout is not None and not (isinstance(layout, dict) and isinstance(layout.get("version"), int)):
+            raise self._damaged_layout(path)
+        return layout
 
-    def _damaged(self, exc: Exception) -> DataError:
+    def _damaged_layout(self, path: str) -> DataError:
         return DataError(
-            f"Warehouse {self.path} is damaged: it is not a DuckDB database this code can read ({str(exc).splitlines()[0]}). "
-            f"Restore it from a backup, or move it aside (mv {self.path} {self.path}.damaged) to start a new warehouse, "
-            "in which the run starts again from round 0. Pool snapshots, checkpoints and the MLflow store are "
-            "separate files and are untouched."
+            f"Warehouse {self.root} is damaged: {self.files.url(path)} is not the layout record this code writes "
+            f'(a JSON object with an integer "version"). Restore it from a backup, or move it aside (mv {path} '
+            f"{path}.damaged) and write {{\"version\": {LATEST_VERSION}}} in its place if the warehouse was written "
+            "by this code; the table files under tables/ and the other records under catalog/ are untouched."
         )
 
-    @contextmanager
-    def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        if self.read_only:
-            raise DataError(f"Warehouse {self.path} was opened read-only; it cannot be written.")
-        with self._connect() as con:
-            con.execute("BEGIN TRANSACTION")
-            try:
-                yield con
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            con.execute("COMMIT")
+    def _refuse_file(self, root: Path | str) -> None:
+        text = os.fspath(root)
+        if "://" in text or not os.path.isfile(text):
+            return
+        with open(text, "rb") as handle:
+            head = handle.read(16)
+        if b"DUCK" in head:
+            raise DataError(
+                f"{text} is a warehouse file of the single-file layout; convert it once with "
+                f"`coevolve warehouse migrate {text}` (it writes the open-table layout beside it and compares every row)."
+            )
+        raise self._damaged_file(text)
+
+    def _damaged_file(self, root: str) -> DataError:
+        return DataError(
+            f"Warehouse {root} is damaged: it is a file, not a warehouse folder this code can read. Restore it from a "
+            f"backup, or move it aside (mv {root} {root}.damaged) to start a new warehouse, in which the run starts "
+            "again from round 0. Pool snapshots, checkpoints and the MLflow store are separate files and are untouched."
+        )
+
+    def _create(self) -> None:
+        for table, schema in SCHEMAS.items():
+            target = self._empty_file(table)
+            if not self.files.exists(target):
+                self.files.write(target, schema.empty_table())
+        for kind in CATALOG_COLUMNS:
+            self.catalog.put_placeholder(kind)
+        self.catalog.put(self.catalog.layout_path(), {"version": LATEST_VERSION, "created_at": _now()})
+
+    def _check_version(self, version: int) -> None:
+        if version > LATEST_VERSION:
+            raise DataError(
+                f"Warehouse {self.root} has layout version {version}, but this code knows versions up to "
+                f"{LATEST_VERSION}; upgrade the code (or use a new warehouse) before opening it."
+            )
+        if version < LATEST_VERSION:
+            raise DataError(
+                f"Warehouse {self.root} has layout version {version}, older than {LATEST_VERSION}; "
+                f"convert it with `coevolve warehouse migrate {self.root}`."
+            )
+
+    def schema_version(self) -> int:
+        layout = self._layout() or {}
+        return int(layout.get("version", 0))
 
     def close(self) -> None:
-        """Marks the warehouse closed; no connection is held between calls."""
+        """Marks the warehouse closed; nothing is held open between calls."""
         self._closed = True
 
     def __enter__(self) -> Warehouse:
@@ -161,288 +297,88 @@ class Warehouse:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- schema ----------------------------------------------------------------------------------
+    def _writable(self) -> None:
+        if self._closed:
+            raise DataError(f"Warehouse {self.root} is closed.")
+        if self.read_only:
+            raise DataError(f"Warehouse {self.root} was opened read-only; it cannot be written.")
 
-    def _stored_version(self, con: duckdb.DuckDBPyConnection) -> int | None:
-        exists = con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'"
-        ).fetchall()[0][0]
-        if not exists:
-            return None
-        return con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchall()[0][0]
+    # -- sessions --------------------------------------------------------------------------------
 
-    def _refuse_newer(self, version: int) -> None:
-        if version > LATEST_VERSION:
-            raise DataError(
-                f"Warehouse {self.path} has schema version {version}, but this code knows versions up to "
-                f"{LATEST_VERSION}; upgrade the code (or use a new warehouse file) before opening it."
+    def glob(self, table: str) -> str:
+        """The file pattern of a table as DuckDB reads it."""
+        if table == "tasks":
+            return self.files.url(f"{self.files.table_dir(table)}/*.parquet")
+        return self.files.url(f"{self.files.table_dir(table)}/*/*/*.parquet")
+
+    def scan(self, table: str) -> str:
+        """The SQL that reads a table's files (what its view is defined as)."""
+        pattern = self.glob(table).replace("'", "''")
+        # The table's empty file comes first: DuckDB takes the columns from it, so defining the view
+        # reads one small file, not every file's footer, and a damaged file fails only the queries
+        # that read it. Every file of a layout version has the same columns (SCHEMAS).
+        empty = self.files.url(self._empty_file(table)).replace("'", "''")
+        if table == "tasks":
+            # Tasks are content-addressed: the same id always holds the same task, so keep one row of each.
+            return (
+                f"SELECT * FROM read_parquet(['{empty}', '{pattern}']) "
+                "QUALIFY row_number() OVER (PARTITION BY task_id) = 1"
             )
-
-    def _check_version(self, con: duckdb.DuckDBPyConnection) -> None:
-        version = self._stored_version(con)
-        if version is None:
-            raise DataError(f"Warehouse {self.path} has no schema; open it read-write once to create it.")
-        self._refuse_newer(version)
-        if version < LATEST_VERSION:
-            raise DataError(
-                f"Warehouse {self.path} has schema version {version}, older than {LATEST_VERSION}; "
-                "open it read-write once to migrate it."
-            )
-
-    def _migrate(self, con: duckdb.DuckDBPyConnection) -> None:
-        con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMP)")
-        current = self._stored_version(con) or 0
-        self._refuse_newer(current)
-        for version, sql in MIGRATIONS:
-            if version <= current:
-                continue
-            con.execute("BEGIN TRANSACTION")
-            try:
-                con.execute(sql)
-                con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, _now()])
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            con.execute("COMMIT")
-
-    def schema_version(self) -> int:
-        with self._connect() as con:
-            return self._stored_version(con) or 0
-
-    # -- writes ----------------------------------------------------------------------------------
-
-    def ensure_run(self, run_id: str, config: dict[str, Any]) -> None:
-        """Records the run and its configuration; the creation time of an existing run is kept."""
-        with self._transaction() as con:
-            con.execute(
-                "INSERT INTO runs VALUES (?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET config = excluded.config",
-                [run_id, _now(), json.dumps(config, default=str)],
-            )
-
-    def write_trajectories(self, trajs: list[Trajectory]) -> None:
-        """Writes trajectories and their steps; a trajectory written again replaces the old one."""
-        if not trajs:
-            return
-        latest = {t.trajectory_id: t for t in trajs}
-        heads = list(latest.values())
-        steps = [(tid, i, s) for tid, t in latest.items() for i, s in enumerate(t.steps)]
-        trajectories = pa.Table.from_pydict(
-            {
-                "trajectory_id": list(latest), "run_id": [t.run_id for t in heads],
-                "round": [t.round for t in heads], "task_id": [t.task_id for t in heads],
-                "sample": [t.sample for t in heads], "reward": [float(t.reward) for t in heads],
-                "success": [bool(t.success) for t in heads], "finish_reason": [t.finish_reason for t in heads],
-                "num_steps": [len(t.steps) for t in heads], "tool_sequence": [t.tool_sequence for t in heads],
-                "prompt_ids": [list(t.prompt_ids) for t in heads],
-                "completion_ids": [list(t.completion_ids) for t in heads],
-                "completion_mask": [list(t.completion_mask) for t in heads],
-                "logprobs": [[float(x) for x in t.logprobs] for t in heads],
-                "duration_s": [float(t.duration_s) for t in heads],
-            },
-            schema=_TRAJECTORY_SCHEMA,
-        )  # fmt: skip
-        step_table = pa.Table.from_pydict(
-            {
-                "trajectory_id": [tid for tid, _, _ in steps], "step_index": [i for _, i, _ in steps],
-                "step_number": [s.index for _, _, s in steps], "turn": [s.turn for _, _, s in steps],
-                "model_text": [s.model_text for _, _, s in steps],
-                "calls": [json.dumps([c.to_dict() for c in s.calls], default=str) for _, _, s in steps],
-                "tool_names": [[c.name for c in s.calls] for _, _, s in steps],
-                "observations": [list(s.observations) for _, _, s in steps],
-                "error": [s.error for _, _, s in steps], "completion_tokens": [s.completion_tokens for _, _, s in steps],
-            },
-            schema=_STEP_SCHEMA,
-        )  # fmt: skip
-        keys = pa.table({"trajectory_id": pa.array(list(latest), pa.string())})
-        with self._transaction() as con:
-            con.register("new_keys", keys)
-            con.register("new_trajectories", trajectories)
-            con.register("new_steps", step_table)
-            # A first write (the usual case) has nothing to replace; skipping the deletes keeps ingest
-            # from scanning the whole steps table once per batch.
-            (existing,) = con.execute(
-                "SELECT count(*) FROM trajectories WHERE trajectory_id IN (SELECT trajectory_id FROM new_keys)"
-            ).fetchone()
-            if existing:
-                con.execute("DELETE FROM steps WHERE trajectory_id IN (SELECT trajectory_id FROM new_keys)")
-                con.execute("DELETE FROM trajectories WHERE trajectory_id IN (SELECT trajectory_id FROM new_keys)")
-            con.execute("INSERT INTO trajectories SELECT * FROM new_trajectories")
-            con.execute("INSERT INTO steps SELECT * FROM new_steps")
-
-    def write_tasks(self, tasks: list[Task]) -> None:
-        """Writes tasks by content id; writing a task again replaces it."""
-        if not tasks:
-            return
-        latest = {t.task_id: t for t in tasks}
-        rows = [
-            {
-                "task_id": tid, "environment": t.environment, "origin": t.provenance.origin,
-                "round": t.provenance.round, "parent_trajectory_id": t.provenance.parent_trajectory_id,
-                "signal_id": t.provenance.signal_id, "content_hash": t.content_hash,
-                "task": json.dumps(t.to_dict(), default=str), "tools": t.tools,
-            }
-            for tid, t in latest.items()
-        ]
-        frame = pl.DataFrame(rows, schema=_TASK_SCHEMA)
-        with self._transaction() as con:
-            con.register("new_tasks", frame)
-            con.execute("DELETE FROM tasks WHERE task_id IN (SELECT task_id FROM new_tasks)")
-            con.execute("INSERT INTO tasks SELECT * FROM new_tasks")
-
-    def set_pool(self, run_id: str, round: int, task_ids: list[str]) -> None:
-        """Replaces the pool of (run, round) with task_ids, keeping their order; duplicates are dropped."""
-        unique = list(dict.fromkeys(task_ids))
-        frame = pl.DataFrame(
-            {"run_id": [run_id] * len(unique), "round": [round] * len(unique),
-             "position": list(range(len(unique))), "task_id": unique},
-            schema={"run_id": pl.String, "round": pl.Int32, "position": pl.Int32, "task_id": pl.String},
+        return (
+            f"SELECT * FROM read_parquet(['{empty}', '{pattern}'], hive_partitioning = true, "
+            f"hive_types = {{'run_id': VARCHAR, 'round': INTEGER}}) WHERE run_id <> '{EMPTY_RUN}'"
         )
-        with self._transaction() as con:
-            con.execute("DELETE FROM pool_membership WHERE run_id = ? AND round = ?", [run_id, round])
-            con.register("new_members", frame)
-            con.execute("INSERT INTO pool_membership SELECT * FROM new_members")
 
-    def write_signals(self, signals: list[Signal]) -> None:
-        if not signals:
-            return
-        latest = {(s.run_id, s.round, s.signal_id): s for s in signals}
-        frame = pl.DataFrame(
-            [
-                {"signal_id": s.signal_id, "run_id": s.run_id, "round": s.round, "kind": s.kind,
-                 "trajectory_id": s.trajectory_id, "task_id": s.task_id,
-                 "evidence": json.dumps(s.evidence, default=str)}
-                for s in latest.values()
-            ],
-            schema={"signal_id": pl.String, "run_id": pl.String, "round": pl.Int32, "kind": pl.String,
-                    "trajectory_id": pl.String, "task_id": pl.String, "evidence": pl.String},
+    def _empty_file(self, table: str) -> str:
+        if table == "tasks":
+            return f"{self.files.table_dir(table)}/{EMPTY_RUN}.parquet"
+        return f"{self.files.partition_dir(table, EMPTY_RUN, 0)}/{EMPTY_RUN}.parquet"
+
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """An in-memory DuckDB session with a view per table and the analysis views (storage/VIEWS.md).
+
+        The views re-read the files on every query: a session kept open sees later writes. Close it
+        when done; it holds no lock on anything.
+        """
+        if self._closed:
+            raise DataError(f"Warehouse {self.root} is closed.")
+        con = duckdb.connect()
+        if not self.files.is_local:
+            con.register_filesystem(self.files.fs)
+        for table in SCHEMAS:
+            con.execute(f"CREATE VIEW {table} AS {self.scan(table)}")
+        for kind in ("runs", "rounds", "stage_runs"):
+            con.execute(f"CREATE VIEW {kind} AS {self._catalog_scan(kind)}")
+        con.execute(VIEWS)
+        return con
+
+    def _catalog_scan(self, kind: str) -> str:
+        columns = CATALOG_COLUMNS[kind]
+        pattern = {
+            "runs": f"{self.catalog.dir}/runs/*.json",
+            "rounds": f"{self.catalog.dir}/rounds/*/*.json",
+            "stage_runs": f"{self.catalog.dir}/stage_runs/*/*/*.json",
+        }[kind]
+        if not self.files.fs.glob(pattern):
+            # Only a warehouse created before the placeholder records existed gets here.
+            return "SELECT " + ", ".join(f"NULL::{t} AS {n}" for n, t in columns.items()) + " WHERE false"
+        url = self.files.url(pattern).replace("'", "''")
+        spec = "{" + ", ".join(f"'{n}': '{t}'" for n, t in columns.items()) + "}"
+        # The placeholder record (Catalog.put_placeholder) keeps the glob matching before the first
+        # real record, so a session opened on a new warehouse sees the records written later.
+        return (
+            f"SELECT * FROM read_json('{url}', columns = {spec}, format = 'auto') "
+            f"WHERE run_id IS DISTINCT FROM '{EMPTY_RUN}'"
         )
-        with self._transaction() as con:
-            con.register("new_signals", frame)
-            con.execute(
-                "DELETE FROM signals WHERE (run_id, round, signal_id) IN "
-                "(SELECT (run_id, round, signal_id) FROM new_signals)"
-            )
-            con.execute("INSERT INTO signals SELECT * FROM new_signals")
-
-    def write_candidates(self, run_id: str, round: int, candidates: list[Candidate]) -> None:
-        """Writes candidates (with verdicts once validated), keyed by (task, signal) within the round."""
-        if not candidates:
-            return
-        latest = {(c.task.task_id, c.signal_id or ""): c for c in candidates}
-        frame = pl.DataFrame(
-            [
-                {"run_id": run_id, "round": round, "task_id": c.task.task_id, "signal_key": key[1],
-                 "signal_id": c.signal_id, "origin": c.task.provenance.origin,
-                 "accepted": None if c.verdict is None else c.verdict.accepted,
-                 "reason": None if c.verdict is None else c.verdict.reason,
-                 "task": json.dumps(c.task.to_dict(), default=str)}
-                for key, c in latest.items()
-            ],
-            schema={"run_id": pl.String, "round": pl.Int32, "task_id": pl.String, "signal_key": pl.String,
-                    "signal_id": pl.String, "origin": pl.String, "accepted": pl.Boolean, "reason": pl.String,
-                    "task": pl.String},
-        )
-        with self._transaction() as con:
-            con.register("new_candidates", frame)
-            con.execute(
-                "DELETE FROM candidates WHERE (run_id, round, task_id, signal_key) IN "
-                "(SELECT (run_id, round, task_id, signal_key) FROM new_candidates)"
-            )
-            con.execute("INSERT INTO candidates SELECT * FROM new_candidates")
-
-    def write_evaluations(self, run_id: str, round: int, split: str, rows: list[tuple[str, bool, float, str]]) -> None:
-        """Writes (task_id, success, reward, trajectory_id) rows of one evaluation split."""
-        if not rows:
-            return
-        latest = {row[0]: row for row in rows}
-        frame = pl.DataFrame(
-            {"run_id": [run_id] * len(latest), "round": [round] * len(latest), "split": [split] * len(latest),
-             "task_id": list(latest), "success": [bool(r[1]) for r in latest.values()],
-             "reward": [float(r[2]) for r in latest.values()], "trajectory_id": [r[3] for r in latest.values()]},
-            schema={"run_id": pl.String, "round": pl.Int32, "split": pl.String, "task_id": pl.String,
-                    "success": pl.Boolean, "reward": pl.Float64, "trajectory_id": pl.String},
-        )
-        with self._transaction() as con:
-            con.register("new_evaluations", frame)
-            con.execute(
-                "DELETE FROM evaluations WHERE run_id = ? AND round = ? AND split = ? "
-                "AND task_id IN (SELECT task_id FROM new_evaluations)",
-                [run_id, round, split],
-            )
-            con.execute("INSERT INTO evaluations SELECT * FROM new_evaluations")
-
-    def evaluation_outcomes(self, run_id: str, round: int, split: str) -> dict[str, bool]:
-        """task_id -> success of one evaluation split of (run, round)."""
-        rows = self._fetch(
-            "SELECT task_id, success FROM evaluations WHERE run_id = ? AND round = ? AND split = ?", [run_id, round, split]
-        )
-        return {task_id: bool(success) for task_id, success in rows}
-
-    def start_round(self, run_id: str, round: int, flow_run_id: str) -> None:
-        """Marks a round running; restarting a round keeps its earlier stage bookkeeping."""
-        with self._transaction() as con:
-            con.execute(
-                "INSERT INTO rounds VALUES (?, ?, 'running', NULL, ?, ?, NULL) ON CONFLICT (run_id, round) "
-                "DO UPDATE SET status = 'running', flow_run_id = excluded.flow_run_id, "
-                "started_at = excluded.started_at, finished_at = NULL",
-                [run_id, round, flow_run_id, _now()],
-            )
-
-    def finish_round(self, run_id: str, round: int, summary: RoundSummary) -> None:
-        with self._transaction() as con:
-            con.execute(
-                "INSERT INTO rounds VALUES (?, ?, 'finished', ?, ?, ?, ?) ON CONFLICT (run_id, round) "
-                "DO UPDATE SET status = 'finished', summary = excluded.summary, finished_at = excluded.finished_at, "
-                "flow_run_id = coalesce(nullif(excluded.flow_run_id, ''), rounds.flow_run_id)",
-                [run_id, round, json.dumps(summary.to_dict(), default=str), summary.flow_run_id, _now(), _now()],
-            )
-
-    def mark_stage(self, run_id: str, round: int, stage: str, output: dict[str, Any]) -> None:
-        """Records that a stage of a round finished, with the output a resumed round reuses."""
-        with self._transaction() as con:
-            con.execute(
-                "INSERT OR REPLACE INTO stage_runs VALUES (?, ?, ?, ?, ?)",
-                [run_id, round, stage, _now(), json.dumps(output, default=str)],
-            )
-
-    def stage_output(self, run_id: str, round: int, stage: str) -> dict[str, Any] | None:
-        """The output recorded by mark_stage, or None when that stage has not finished."""
-        rows = self._fetch(
-            "SELECT output FROM stage_runs WHERE run_id = ? AND round = ? AND stage = ?", [run_id, round, stage]
-        )
-        return json.loads(rows[0][0]) if rows else None
-
-    def clear_round(self, run_id: str, round: int, from_stage: str) -> None:
-        """Forgets from_stage and every later stage of a round, with the rows those stages wrote."""
-        if from_stage not in STAGES:
-            raise DataError(f"Unknown stage {from_stage!r}; stages are {', '.join(STAGES)}.")
-        dropped = STAGES[STAGES.index(from_stage):]
-        with self._transaction() as con:
-            for stage in dropped:
-                for table in _STAGE_TABLES.get(stage, ()):
-                    if table == "steps":
-                        con.execute(
-                            "DELETE FROM steps WHERE trajectory_id IN "
-                            "(SELECT trajectory_id FROM trajectories WHERE run_id = ? AND round = ?)",
-                            [run_id, round],
-                        )
-                    else:
-                        con.execute(f"DELETE FROM {table} WHERE run_id = ? AND round = ?", [run_id, round])
-                con.execute(
-                    "DELETE FROM stage_runs WHERE run_id = ? AND round = ? AND stage = ?", [run_id, round, stage]
-                )
-
-    # -- reads -----------------------------------------------------------------------------------
-
-    def _fetch(self, query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
-        # fetchall only: in DuckDB 2.0 a fetchone() leaves the connection unusable for the next query.
-        with self._connect() as con:
-            return con.execute(query, params or []).fetchall()
 
     def sql(self, query: str) -> pl.DataFrame:
         """Runs an ad-hoc query (e.g. on the v_* views) and returns the result as a Polars frame."""
-        with self._connect() as con:
-            relation = con.sql(query)
+        con = self.connect()
+        try:
+            try:
+                relation = con.sql(query)
+            except duckdb.Error as exc:
+                raise self._damaged_table_file(exc, query) or exc
             if relation is None:  # a statement without a result, e.g. SET or PRAGMA
                 return pl.DataFrame()
             # Polars cannot import DuckDB's INTERVAL (e.g. a difference of timestamps): show it as text.
@@ -453,63 +389,306 @@ class Warehouse:
                         for c, t in zip(relation.columns, relation.types)
                     )
                 )
-            return relation.pl()
+            try:
+                return relation.pl()
+            except duckdb.Error as exc:
+                raise self._damaged_table_file(exc, query) or exc
+        finally:
+            con.close()
 
-    def pool(self, run_id: str, round: int) -> list[Task]:
-        """The tasks in the pool of (run, round), in the order set_pool was given."""
-        rows = self._fetch(
-            "SELECT t.task FROM pool_membership pm JOIN tasks t USING (task_id) "
-            "WHERE pm.run_id = ? AND pm.round = ? ORDER BY pm.position",
-            [run_id, round],
+    def _damaged_table_file(self, exc: Exception, query: str) -> DataError | None:
+        """The DataError naming the file and the way back when DuckDB failed on a damaged file under tables/.
+
+        None when the query failed for another reason (a typo, a type error).
+        """
+        if isinstance(exc, (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)):
+            return None
+        tables = self.files.url(f"{self.files.path}/tables/")
+        match = re.search(re.escape(tables) + r"[^'\"\s]*\.parquet", str(exc))
+        if match is not None:
+            path = match.group(0) if self.files.is_local else match.group(0).split("://", 1)[1]
+            return self.files.damaged(path, str(exc))
+        # DuckDB does not always name the file (e.g. a damaged page): read the files of the tables the
+        # query names (all of them for the analysis views) until one fails.
+        words = set(re.findall(r"[a-z_]+", query.lower()))
+        named = [t for t in SCHEMAS if t in words]
+        for table in named if named and not any(w.startswith("v_") for w in words) else list(SCHEMAS):
+            for path in self.files.files(table):
+                try:
+                    self.files.read(path)
+                except DataError as damaged:
+                    return damaged
+                except FileNotFoundError:
+                    continue
+        return None
+
+    def _partition(self, table: str, run_id: str, round_: int, columns: list[str] | None = None) -> pa.Table:
+        """The rows of one partition of a table, straight from its files."""
+        paths = self.files.files(table, run_id, round_)
+        schema = SCHEMAS[table] if columns is None else pa.schema([SCHEMAS[table].field(c) for c in columns])
+        tables = []
+        for path in paths:
+            try:
+                tables.append(self.files.read(path, columns).cast(schema))
+            except FileNotFoundError:  # replaced between the listing and the read
+                continue
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    def ensure_run(self, run_id: str, config: dict[str, Any]) -> None:
+        """Records the run and its configuration; the creation time of an existing run is kept."""
+        self._writable()
+        existing = self.catalog.get(self.catalog.run_path(run_id)) or {}
+        record = {"run_id": run_id, "created_at": existing.get("created_at", _now()), "config": config}
+        self.catalog.put(self.catalog.run_path(run_id), record)
+
+    def start_round(self, run_id: str, round: int, flow_run_id: str) -> None:
+        """Marks a round running; restarting a round keeps its earlier stage bookkeeping."""
+        self._writable()
+        self.catalog.put(
+            self.catalog.round_path(run_id, round),
+            {"run_id": run_id, "round": round, "status": "running", "summary": None, "flow_run_id": flow_run_id,
+             "started_at": _now(), "finished_at": None},
+        )  # fmt: skip
+
+    def finish_round(self, run_id: str, round: int, summary: RoundSummary) -> None:
+        self._writable()
+        path = self.catalog.round_path(run_id, round)
+        existing = self.catalog.get(path) or {}
+        self.catalog.put(
+            path,
+            {"run_id": run_id, "round": round, "status": "finished", "summary": summary.to_dict(),
+             "flow_run_id": summary.flow_run_id or existing.get("flow_run_id"),
+             "started_at": existing.get("started_at") or _now(), "finished_at": _now()},
+        )  # fmt: skip
+
+    def mark_stage(self, run_id: str, round: int, stage: str, output: dict[str, Any]) -> None:
+        """Records that a stage of a round finished, with the output a resumed round reuses."""
+        self._writable()
+        self.catalog.put(
+            self.catalog.stage_path(run_id, round, stage),
+            {"run_id": run_id, "round": round, "stage": stage, "finished_at": _now(), "output": output},
         )
-        return [Task.from_dict(json.loads(r[0])) for r in rows]
 
-    def trajectories(self, run_id: str, round: int) -> list[Trajectory]:
-        """Full trajectories of a round, steps included, ordered by task then sample."""
-        with self._connect() as con:
-            heads = con.execute(
-                "SELECT run_id, round, task_id, sample, prompt_ids, completion_ids, completion_mask, logprobs, "
-                "reward, success, finish_reason, duration_s, trajectory_id FROM trajectories "
-                "WHERE run_id = ? AND round = ? ORDER BY task_id, sample",
-                [run_id, round],
-            ).fetchall()
-            step_rows = con.execute(
-                "SELECT s.trajectory_id, s.step_number, s.turn, s.model_text, s.calls, s.observations, s.error, "
-                "s.completion_tokens FROM steps s JOIN trajectories t USING (trajectory_id) "
-                "WHERE t.run_id = ? AND t.round = ? ORDER BY s.trajectory_id, s.step_index",
-                [run_id, round],
-            ).fetchall()
-        steps: dict[str, list[Step]] = {}
-        for tid, number, turn, text, calls, observations, error, tokens in step_rows:
-            steps.setdefault(tid, []).append(
-                Step(turn=turn, index=number, model_text=text,
-                     calls=[ToolCall.from_dict(c) for c in json.loads(calls)],
-                     observations=list(observations), error=error, completion_tokens=tokens)
-            )
-        return [
-            Trajectory(run_id=h[0], round=h[1], task_id=h[2], sample=h[3], steps=steps.get(h[12], []),
-                       prompt_ids=list(h[4]), completion_ids=list(h[5]), completion_mask=list(h[6]),
-                       logprobs=list(h[7]), reward=h[8], success=h[9], finish_reason=h[10], duration_s=h[11])
-            for h in heads
-        ]
+    def stage_output(self, run_id: str, round: int, stage: str) -> dict[str, Any] | None:
+        """The output recorded by mark_stage, or None when that stage has not finished."""
+        record = self.catalog.get(self.catalog.stage_path(run_id, round, stage))
+        return None if record is None else record["output"]
 
-    def trajectory_frame(self, run_id: str, upto_round: int | None = None) -> pl.DataFrame:
-        """Trajectory outcomes of a run (no token data), rounds <= upto_round: what signal mining reads."""
-        with self._connect() as con:
-            return con.sql(
-                "SELECT trajectory_id, run_id, round, task_id, sample, reward, success, finish_reason, tool_sequence "
-                "FROM trajectories WHERE run_id = ? AND (? IS NULL OR round <= ?) ORDER BY round, task_id, sample",
-                params=[run_id, upto_round, upto_round],
-            ).pl()
+    def clear_round(self, run_id: str, round: int, from_stage: str) -> None:
+        """Forgets from_stage and every later stage of a round, with the rows those stages wrote."""
+        self._writable()
+        if from_stage not in STAGES:
+            raise DataError(f"Unknown stage {from_stage!r}; stages are {', '.join(STAGES)}.")
+        dropped = STAGES[STAGES.index(from_stage):]
+        # Stage marks go first, last stage first: an interruption never leaves a stage marked
+        # finished without its rows.
+        for stage in reversed(dropped):
+            self.catalog.remove(self.catalog.stage_path(run_id, round, stage))
+        for stage in dropped:
+            for table in _STAGE_TABLES.get(stage, ()):
+                self.files.delete(self.files.files(table, run_id, round))
 
     def rounds(self, run_id: str) -> list[RoundSummary]:
         """Summaries of the finished rounds of a run, in round order."""
-        rows = self._fetch(
-            "SELECT summary FROM rounds WHERE run_id = ? AND summary IS NOT NULL ORDER BY round", [run_id]
-        )
-        return [RoundSummary(**json.loads(r[0])) for r in rows]
+        records = [r for r in self.catalog.records("rounds", run_id) if r.get("summary") is not None]
+        return [RoundSummary(**r["summary"]) for r in sorted(records, key=lambda r: r["round"])]
 
     def round_status(self, run_id: str, round: int) -> str | None:
         """'running', 'finished', or None when the round was never started."""
-        rows = self._fetch("SELECT status FROM rounds WHERE run_id = ? AND round = ?", [run_id, round])
-        return rows[0][0] if rows else None
+        record = self.catalog.get(self.catalog.round_path(run_id, round))
+        return None if record is None else record["status"]
+
+    # -- bulk rows: trajectories and steps -------------------------------------------------------
+
+    def write_trajectories(self, trajs: list[Trajectory], name: str | None = None) -> None:
+        """Writes trajectories and their steps as one file per table in each (run, round) partition.
+
+        The file name is ``name`` or derived from the trajectory ids, so writing the same episodes
+        again replaces their files. Steps are written before trajectories: a reader that sees a
+        trajectory also sees its steps.
+        """
+        self._writable()
+        by_partition: dict[tuple[str, int], list[Trajectory]] = {}
+        for t in trajs:
+            by_partition.setdefault((t.run_id, t.round), []).append(t)
+        for (run_id, round_), group in by_partition.items():
+            trajectories, steps = trajectory_tables(group)
+            file = name or part_name(trajectories.column("trajectory_id").to_pylist())
+            self.files.write(f"{self.files.partition_dir('steps', run_id, round_)}/{file}.parquet", steps)
+            self.files.write(f"{self.files.partition_dir('trajectories', run_id, round_)}/{file}.parquet", trajectories)
+
+    def stored_episodes(self, run_id: str, round_: int) -> set[tuple[str, int]]:
+        """(task_id, sample) of the round's stored trajectories; steps a killed writer orphaned are removed.
+
+        A rollout that resumes plays only the episodes missing here.
+        """
+        heads = {os.path.basename(p) for p in self.files.files("trajectories", run_id, round_)}
+        orphans = [p for p in self.files.files("steps", run_id, round_) if os.path.basename(p) not in heads]
+        if not self.read_only:
+            self.files.delete(orphans)
+            self.files.sweep_partials("trajectories")
+            self.files.sweep_partials("steps")
+        stored = self._partition("trajectories", run_id, round_, ["task_id", "sample"])
+        return set(zip(stored.column("task_id").to_pylist(), stored.column("sample").to_pylist()))
+
+    def outcomes(self, run_id: str, round_: int) -> dict[str, list[Any]]:
+        """task_id, sample, reward, success and finish_reason of the round's stored trajectories (columns)."""
+        columns = ["task_id", "sample", "reward", "success", "finish_reason"]
+        return self._partition("trajectories", run_id, round_, columns).to_pydict()
+
+    def tool_sequences(self, run_id: str, round_: int) -> dict[str, list[str]]:
+        """trajectory_id -> the tools it called, for the round's stored trajectories."""
+        table = self._partition("trajectories", run_id, round_, ["trajectory_id", "tool_sequence"])
+        return dict(zip(table.column("trajectory_id").to_pylist(), table.column("tool_sequence").to_pylist()))
+
+    def signals(self, run_id: str, round_: int) -> list[Signal]:
+        """The signals the mine stage stored for (run, round), in signal id order."""
+        rows = self._partition("signals", run_id, round_).to_pylist()
+        return [
+            Signal(run_id=run_id, round=round_, kind=r["kind"], trajectory_id=r["trajectory_id"], task_id=r["task_id"],
+                   evidence=json.loads(r["evidence"]))
+            for r in sorted(rows, key=lambda r: r["signal_id"])
+        ]  # fmt: skip
+
+    def trajectories(self, run_id: str, round: int) -> list[Trajectory]:
+        """Full trajectories of a round, steps included, ordered by task then sample."""
+        heads = self._partition("trajectories", run_id, round).to_pylist()
+        step_rows = self._partition("steps", run_id, round).to_pylist()
+        steps: dict[str, list[tuple[int, Step]]] = {}
+        for row in step_rows:
+            steps.setdefault(row["trajectory_id"], []).append(
+                (row["step_index"],
+                 Step(turn=row["turn"], index=row["step_number"], model_text=row["model_text"],
+                      calls=_read_calls(row["calls"]), observations=list(row["observations"]), error=row["error"],
+                      completion_tokens=row["completion_tokens"]))
+            )  # fmt: skip
+        heads.sort(key=lambda h: (h["task_id"], h["sample"]))
+        return [
+            Trajectory(run_id=run_id, round=round, task_id=h["task_id"], sample=h["sample"],
+                       steps=[s for _, s in sorted(steps.get(h["trajectory_id"], []), key=lambda x: x[0])],
+                       prompt_ids=list(h["prompt_ids"]), completion_ids=list(h["completion_ids"]),
+                       completion_mask=list(h["completion_mask"]), logprobs=list(h["logprobs"]), reward=h["reward"],
+                       success=h["success"], finish_reason=h["finish_reason"], duration_s=h["duration_s"])
+            for h in heads
+        ]  # fmt: skip
+
+    def trajectory_frame(self, run_id: str, upto_round: int | None = None) -> pl.DataFrame:
+        """Trajectory outcomes of a run (no token data), rounds <= upto_round: what signal mining reads."""
+        con = self.connect()
+        try:
+            # Sorted by Polars: faster here than an ORDER BY in DuckDB that carries the tool_sequence lists.
+            return con.sql(
+                "SELECT trajectory_id, run_id, round, task_id, sample, reward, success, finish_reason, tool_sequence "
+                "FROM trajectories WHERE run_id = $run AND ($upto IS NULL OR round <= $upto)",
+                params={"run": run_id, "upto": upto_round},
+            ).pl().sort("round", "task_id", "sample")
+        except duckdb.Error as exc:
+            raise self._damaged_table_file(exc, "trajectories") or exc
+        finally:
+            con.close()
+
+    # -- small tables: merged by key within their partition --------------------------------------
+
+    def _merge(self, table: str, run_id: str, round_: int, rows: pa.Table, file: str = "rows") -> None:
+        self._writable()
+        keys = _MERGE_KEYS[table]
+        target = f"{self.files.partition_dir(table, run_id, round_)}/{file}.parquet"
+        new_keys = set(zip(*(rows.column(k).to_pylist() for k in keys)))
+        kept = pa.Table.from_pylist([], schema=SCHEMAS[table])
+        if self.files.exists(target):
+            old = self.files.read(target).cast(SCHEMAS[table])
+            keep = [i for i, key in enumerate(zip(*(old.column(k).to_pylist() for k in keys))) if key not in new_keys]
+            kept = old.take(pa.array(keep, pa.int64()))
+        self.files.write(target, pa.concat_tables([kept, rows.cast(SCHEMAS[table])]))
+
+    def write_signals(self, signals: list[Signal]) -> None:
+        by_partition: dict[tuple[str, int], dict[str, Signal]] = {}
+        for s in signals:
+            by_partition.setdefault((s.run_id, s.round), {})[s.signal_id] = s
+        for (run_id, round_), latest in by_partition.items():
+            rows = pa.Table.from_pylist(
+                [{"signal_id": sid, "kind": s.kind, "trajectory_id": s.trajectory_id, "task_id": s.task_id,
+                  "evidence": json.dumps(s.evidence, default=str)} for sid, s in latest.items()],
+                schema=SCHEMAS["signals"],
+            )  # fmt: skip
+            self._merge("signals", run_id, round_, rows)
+
+    def write_candidates(self, run_id: str, round: int, candidates: list[Candidate]) -> None:
+        """Writes candidates (with verdicts once validated), keyed by (task, signal) within the round."""
+        if not candidates:
+            return
+        latest = {(c.task.task_id, c.signal_id or ""): c for c in candidates}
+        rows = pa.Table.from_pylist(
+            [{"task_id": key[0], "signal_key": key[1], "signal_id": c.signal_id, "origin": c.task.provenance.origin,
+              "accepted": None if c.verdict is None else c.verdict.accepted,
+              "reason": None if c.verdict is None else c.verdict.reason,
+              "task": json.dumps(c.task.to_dict(), default=str)} for key, c in latest.items()],
+            schema=SCHEMAS["candidates"],
+        )  # fmt: skip
+        self._merge("candidates", run_id, round, rows)
+
+    def write_evaluations(self, run_id: str, round: int, split: str, rows: list[tuple[str, bool, float, str]]) -> None:
+        """Writes (task_id, success, reward, trajectory_id) rows of one evaluation split."""
+        if not rows:
+            return
+        latest = {row[0]: row for row in rows}
+        table = pa.Table.from_pylist(
+            [{"split": split, "task_id": tid, "success": bool(r[1]), "reward": float(r[2]), "trajectory_id": r[3]}
+             for tid, r in latest.items()],
+            schema=SCHEMAS["evaluations"],
+        )  # fmt: skip
+        self._merge("evaluations", run_id, round, table, file=f"split-{split}")
+
+    def evaluation_outcomes(self, run_id: str, round: int, split: str) -> dict[str, bool]:
+        """task_id -> success of one evaluation split of (run, round)."""
+        rows = self._partition("evaluations", run_id, round, ["split", "task_id", "success"]).to_pylist()
+        return {r["task_id"]: bool(r["success"]) for r in rows if r["split"] == split}
+
+    def set_pool(self, run_id: str, round: int, task_ids: list[str]) -> None:
+        """Replaces the pool of (run, round) with task_ids, keeping their order; duplicates are dropped."""
+        self._writable()
+        unique = list(dict.fromkeys(task_ids))
+        table = pa.Table.from_pydict(
+            {"position": list(range(len(unique))), "task_id": unique}, schema=SCHEMAS["pool_membership"]
+        )
+        self.files.write(f"{self.files.partition_dir('pool_membership', run_id, round)}/members.parquet", table)
+
+    def write_tasks(self, tasks: list[Task]) -> None:
+        """Writes tasks by content id, in a file named after the ids it holds."""
+        self._writable()
+        if not tasks:
+            return
+        latest = {t.task_id: t for t in tasks}
+        table = pa.Table.from_pylist(
+            [{"task_id": tid, "environment": t.environment, "origin": t.provenance.origin, "round": t.provenance.round,
+              "parent_trajectory_id": t.provenance.parent_trajectory_id, "signal_id": t.provenance.signal_id,
+              "content_hash": t.content_hash, "task": json.dumps(t.to_dict(), default=str), "tools": t.tools}
+             for tid, t in latest.items()],
+            schema=SCHEMAS["tasks"],
+        )  # fmt: skip
+        self.files.write(f"{self.files.table_dir('tasks')}/{part_name(latest)}.parquet", table)
+
+    def pool(self, run_id: str, round: int) -> list[Task]:
+        """The tasks in the pool of (run, round), in the order set_pool was given."""
+        members = self._partition("pool_membership", run_id, round).to_pylist()
+        if not members:
+            return []
+        wanted = {m["task_id"] for m in members}
+        found: dict[str, Task] = {}
+        for path in reversed(self.files.files("tasks")):
+            table = self.files.read(path, ["task_id", "task"])
+            for tid, text in zip(table.column("task_id").to_pylist(), table.column("task").to_pylist()):
+                if tid in wanted and tid not in found:
+                    found[tid] = Task.from_dict(json.loads(text))
+            if len(found) == len(wanted):
+                break
+        missing = wanted - set(found)
+        if missing:
+            raise DataError(
+                f"Pool {round} of run {run_id!r} names {len(missing)} task(s) the warehouse {self.root} does not hold "
+                f"(e.g. {sorted(missing)[0]}); the files under tables/tasks were removed or damaged."
+            )
+        return [found[m["task_id"]] for m in sorted(members, key=lambda m: m["position"])]
+

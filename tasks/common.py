@@ -28,21 +28,25 @@ def open_warehouse(config: PipelineConfig) -> Iterator[Any]:
     from storage.warehouse import Warehouse
 
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    warehouse = Warehouse(config.warehouse_path)
+    warehouse = Warehouse(config.warehouse_path, storage_options=config.warehouse.storage_options)
     try:
         yield warehouse
     finally:
         warehouse.close()
 
 
-def resumable(config: PipelineConfig, round_: int, stage: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Return the stage's recorded output if it already finished, else compute and record it."""
+def resumable(config: PipelineConfig, round_: int, stage: str, compute: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """Return the stage's recorded output if it already finished, else ``compute(warehouse)`` and record it.
+
+    The stage works in this one warehouse session. Its output is recorded last: a stage that wrote
+    several tables counts as finished only once every write is done, and one that stopped midway
+    is run again, replacing what it wrote (rows are keyed or in files named after what they hold).
+    """
     with open_warehouse(config) as wh:
         done = wh.stage_output(config.run_id, round_, stage)
-    if done is not None:
-        return done
-    output = compute()
-    with open_warehouse(config) as wh:
+        if done is not None:
+            return done
+        output = compute(wh)
         wh.mark_stage(config.run_id, round_, stage, output)
     return output
 

@@ -14,7 +14,7 @@ The round flow calls ``evaluate_task``; ``flows/evaluate.py`` (``coevolve evalua
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import ConfigError
@@ -22,6 +22,10 @@ from coevolve.records import Task
 from agent.engines import release
 from tasks.common import HELDOUT_ROUND, load_engine, max_context, open_warehouse
 from tasks.rollout import play_episodes, success_rate
+from tasks.splits import build_dev_split, build_initial_pools
+
+if TYPE_CHECKING:
+    from storage.warehouse import Warehouse
 
 HELDOUT_SPLIT = "heldout"
 # Synthetic tasks for choosing settings (tasks/prepare.build_dev_split); never trained on, never reported as held-out.
@@ -91,7 +95,6 @@ def split_tasks(config: PipelineConfig, split: str, limit: int | None = None) ->
     A run without a held-out split yet gets the one its round 0 would build (same seed, same tasks).
     """
     if split == DEV_SPLIT:
-        from tasks.prepare import build_dev_split
 
         tasks = build_dev_split(config)
         with open_warehouse(config) as wh:
@@ -100,7 +103,6 @@ def split_tasks(config: PipelineConfig, split: str, limit: int | None = None) ->
         with open_warehouse(config) as wh:
             tasks = wh.pool(config.run_id, HELDOUT_ROUND)
         if not tasks:
-            from tasks.prepare import build_initial_pools
 
             tasks = build_initial_pools(config)[1]
             with open_warehouse(config) as wh:
@@ -143,9 +145,8 @@ from tasks.common import resumable  # noqa: E402
 def evaluate_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
     """Score checkpoint ``round_ + 1`` on the held-out split."""
 
-    def compute() -> dict:
-        with open_warehouse(config) as wh:
-            heldout = wh.pool(config.run_id, HELDOUT_ROUND)
+    def compute(wh: Warehouse) -> dict:
+        heldout = wh.pool(config.run_id, HELDOUT_ROUND)
         rate = evaluate_checkpoint(config, checkpoint, heldout, round_)
         get_run_logger().info("round %d: held-out success %.3f on %d tasks", round_, rate, len(heldout))
         return {"heldout_success": rate, "heldout_tasks": len(heldout)}

@@ -197,7 +197,7 @@ def run_rank(spec: dict[str, Any]) -> dict[str, Any]:
     from tasks.update import grpo_update
 
     config = PipelineConfig.model_validate(spec["config"])
-    warehouse = Warehouse(config.warehouse_path, read_only=True)
+    warehouse = Warehouse(config.warehouse_path, read_only=True, storage_options=config.warehouse.storage_options)
     try:
         trajectories = warehouse.trajectories(config.run_id, spec["round"])
     finally:

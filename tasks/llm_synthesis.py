@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from coevolve.config import SynthesisConfig
 from coevolve.records import Candidate, Provenance, Signal, Task, ToolCall
 from envs.calls import parse_tool_calls
+from tasks.synthesis_base import GUIDANCE, provenance_of, synthesize_each, tools_of
 
 if TYPE_CHECKING:
     from envs.explorer import Triplet
@@ -179,8 +180,6 @@ def _tool_lines(task: Task) -> list[str]:
 
 
 def context_messages(signal: Signal, task: Task, tool_sequence: list[str], tools: list[str]) -> list[dict[str, str]]:
-    from tasks.synthesize import GUIDANCE
-
     reference = "; ".join(c.render() for turn in task.reference for c in turn)
     user = "\n".join(
         [
@@ -208,8 +207,6 @@ def context_messages(signal: Signal, task: Task, tool_sequence: list[str], tools
 def step_messages(
     kind: str, context: dict[str, Any], tool_lines: list[str], history: list[tuple[str, str]], step: int, steps: int
 ) -> list[dict[str, str]]:
-    from tasks.synthesize import GUIDANCE
-
     done = "\n".join(f"{i + 1}. {call} -> {obs[:160]}" for i, (call, obs) in enumerate(history)) or "(none yet)"
     user = "\n".join(
         [
@@ -248,7 +245,7 @@ def abstraction_messages(kind: str, context: dict[str, Any], calls: list[ToolCal
 
 # -- the synthesizer ---------------------------------------------------------------------------------
 class LLMSynthesizer:
-    """Implements tasks.synthesize.Synthesizer with a chat model; see the module docstring."""
+    """Implements tasks.synthesis_base.Synthesizer with a chat model; see the module docstring."""
 
     name = "llm"
 
@@ -274,8 +271,6 @@ class LLMSynthesizer:
         progress: bool = True,
     ) -> tuple[list[Candidate], dict[str, dict[str, Any]]]:
         """Candidates for every signal, and per signal its context, explorations and rejections."""
-        from tasks.synthesize import synthesize_each
-
         def for_signal(signal: Signal, task: Task, tool_sequence: list[str]) -> tuple[list[Task], dict[str, Any]]:
             return self.for_signal(signal, task, tool_sequence, config, round_, seed)
 
@@ -285,8 +280,6 @@ class LLMSynthesizer:
         self, signal: Signal, task: Task, tool_sequence: list[str], config: SynthesisConfig, round_: int, seed: int
     ) -> tuple[list[Task], dict[str, Any]]:
         """Tasks from one signal and the record of how they were made (context, runs, rejections)."""
-        from tasks.synthesize import provenance_of, tools_of
-
         rng = random.Random(f"{seed}:{round_}:{signal.signal_id}")
         tools = tools_of(task)
         record: dict[str, Any] = {"synthesizer": self.name, "context": None, "explorations": [], "rejections": []}

@@ -15,10 +15,15 @@ independently; a trajectory may carry several.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import polars as pl
 
 from coevolve.config import SignalConfig
 from coevolve.records import SIGNAL_KINDS, Signal
+
+if TYPE_CHECKING:
+    from storage.warehouse import Warehouse
 
 PATTERNS = ("tool_sequence", "tool_bigrams")
 
@@ -191,19 +196,17 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from coevolve.config import PipelineConfig  # noqa: E402
 from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import open_warehouse, resumable  # noqa: E402
+from tasks.common import resumable  # noqa: E402
 
 
 @task(name="mine", retries=2, retry_delay_seconds=2, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
 def mine_task(config: PipelineConfig, round_: int) -> dict:
     """Mine the round's signals from the warehouse, store them, and pick those synthesis follows."""
 
-    def compute() -> dict:
-        with open_warehouse(config) as wh:
-            frame = wh.trajectory_frame(config.run_id, upto_round=round_)
+    def compute(wh: Warehouse) -> dict:
+        frame = wh.trajectory_frame(config.run_id, upto_round=round_)
         signals = mine_signals(frame, round_, config.run_id, config.signals)
-        with open_warehouse(config) as wh:
-            wh.write_signals(signals)
+        wh.write_signals(signals)
         selected = select_for_synthesis(signals, config.signals.max_signals_per_round)
         counts = count_by_kind(signals)
         get_run_logger().info("round %d: signals %s, %d selected for synthesis", round_, counts, len(selected))

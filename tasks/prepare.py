@@ -11,41 +11,17 @@ of training on it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pathlib import Path
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
-from coevolve.records import Message, Task, digest
+from coevolve.records import Task, digest
+from tasks.splits import BUILTIN_TINY, build_dev_split, build_initial_pools, sft_demonstrations  # noqa: F401 - stage API
 
-BUILTIN_TINY = "builtin:tiny"
-
-
-def build_initial_pools(config: PipelineConfig) -> tuple[list[Task], list[Task]]:
-    """The seed pool and the held-out split, disjoint, both reproducible from ``config.start_seed``."""
-    from envs.explorer import build_tasks
-
-    seed_pool = build_tasks(config.pool.seed_size, config.start_seed, origin="seed")
-    heldout = build_tasks(
-        config.rollout.heldout_tasks, config.start_seed + 7919, origin="heldout", exclude={t.task_id for t in seed_pool}
-    )
-    return seed_pool, heldout
-
-
-def build_dev_split(config: PipelineConfig, size: int = 200) -> list[Task]:
-    """Tasks for choosing settings without looking at the held-out split.
-
-    The same unguided explorer with another seed, disjoint from the seed pool, the held-out split and
-    (for the builtin policy) checkpoint 0's fine-tuning set, so a setting picked on it says nothing
-    about the held-out scores the ablation reports.
-    """
-    from envs.explorer import build_tasks
-
-    seed_pool, heldout = build_initial_pools(config)
-    exclude = {t.task_id for t in seed_pool + heldout}
-    if config.policy.model == BUILTIN_TINY:
-        exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
-    return build_tasks(size, config.start_seed + 31337, origin="dev", exclude=exclude)
-
+if TYPE_CHECKING:
+    from storage.warehouse import Warehouse
 
 def store_dev_split(config: PipelineConfig) -> list[Task]:
     """Build the dev split and store it under DEV_ROUND, where validation reads it to refuse its tasks."""
@@ -79,40 +55,6 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
     )
     out_dir = config.state_dir / "models" / f"tiny-{key[:12]}"
     return str(build_tiny_policy(out_dir, conversations, config.policy, config.start_seed))
-
-
-# Every run of an ablation starts from the same checkpoint 0 and must rebuild its demonstrations to
-# find it (about 10 s for 4,000), so they are kept for the life of the process.
-_DEMONSTRATIONS: dict[str, tuple[list[str], list[list[Message]]]] = {}
-
-
-def sft_demonstrations(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> tuple[list[str], list[list[Message]]]:
-    """Sorted task ids and expert conversations of the SFT set: the seed pool plus unguided tasks, no held-out one."""
-    from envs.explorer import build_tasks, demonstration
-    from tasks.common import make_environment
-
-    memo_key = digest(
-        {
-            "seed_pool": [t.task_id for t in seed_pool],
-            "heldout": sorted(t.task_id for t in heldout),
-            "n": config.policy.sft_tasks,
-            "seed": config.start_seed,
-            "environment": config.environment.model_dump(),
-        }
-    )
-    if memo_key not in _DEMONSTRATIONS:
-        extra = build_tasks(
-            max(0, config.policy.sft_tasks - len(seed_pool)),
-            config.start_seed + 104729,
-            origin="seed",
-            exclude={t.task_id for t in seed_pool + heldout},
-        )
-        env = make_environment(config.environment)
-        _DEMONSTRATIONS[memo_key] = (
-            sorted(t.task_id for t in seed_pool + extra),
-            [demonstration(task, env) for task in seed_pool + extra],
-        )
-    return _DEMONSTRATIONS[memo_key]
 
 
 def checkpoint_folder(checkpoint: str, local_only: bool = False) -> Path:
@@ -223,17 +165,16 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
     if round_ > 0:
         return {"checkpoint": verify_round_inputs(config, round_)}
 
-    def compute() -> dict:
+    def compute(wh: Warehouse) -> dict:
         from storage.pool import write_pool_snapshot
         from tasks.common import checkpoint_digest
         from tasks.evaluate import evaluate_checkpoint
 
         seed_pool, heldout = build_initial_pools(config)
-        with open_warehouse(config) as wh:
-            wh.ensure_run(config.run_id, config.model_dump(mode="json"))
-            wh.write_tasks(seed_pool + heldout)
-            wh.set_pool(config.run_id, 0, [t.task_id for t in seed_pool])
-            wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in heldout])
+        wh.ensure_run(config.run_id, config.model_dump(mode="json"))
+        wh.write_tasks(seed_pool + heldout)
+        wh.set_pool(config.run_id, 0, [t.task_id for t in seed_pool])
+        wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in heldout])
         logger.info("seed pool %d tasks, held-out split %d tasks", len(seed_pool), len(heldout))
         checkpoint = initial_checkpoint(config, seed_pool, heldout)
         # After checkpoint 0: the builtin policy's SFT set, which the dev split avoids, is built by then.

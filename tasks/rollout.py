@@ -10,7 +10,9 @@ update trains on.
 Sampling is seeded per message, before dispatch: every (run seed, round, task, sample) has its own
 episode seed (`episode_seed`) and each of its messages a seed from that and the step index
 (`message_seed`). Every engine takes one seed per prompt, so a round's samples differ from other
-rounds' and do not depend on batching, request scheduling or what the engine generated before.
+rounds' and do not depend on batching, request scheduling or what the engine generated before (the
+sampled tokens do not; behaviour logprobs can differ in their last bits between batches of
+different shapes, e.g. episodes replayed after an interrupted stage).
 
 Run alone: ``coevolve round --round R`` runs it as the first task of a round.
 """
@@ -19,16 +21,20 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections import Counter
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from tqdm.auto import tqdm
 
 from coevolve.config import EnvironmentConfig, RolloutConfig
 from coevolve.records import Step, Task, Trajectory
 from tasks.common import make_environment
+
+if TYPE_CHECKING:
+    from storage.warehouse import Warehouse
 
 
 class Engine(Protocol):
@@ -97,6 +103,9 @@ def play_episodes(
     progress: bool = True,
     desc: str = "rollout",
     seed: int | None = None,
+    skip: set[tuple[str, int]] | None = None,
+    on_finished: Callable[[list[Trajectory]], None] | None = None,
+    flush_every: int = 32,
 ) -> list[Trajectory]:
     """Play ``samples`` episodes of every task and return one Trajectory per episode.
 
@@ -108,10 +117,16 @@ def play_episodes(
     ``env_config.max_steps`` model messages ("max_steps"), when a message hit the token limit or
     the context is full ("length"), or when a message was unparseable garbage ("error"). Only
     "done" episodes can earn a reward; the others are failures with their reason recorded.
+
+    Episodes whose (task_id, sample) is in ``skip`` are not played (a resumed stage stored them
+    already). ``on_finished`` receives finished trajectories in batches of ``flush_every`` as
+    episodes end, and the rest at the end, so a caller can store them before the stage is over.
     """
     episodes: list[_Episode] = []
     for task in tasks:
         for sample in range(samples):
+            if skip and (task.task_id, sample) in skip:
+                continue
             env = make_environment(env_config)
             messages = env.reset(task)
             episodes.append(
@@ -125,12 +140,20 @@ def play_episodes(
             )
 
     bar = tqdm(total=len(episodes), desc=desc, unit="ep", disable=not progress, leave=False)
+    finished: list[Trajectory] = []
+    unflushed: list[Trajectory] = []
 
     def advance(chunk: list[_Episode], generations: list) -> None:
         for episode, generation in zip(chunk, generations):
             _advance(engine, episode, generation, env_config, max_context_tokens, max_new_tokens)
             if episode.finish_reason is not None:
                 bar.update(1)
+
+    def flush(at_least: int) -> None:
+        # Batches of at most flush_every: bounded files, and a failure loses at most one batch.
+        while on_finished is not None and unflushed and len(unflushed) >= at_least:
+            on_finished(unflushed[:flush_every])
+            del unflushed[:flush_every]
 
     active = list(episodes)
     # One worker steps the environments of a chunk while the engine generates for the next chunk
@@ -148,9 +171,16 @@ def play_episodes(
                 pending.append(stepper.submit(advance, chunk, generations))
             for stepped in pending:
                 stepped.result()  # re-raises an error of the environment step here
+            for episode in active:
+                if episode.finish_reason is not None:
+                    finished.append(_to_trajectory(episode, run_id, round_))
+                    unflushed.append(finished[-1])
+            flush(flush_every)
             active = [e for e in active if e.finish_reason is None]
+    flush(1)
     bar.close()
-    return [_to_trajectory(e, run_id, round_) for e in episodes]
+    order = {(e.task.task_id, e.sample): i for i, e in enumerate(episodes)}
+    return sorted(finished, key=lambda t: order[(t.task_id, t.sample)])
 
 
 def _advance(engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens) -> None:
@@ -236,22 +266,29 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from coevolve.config import PipelineConfig  # noqa: E402
 from coevolve.errors import DataError, is_retryable  # noqa: E402
-from tasks.common import engine_session, max_context, open_warehouse, resumable  # noqa: E402
+from tasks.common import engine_session, max_context, resumable  # noqa: E402
 
 
 @task(name="rollout", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
 def rollout_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
     """Play the round's batch with checkpoint ``round_`` and store the trajectories."""
 
-    def compute() -> dict:
-        with open_warehouse(config) as wh:
-            pool = wh.pool(config.run_id, round_)
+    def compute(wh: Warehouse) -> dict:
+        pool = wh.pool(config.run_id, round_)
         if not pool:
             raise DataError(f"Pool {round_} of run {config.run_id!r} is empty; round {round_ - 1} must finish first.")
         batch = draw_batch(pool, config.rollout.tasks_per_round, config.seed, round_)
+        # Episodes stored by an earlier, interrupted attempt are kept; only the missing ones are played.
+        stored = wh.stored_episodes(config.run_id, round_)
+        if stored:
+            get_run_logger().info("round %d: %d episodes already stored, playing the rest", round_, len(stored))
+
+        def store(finished: list) -> None:
+            wh.write_trajectories(finished)
+
         # Released before the update stage trains: vLLM shut down, GPU memory and connections freed.
         with engine_session(checkpoint, config) as engine:
-            trajectories = play_episodes(
+            play_episodes(
                 engine,
                 batch,
                 samples=config.rollout.group_size,
@@ -263,13 +300,14 @@ def rollout_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
                 max_context_tokens=max_context(engine),
                 batch_size=config.rollout.generate_batch,
                 seed=config.seed,  # same seed and round, same samples on a re-run
+                skip=stored,
+                on_finished=store,  # durable in batches as episodes end
+                flush_every=config.warehouse.flush_every,
             )
-        with open_warehouse(config) as wh:
-            wh.write_trajectories(trajectories)
-        reasons: dict[str, int] = {}
-        for t in trajectories:
-            reasons[t.finish_reason] = reasons.get(t.finish_reason, 0) + 1
-        get_run_logger().info("round %d: %d episodes, success %.3f, finish reasons %s", round_, len(trajectories), success_rate(trajectories), reasons)
-        return {"trajectories": len(trajectories), "tasks": len(batch), "success_rate": success_rate(trajectories), "finish_reasons": reasons}
+        outcomes = wh.outcomes(config.run_id, round_)
+        reasons = dict(sorted(Counter(outcomes["finish_reason"]).items()))
+        rate = sum(outcomes["success"]) / len(outcomes["success"]) if outcomes["success"] else 0.0
+        get_run_logger().info("round %d: %d episodes, success %.3f, finish reasons %s", round_, len(outcomes["success"]), rate, reasons)
+        return {"trajectories": len(outcomes["success"]), "tasks": len(batch), "success_rate": rate, "finish_reasons": reasons}
 
     return resumable(config, round_, "rollout", compute)

@@ -19,43 +19,14 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any, Callable, Protocol
-
-from tqdm.auto import tqdm
+from typing import TYPE_CHECKING, Any
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Candidate, Provenance, Signal, Task
+from tasks.synthesis_base import GUIDANCE, Synthesizer, provenance_of, synthesize_each, tools_of  # noqa: F401 - the stage's API
 
-# Exploration guidance per signal kind, as in the method description.
-GUIDANCE: dict[str, str] = {
-    "forgetting": "Practise the exact operations the agent used to master, with varied parameters, from simple to complex.",
-    "rare": "Explore variations of the rarely used actions: parameter combinations and edge cases.",
-    "boundary": "Explore what separates success from failure on this task, at several difficulty levels.",
-    "random": "Explore uniformly drawn tools from a uniformly drawn state (control arm).",
-}
-
-
-class Synthesizer(Protocol):
-    """Turns signals into candidate tasks: context, re-exploration, abstraction.
-
-    Returns the candidates and, per signal id, the record of how they were made (at least the
-    signal-conditioned context). Never raises on bad data: a broken exploration or malformed model
-    output is skipped with a reason; only InfrastructureError escapes, for Prefect to retry.
-    """
-
-    name: str
-
-    def synthesize(
-        self,
-        signals: list[Signal],
-        tasks_by_id: dict[str, Task],
-        tool_sequences: dict[str, list[str]],
-        config: SynthesisConfig,
-        round_: int,
-        seed: int,
-        progress: bool = True,
-    ) -> tuple[list[Candidate], dict[str, dict[str, Any]]]: ...
-
+if TYPE_CHECKING:
+    from storage.warehouse import Warehouse
 
 def build_context(signal: Signal, task: Task, tool_sequence: list[str], known_tools: list[str]) -> dict[str, Any]:
     """The signal-conditioned context that steers exploration, built from the signal's evidence."""
@@ -118,48 +89,6 @@ def _explore_and_abstract(
     return made
 
 
-def tools_of(task: Task) -> list[str]:
-    from envs.bfcl import BfclEnvironment
-
-    env = BfclEnvironment()
-    env.reset(task)
-    return env.tool_names()
-
-
-def provenance_of(signal: Signal, round_: int) -> Provenance:
-    """Where a task made from ``signal`` comes from; a random target has no parent trajectory."""
-    return Provenance(
-        origin=signal.kind,
-        round=round_,
-        parent_trajectory_id=None if signal.kind == "random" else signal.trajectory_id,
-        signal_id=signal.signal_id,
-    )
-
-
-def synthesize_each(
-    signals: list[Signal],
-    tasks_by_id: dict[str, Task],
-    tool_sequences: dict[str, list[str]],
-    for_signal: Callable[[Signal, Task, list[str]], tuple[list[Task], dict[str, Any]]],
-    progress: bool = True,
-    desc: str = "synthesize",
-) -> tuple[list[Candidate], dict[str, dict[str, Any]]]:
-    """Every synthesizer's outer loop: ``for_signal(signal, task, tool_sequence)`` on each signal whose task is in the pool.
-
-    Returns the candidates and, per signal id, the record ``for_signal`` returned.
-    """
-    candidates: list[Candidate] = []
-    records: dict[str, dict[str, Any]] = {}
-    for signal in tqdm(signals, desc=desc, unit="signal", disable=not progress, leave=False):
-        task = tasks_by_id.get(signal.task_id)
-        if task is None:
-            continue
-        made, record = for_signal(signal, task, tool_sequences.get(signal.trajectory_id, []))
-        records[signal.signal_id] = record
-        candidates += [Candidate(task=new, signal_id=signal.signal_id) for new in made]
-    return candidates, records
-
-
 def synthesize_from_signals(
     signals: list[Signal],
     tasks_by_id: dict[str, Task],
@@ -201,7 +130,7 @@ class ProgrammaticSynthesizer:
 def make_synthesizer(config: SynthesisConfig) -> Synthesizer:
     """The synthesizer ``config.synthesizer`` names."""
     if config.synthesizer == "llm":
-        from tasks.llm_client import ChatClient
+        from tasks.llm_client import ChatClient  # httpx, only for the LLM synthesizer
         from tasks.llm_synthesis import LLMSynthesizer
 
         return LLMSynthesizer(ChatClient.from_config(config))
@@ -257,19 +186,19 @@ from prefect import get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from coevolve.config import PipelineConfig  # noqa: E402
-from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import open_warehouse, resumable  # noqa: E402
+from coevolve.errors import DataError, is_retryable  # noqa: E402
+from tasks.common import resumable  # noqa: E402
 
 
 @task(name="synthesize", retries=2, retry_delay_seconds=2, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
-def synthesize_task(config: PipelineConfig, round_: int, selected: list[str]) -> list[dict]:
-    """Candidates for the round (as dicts: task, signal_id), from the selected signals or the random control."""
-    from tasks.mine import mine_signals
+def synthesize_task(config: PipelineConfig, round_: int, selected: list[str]) -> dict:
+    """Candidates for the round (``candidates``: dicts of task and signal_id) and how each was made (``contexts``).
 
-    def compute() -> dict:
-        with open_warehouse(config) as wh:
-            pool = wh.pool(config.run_id, round_)
-            frame = wh.trajectory_frame(config.run_id, upto_round=round_)
+    They come from the selected signals, as the mine stage stored them, or from the random control.
+    """
+
+    def compute(wh: Warehouse) -> dict:
+        pool = wh.pool(config.run_id, round_)
         sequences: dict[str, list[str]] = {}
         if config.synthesis.mode == "off":
             get_run_logger().info("round %d: synthesis is off; the pool stays static", round_)
@@ -277,11 +206,15 @@ def synthesize_task(config: PipelineConfig, round_: int, selected: list[str]) ->
         if config.synthesis.mode == "random":
             targets = random_targets(pool, len(selected), round_, config.seed)
         else:
-            wanted = set(selected)
-            targets = [s for s in mine_signals(frame, round_, config.run_id, config.signals) if s.signal_id in wanted]
-            targets.sort(key=lambda s: selected.index(s.signal_id))
-            current = frame.filter(frame["round"] == round_)
-            sequences = dict(zip(current["trajectory_id"].to_list(), current["tool_sequence"].to_list()))
+            stored = {s.signal_id: s for s in wh.signals(config.run_id, round_)}
+            missing = [sid for sid in selected if sid not in stored]
+            if missing:
+                raise DataError(
+                    f"Round {round_} selected {len(missing)} signal(s) the warehouse does not hold (e.g. {missing[0]}); "
+                    f"run the round again from its mine stage (`coevolve round --round {round_}` after clearing it)."
+                )
+            targets = [stored[sid] for sid in selected]
+            sequences = wh.tool_sequences(config.run_id, round_)
         candidates, contexts = synthesize_targets(targets, pool, config.synthesis, round_, config.seed, tool_sequences=sequences)
         rejections = sum(len(c.get("rejections", [])) for c in contexts.values())
         get_run_logger().info(
@@ -297,4 +230,4 @@ def synthesize_task(config: PipelineConfig, round_: int, selected: list[str]) ->
             "contexts": contexts,
         }
 
-    return resumable(config, round_, "synthesize", compute)["candidates"]
+    return resumable(config, round_, "synthesize", compute)

@@ -41,7 +41,7 @@ import time
 import warnings
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -49,6 +49,9 @@ from prefect.cache_policies import NO_CACHE
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError, is_retryable
 from coevolve.records import Trajectory, digest
+
+if TYPE_CHECKING:
+    from storage.warehouse import Warehouse
 
 # Keys of TRL's per-step logs that describe bookkeeping rather than training.
 _IGNORED_LOG_KEYS = {"epoch", "step", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
@@ -394,11 +397,10 @@ def update_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
     """Train checkpoint ``round_`` on the round's stored groups; checkpoint ``round_ + 1`` goes to the run folder."""
     from prefect import get_run_logger
 
-    from tasks.common import open_warehouse, resumable
+    from tasks.common import resumable
 
-    def compute() -> dict:
-        with open_warehouse(config) as wh:
-            trajectories = wh.trajectories(config.run_id, round_)
+    def compute(wh: Warehouse) -> dict:
+        trajectories = wh.trajectories(config.run_id, round_)
         out_dir = config.checkpoint_dir(round_ + 1)
         reference = kl_reference_checkpoint(config, checkpoint)
         if uses_launcher(config):

@@ -21,6 +21,7 @@ from coevolve.config import PoolConfig, SynthesisConfig
 from coevolve.records import Candidate, Task, Verdict, digest, normal_value
 
 if TYPE_CHECKING:
+    from storage.warehouse import Warehouse
     from tasks.similarity import NearDuplicateIndex
 
 
@@ -140,9 +141,8 @@ def sealed_splits(config: PipelineConfig) -> tuple[list[Task], list[Task]]:
 def validate_task(config: PipelineConfig, round_: int, candidates: list[dict]) -> dict:
     """Judge the candidates, store every verdict, and write pool ``round_ + 1``."""
 
-    def compute() -> dict:
-        with open_warehouse(config) as wh:
-            pool = wh.pool(config.run_id, round_)
+    def compute(wh: Warehouse) -> dict:
+        pool = wh.pool(config.run_id, round_)
         heldout, dev = sealed_splits(config)
         parsed = [Candidate(task=Task.from_dict(c["task"]), signal_id=c.get("signal_id")) for c in candidates]
         llm_judge = None
@@ -158,10 +158,9 @@ def validate_task(config: PipelineConfig, round_: int, candidates: list[dict]) -
         judged = validate_candidates(parsed, pool, heldout, config.synthesis, llm_judge, near, dev=dev)
         grown = next_pool(pool, judged, config.pool)
         accepted = [c.task for c in judged if c.verdict and c.verdict.accepted]
-        with open_warehouse(config) as wh:
-            wh.write_candidates(config.run_id, round_, judged)
-            wh.write_tasks(accepted)
-            wh.set_pool(config.run_id, round_ + 1, [t.task_id for t in grown])
+        wh.write_candidates(config.run_id, round_, judged)
+        wh.write_tasks(accepted)
+        wh.set_pool(config.run_id, round_ + 1, [t.task_id for t in grown])
         reasons: dict[str, int] = {}
         for c in judged:
             if c.verdict and not c.verdict.accepted:

@@ -15,11 +15,14 @@ far, and logs the run's learning curve (PNG) to the round's MLflow run.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from coevolve.records import RoundSummary
+
+if TYPE_CHECKING:
+    from storage.warehouse import Warehouse
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -104,7 +107,7 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
 from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import open_warehouse, resumable  # noqa: E402
+from tasks.common import resumable  # noqa: E402
 
 
 @task(name="version", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
@@ -115,16 +118,14 @@ def version_task(config: PipelineConfig, round_: int, outputs: dict[str, dict[st
     from tasks.common import checkpoint_digest
     from tasks.plots import learning_curve
 
-    def compute() -> dict:
+    def compute(wh: Warehouse) -> dict:
         flow_run_id = str(flow_run.get_id() or "")
         summary = build_summary(config, round_, outputs, flow_run_id)
-        with open_warehouse(config) as wh:
-            pool = wh.pool(config.run_id, round_ + 1)
+        pool = wh.pool(config.run_id, round_ + 1)
         pool_path = config.pool_path(round_ + 1)
         summary.pool_digest = write_pool_snapshot(pool, pool_path)
         weights_digest = checkpoint_digest(summary.checkpoint)
-        with open_warehouse(config) as wh:
-            parent = parent_record(wh, config.run_id, round_)
+        parent = parent_record(wh, config.run_id, round_)
         tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
         metrics = {
             "pool_size": summary.pool_size,
@@ -148,16 +149,16 @@ def version_task(config: PipelineConfig, round_: int, outputs: dict[str, dict[st
             tags=lineage_tags(config.run_id, round_, weights_digest, parent, outputs["update"].get("trained_on", {})),
             training_pool_path=config.pool_path(round_),
             training_pool_digest=parent["pool_digest"],
+            # 'uri': the version points at the checkpoint on shared storage instead of a copy in artifacts.
+            checkpoint_uri=Path(summary.checkpoint).resolve().as_uri() if config.tracking.register_checkpoints == "uri" else None,
         )
         summary.model_version = str(info["model_version"])
         best = tracker.update_best(config.registered_model_name)
-        with open_warehouse(config) as wh:
-            earlier = [s for s in wh.rounds(config.run_id) if s.round < round_]
+        earlier = [s for s in wh.rounds(config.run_id) if s.round < round_]
         figure = learning_curve(earlier + [summary], config.run_dir() / "figures" / f"learning-curve-{round_:03d}.png")
         tracker.attach_artifact(info["mlflow_run_id"], figure)
         # Closing the round comes last: a crash before it re-runs this stage, and every call above is idempotent.
-        with open_warehouse(config) as wh:
-            wh.finish_round(config.run_id, round_, summary)
+        wh.finish_round(config.run_id, round_, summary)
         get_run_logger().info("round %d: model version %s (best %s), pool digest %s", round_, summary.model_version, best, summary.pool_digest[:12])
         return {**summary.to_dict(), "mlflow_run_id": info["mlflow_run_id"], "checkpoint_digest": weights_digest, "best_version": best}
 

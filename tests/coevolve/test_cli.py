@@ -46,7 +46,7 @@ def test_evaluate_with_an_unknown_category_exits_2_naming_the_choices(tmp_path, 
 def _warehouse(state_dir):
     from storage.warehouse import Warehouse
 
-    Warehouse(state_dir / "warehouse.duckdb").close()
+    Warehouse(state_dir / "warehouse").close()
 
 
 def test_sql_with_a_syntax_error_prints_the_databases_message_on_one_line(tmp_path, capsys):
@@ -81,7 +81,8 @@ def test_sql_with_a_bad_query_exits_non_zero_without_a_traceback(tmp_path):
 
 
 def test_sql_on_a_damaged_warehouse_says_how_to_recover(tmp_path, capsys):
-    (tmp_path / "warehouse.duckdb").write_bytes(b"\x13" * 20_000)
+    (tmp_path / "warehouse" / "catalog").mkdir(parents=True)
+    (tmp_path / "warehouse" / "catalog" / "layout.json").write_bytes(b"\x13" * 20_000)
     assert main(["sql", "SELECT 1", "--set", f"state_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
-    assert str(tmp_path / "warehouse.duckdb") in err and "from a backup" in err and err.count("\n") == 1
+    assert str(tmp_path / "warehouse") in err and "from a backup" in err and err.count("\n") == 1

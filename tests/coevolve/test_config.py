@@ -68,7 +68,7 @@ def test_inconsistent_task_lengths_are_rejected_with_a_fix():
 
 def test_state_paths_follow_state_dir(tmp_path):
     config = PipelineConfig(state_dir=tmp_path, run_id="r1")
-    assert config.warehouse_path == tmp_path / "warehouse.duckdb"
+    assert config.warehouse_path == tmp_path / "warehouse"
     assert config.pool_path(2).parent == tmp_path / "runs" / "r1" / "pools"
     assert config.mlflow_tracking_uri.startswith("sqlite:///")
 
@@ -113,3 +113,8 @@ def test_state_dir_is_absolute_once_loaded(tmp_path, monkeypatch):
     config = load_config(overrides=["state_dir=state"], environ={})
     assert config.state_dir == tmp_path / "state"
     assert config.checkpoint_dir(1).is_absolute()
+
+
+def test_registering_checkpoints_by_uri_through_a_tracking_server_is_refused_saying_what_works():
+    with pytest.raises(ConfigError, match="register_checkpoints='uri' cannot be used with the MLflow tracking server"):
+        load_config(overrides=["tracking.mlflow_uri=http://127.0.0.1:5000", "tracking.register_checkpoints=uri"], environ={})

@@ -32,49 +32,92 @@ def assert_says_how_to_recover(error: DataError, path: Path) -> None:
     assert "from a backup" in message and "move it aside" in message and "untouched" in message
 
 
+RUN = "run-a"
+
+
 @pytest.fixture
-def healthy_warehouse(tmp_path: Path, make_task) -> Path:
-    path = tmp_path / "warehouse.duckdb"
-    with Warehouse(path) as wh:
-        wh.write_tasks([make_task(i) for i in range(20)])
+def healthy_warehouse(tmp_path: Path, make_task, make_trajectory) -> Path:
+    root = tmp_path / "warehouse"
+    with Warehouse(root) as wh:
+        tasks = [make_task(i) for i in range(20)]
+        wh.write_tasks(tasks)
+        wh.set_pool(RUN, 0, [t.task_id for t in tasks])
+        wh.write_trajectories([make_trajectory(t.task_id, s, s == 0) for t in tasks for s in range(2)])
+    return root
+
+
+def trajectory_file(root: Path) -> Path:
+    (path,) = (root / "tables" / "trajectories" / f"run_id={RUN}" / "round=0").glob("*.parquet")
     return path
 
 
-# -- the warehouse --------------------------------------------------------------------------------
+def assert_says_how_to_redo(error: DataError, path: Path) -> None:
+    message = str(error)
+    assert str(path) in message and "\n" not in message
+    assert "move it aside" in message and "coevolve round --round 0" in message
+
+
+# -- the warehouse: its table files ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["random bytes", "truncated", "damaged block"])
+def test_a_damaged_table_file_is_a_data_error_that_says_how_to_recover(healthy_warehouse, damage):
+    path = trajectory_file(healthy_warehouse)
+    data = bytearray(path.read_bytes())
+    if damage == "random bytes":
+        data = bytearray(noise(len(data)))
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    else:
+        data[4 : len(data) // 2] = noise(len(data) // 2 - 4)
+    path.write_bytes(bytes(data))
+    wh = Warehouse(healthy_warehouse, read_only=True)
+    with pytest.raises(DataError) as caught:
+        wh.trajectories(RUN, 0)
+    assert_says_how_to_redo(caught.value, path)
+    with pytest.raises(DataError) as caught:
+        wh.sql("SELECT count(*) FROM trajectories")
+    assert_says_how_to_redo(caught.value, path)
+    assert not retried(caught.value)
+
+
+def test_a_file_that_is_not_parquet_among_the_tables_is_a_data_error(healthy_warehouse):
+    stray = trajectory_file(healthy_warehouse).parent / "notes.parquet"
+    stray.write_text("round 0 looked fine\n")
+    with pytest.raises(DataError) as caught:
+        Warehouse(healthy_warehouse, read_only=True).sql("SELECT count(*) FROM trajectories")
+    assert_says_how_to_redo(caught.value, stray)
+
+
+def test_the_other_tables_stay_readable_beside_a_damaged_file(healthy_warehouse, make_task):
+    trajectory_file(healthy_warehouse).write_bytes(noise(1000))
+    wh = Warehouse(healthy_warehouse, read_only=True)
+    assert len(wh.pool(RUN, 0)) == 20
+    assert wh.sql("SELECT count(*) AS n FROM steps")["n"][0] == 80
+
+
+# -- the warehouse: its catalog and its root ------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", [b"", b'{"version": 3', b"[3]", b'{"version": "three"}', noise(300)])
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_damaged_layout_record_is_a_data_error_that_says_how_to_recover(healthy_warehouse, content, read_only):
+    layout = healthy_warehouse / "catalog" / "layout.json"
+    layout.write_bytes(content)
+    with pytest.raises(DataError) as caught:
+        Warehouse(healthy_warehouse, read_only=read_only)
+    assert_says_how_to_recover(caught.value, layout)
+    assert not retried(caught.value)
+    assert layout.read_bytes() == content, "a damaged record is never overwritten"
 
 
 @pytest.mark.parametrize("read_only", [False, True])
-def test_a_warehouse_of_random_bytes_is_a_data_error_that_says_how_to_recover(tmp_path, read_only):
-    path = tmp_path / "warehouse.duckdb"
+def test_a_warehouse_root_of_random_bytes_is_a_data_error_that_says_how_to_recover(tmp_path, read_only):
+    path = tmp_path / "warehouse"
     path.write_bytes(noise(20_000))
     with pytest.raises(DataError) as caught:
         Warehouse(path, read_only=read_only)
     assert_says_how_to_recover(caught.value, path)
-
-
-@pytest.mark.parametrize("read_only", [False, True])
-def test_a_truncated_warehouse_is_a_data_error_that_says_how_to_recover(healthy_warehouse, read_only):
-    healthy_warehouse.write_bytes(healthy_warehouse.read_bytes()[:8192])
-    with pytest.raises(DataError) as caught:
-        Warehouse(healthy_warehouse, read_only=read_only)
-    assert_says_how_to_recover(caught.value, healthy_warehouse)
-
-
-@pytest.mark.parametrize("read_only", [False, True])
-def test_a_warehouse_with_a_damaged_block_is_a_data_error_that_says_how_to_recover(healthy_warehouse, read_only):
-    data = bytearray(healthy_warehouse.read_bytes())
-    data[12288 : 12288 + 16384] = noise(16384)
-    healthy_warehouse.write_bytes(bytes(data))
-    with pytest.raises(DataError) as caught:
-        Warehouse(healthy_warehouse, read_only=read_only)
-    assert_says_how_to_recover(caught.value, healthy_warehouse)
-
-
-def test_a_damaged_warehouse_is_not_retried(tmp_path):
-    path = tmp_path / "warehouse.duckdb"
-    path.write_bytes(noise(20_000))
-    with pytest.raises(DataError) as caught:
-        Warehouse(path)
     assert not retried(caught.value)
 
 

@@ -1,113 +1,160 @@
-"""A second process can query the warehouse between the writer's batches.
+"""Writers and readers in separate processes, at once, with no lock; a writer killed with -9 leaves nothing a reader sees.
 
-DuckDB allows one read-write process or many read-only ones on a file, never both at once.
-The warehouse releases the file after every batch and both sides retry on the lock, so an
-analyst's process and the pipeline take turns instead of failing.
+Every file is written under a hidden name and renamed into place, so readers see whole files only,
+and writers of disjoint shards of one round never touch each other's files.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import duckdb
 import pytest
 
-from coevolve.errors import InfrastructureError
 from storage.warehouse import Warehouse
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = "run-a"
-BATCHES = 12
-PER_BATCH = 4
+WRITERS, BATCHES, PER_BATCH = 4, 6, 5
 
-READER = """
-import json, sys, time
+# One shard of round 0: tasks shard*100 + batch*10 + i, each batch one write_trajectories call.
+WRITER = """
+import sys
+sys.path.insert(0, "tests/storage")
+from conftest import build_task, build_trajectory
 from storage.warehouse import Warehouse
-path, final = sys.argv[1], int(sys.argv[2])
-wh = Warehouse(path, read_only=True)
+
+root, shard, batches, per_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+wh = Warehouse(root)
 print("ready", flush=True)
-seen, deadline = [], time.monotonic() + 60
-while time.monotonic() < deadline:
-    n = wh.sql("SELECT count(*) AS n FROM trajectories")["n"][0]
-    seen.append(int(n))
-    if n >= final:
-        break
-    time.sleep(0.01)
+sys.stdin.readline()  # all writers start together
+for b in range(batches):
+    tasks = [build_task(shard * 100 + b * 10 + i) for i in range(per_batch)]
+    wh.write_trajectories([build_trajectory(t.task_id, s, s == 0) for t in tasks for s in range(2)])
+"""
+
+# Scans both tables in one session until told to stop; prints every count it saw, or the error.
+READER = """
+import json, select, sys
+from storage.warehouse import Warehouse
+
+con = Warehouse(sys.argv[1], read_only=True).connect()
+seen = []
+print("ready", flush=True)
+while not select.select([sys.stdin], [], [], 0)[0]:
+    heads = con.execute("SELECT count(*) FROM trajectories").fetchone()[0]
+    steps = con.execute("SELECT count(*) FROM steps").fetchone()[0]
+    seen.append([heads, steps])
 print(json.dumps(seen), flush=True)
 """
 
 
-def _spawn(*args: str) -> subprocess.Popen[str]:
+def spawn(code: str, *args: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-c", code, *map(str, args)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
 
 
-def test_a_reader_process_sees_each_batch_while_the_writer_runs(tmp_path: Path, make_task, make_trajectory) -> None:
-    path = tmp_path / "wh.duckdb"
-    writer = Warehouse(path)
-    reader = _spawn("-c", READER, str(path), str(BATCHES * PER_BATCH))
+def test_four_writers_of_disjoint_shards_and_a_reader_run_at_once(tmp_path: Path) -> None:
+    root = tmp_path / "wh"
+    Warehouse(root).close()
+    reader = spawn(READER, root)
+    writers = [spawn(WRITER, root, shard, BATCHES, PER_BATCH) for shard in range(WRITERS)]
     try:
-        assert reader.stdout.readline().strip() == "ready", reader.stderr.read()
-        for b in range(BATCHES):
-            tid = make_task(b).task_id
-            writer.write_trajectories([make_trajectory(tid, s, s % 2 == 0) for s in range(PER_BATCH)])
-            time.sleep(0.1)
-        out, err = reader.communicate(timeout=60)
+        for process in [reader, *writers]:
+            assert process.stdout.readline().strip() == "ready", process.stderr.read()
+        for writer in writers:
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
+        for writer in writers:
+            _, err = writer.communicate(timeout=120)
+            assert writer.returncode == 0, err
+        out, err = reader.communicate("stop\n", timeout=60)
+        assert reader.returncode == 0, err
     finally:
-        reader.kill()
+        for process in [reader, *writers]:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+    total = WRITERS * BATCHES * PER_BATCH * 2
     seen = json.loads(out.strip().splitlines()[-1])
-    assert reader.returncode == 0, err
-    assert seen == sorted(seen), "a reader never sees a half-written or rolled-back batch"
-    assert seen[-1] == BATCHES * PER_BATCH
-    assert any(0 < n < BATCHES * PER_BATCH for n in seen), "the reader got in between batches"
-    assert all(n % PER_BATCH == 0 for n in seen), "each batch is one transaction"
+    assert seen, "the reader ran while the writers wrote"
+    assert all(heads <= total and steps <= 2 * total for heads, steps in seen)
+    assert any(0 < heads < total for heads, _ in seen), "the reader's queries fell between writes"
+
+    wh = Warehouse(root, read_only=True)
+    counts = wh.sql(
+        "SELECT (SELECT count(*) FROM trajectories) AS heads, (SELECT count(DISTINCT trajectory_id) FROM trajectories) "
+        "AS ids, (SELECT count(*) FROM steps) AS steps, (SELECT count(DISTINCT (trajectory_id, step_index)) FROM steps) "
+        "AS step_keys"
+    ).row(0)
+    assert counts == (total, total, 2 * total, 2 * total), "every row is there exactly once"
+    orphans = wh.sql("SELECT count(*) AS n FROM steps s ANTI JOIN trajectories t USING (trajectory_id)")["n"][0]
+    assert orphans == 0
+    assert not list(root.rglob("*.partial"))
 
 
-HOLDER = """
-import sys, time, duckdb
-con = duckdb.connect(sys.argv[1])
-print("holding", flush=True)
-time.sleep(float(sys.argv[2]))
-con.close()
+# Writes one batch large enough that writing it takes a while, then says it finished.
+BIG_WRITER = """
+import array, random, sys
+sys.path.insert(0, "tests/storage")
+from conftest import build_trajectory
+from storage.warehouse import Warehouse
+
+root, count, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(0)
+trajs = []
+for i in range(count):
+    t = build_trajectory(f"task-{i:04d}", 0, i % 2 == 0)
+    t.completion_ids = list(array.array("i", rng.randbytes(4 * tokens)))  # incompressible: the file is big
+    trajs.append(t)
+wh = Warehouse(root)
+print("writing", flush=True)
+wh.write_trajectories(trajs)
+print("written", flush=True)
 """
 
 
-def test_a_reader_waits_for_a_writer_that_holds_the_file(tmp_path: Path) -> None:
-    path = tmp_path / "wh.duckdb"
-    Warehouse(path).close()
-    holder = _spawn("-c", HOLDER, str(path), "1.0")
+def test_a_writer_killed_in_the_middle_of_a_file_leaves_only_a_hidden_partial_that_a_resume_removes(
+    tmp_path: Path, make_trajectory
+) -> None:
+    root = tmp_path / "wh"
+    with Warehouse(root) as wh:
+        wh.write_trajectories([make_trajectory("kept", s, True) for s in range(3)])
+    writer = spawn(BIG_WRITER, root, 400, 40_000)
+    partial: list[Path] = []
     try:
-        assert holder.stdout.readline().strip() == "holding"
-        start = time.monotonic()
-        reader = Warehouse(path, read_only=True, lock_timeout_s=30)
-        assert reader.sql("SELECT count(*) AS n FROM runs")["n"][0] == 0
-        assert time.monotonic() - start > 0.3
+        assert writer.stdout.readline().strip() == "writing", writer.stderr.read()
+        deadline = time.monotonic() + 60
+        while not partial and writer.poll() is None and time.monotonic() < deadline:
+            partial = list((root / "tables").rglob("*.partial"))
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait(timeout=30)
     finally:
-        holder.communicate(timeout=30)
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    assert partial, "the writer was killed while a file was being written"
+    assert writer.returncode == -signal.SIGKILL
 
+    # Readers see the rows written before, and none of the killed write.
+    reader = Warehouse(root, read_only=True)
+    assert reader.sql("SELECT count(*) AS n FROM trajectories")["n"][0] == 3
+    assert reader.stored_episodes(RUN, 0) == {("kept", 0), ("kept", 1), ("kept", 2)}
+    assert [p for p in root.rglob("*.partial")], "a read-only warehouse removes nothing"
 
-def test_a_lock_held_too_long_is_a_retryable_infrastructure_error(tmp_path: Path) -> None:
-    path = tmp_path / "wh.duckdb"
-    Warehouse(path).close()
-    holder = _spawn("-c", HOLDER, str(path), "3.0")
-    try:
-        assert holder.stdout.readline().strip() == "holding"
-        with pytest.raises(InfrastructureError, match="locked"):
-            Warehouse(path, lock_timeout_s=0.3)
-    finally:
-        holder.kill()
-        holder.communicate(timeout=30)
-
-
-def test_the_writer_leaves_the_file_unlocked_between_calls(tmp_path: Path) -> None:
-    path = tmp_path / "wh.duckdb"
-    writer = Warehouse(path)
-    writer.ensure_run(RUN, {})
-    con = duckdb.connect(str(path), read_only=True)
-    assert con.execute("SELECT run_id FROM runs").fetchall() == [(RUN,)]
-    con.close()
+    # A resumed writer removes what the killed one left and writes the batch again.
+    resumed = Warehouse(root)
+    assert {task for task, _ in resumed.stored_episodes(RUN, 0)} == {"kept"}
+    assert not list(root.rglob("*.partial"))
+    orphans = resumed.sql("SELECT count(*) AS n FROM steps s ANTI JOIN trajectories t USING (trajectory_id)")["n"][0]
+    assert orphans == 0

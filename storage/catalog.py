@@ -1,0 +1,94 @@
+"""The warehouse's bookkeeping: runs, rounds and finished stages, one small JSON object per record.
+
+Layout under the warehouse root::
+
+    catalog/layout.json                                   the layout version (storage/migrations.py)
+    catalog/runs/<run>.json                               one run and its configuration
+    catalog/rounds/run_id=<run>/<round>.json              status, summary, flow run of one round
+    catalog/stage_runs/run_id=<run>/round=<n>/<stage>.json  a finished stage and the output it recorded
+
+Each record is written whole in one atomic step (rename on a filesystem, one PUT on an object store)
+and read without any lock, so a reader can never hold up the pipeline and never sees half a record.
+A record has one writer at a time: the stages of a round run one after another, under the run's lock.
+Operations that touch several records order them so that an interruption leaves a state the next
+run repairs: `Warehouse.clear_round` forgets stages last-first before deleting their rows, so a
+stage is never marked finished without its rows.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from storage.tables import TableFiles
+
+# The run of the placeholder records: one per kind, so the glob a view reads always matches a file
+# (a DuckDB session opened on a new warehouse then sees records written after it opened). Never
+# returned by `Catalog.records`; the views leave it out.
+PLACEHOLDER_RUN = "_empty"
+
+
+class Catalog:
+    """Reads and writes the bookkeeping records of one warehouse root."""
+
+    def __init__(self, files: TableFiles) -> None:
+        self.files = files
+        self.dir = f"{files.path}/catalog"
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    def layout_path(self) -> str:
+        return f"{self.dir}/layout.json"
+
+    def run_path(self, run_id: str) -> str:
+        return f"{self.dir}/runs/{run_id}.json"
+
+    def round_path(self, run_id: str, round_: int) -> str:
+        return f"{self.dir}/rounds/run_id={run_id}/{int(round_)}.json"
+
+    def stage_path(self, run_id: str, round_: int, stage: str) -> str:
+        return f"{self.dir}/stage_runs/run_id={run_id}/round={int(round_)}/{stage}.json"
+
+    # -- records -------------------------------------------------------------------------------
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        try:
+            with self.files.fs.open(path, "rb") as handle:
+                return json.loads(handle.read())
+        except FileNotFoundError:
+            return None
+
+    def put(self, path: str, record: dict[str, Any]) -> None:
+        self.files.write_bytes(path, json.dumps(record, default=str, sort_keys=True).encode())
+
+    def put_placeholder(self, kind: str) -> None:
+        """Writes the placeholder record of ``kind`` (runs, rounds, stage_runs)."""
+        path = {
+            "runs": self.run_path(PLACEHOLDER_RUN),
+            "rounds": self.round_path(PLACEHOLDER_RUN, 0),
+            "stage_runs": self.stage_path(PLACEHOLDER_RUN, 0, PLACEHOLDER_RUN),
+        }[kind]
+        self.put(path, {"run_id": PLACEHOLDER_RUN})
+
+    def remove(self, path: str) -> None:
+        self.files.delete([path])
+
+    def records(self, kind: str, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Every record of ``kind`` (runs, rounds, stage_runs), optionally of one run."""
+        if kind == "runs":
+            pattern = f"{self.dir}/runs/{run_id or '*'}.json"
+        elif kind == "rounds":
+            pattern = f"{self.dir}/rounds/run_id={run_id or '*'}/*.json"
+        else:
+            pattern = f"{self.dir}/stage_runs/run_id={run_id or '*'}/*/*.json"
+        try:
+            paths = sorted(self.files.fs.glob(pattern))
+        except FileNotFoundError:
+            return []
+        found = []
+        for path in paths:
+            record = self.get(path)
+            # None: removed between the listing and the read.
+            if record is not None and record.get("run_id") != PLACEHOLDER_RUN:
+                found.append(record)
+        return found

@@ -1,0 +1,398 @@
+"""Convert a single-file warehouse (``warehouse.duckdb``, layout versions 1 and 2) to the open-table layout.
+
+``coevolve warehouse migrate [PATH] [--to ROOT]`` calls `migrate`: it reads the old file read-only,
+writes every table as the Parquet files and catalog records a fresh warehouse holds (storage/tables.py,
+storage/catalog.py), then `compare`s both sides table by table. The old file is never changed, and
+nothing is deleted when the comparison fails: the report says which table differs.
+
+The comparison runs in one DuckDB session on both sides: the old file attached read-only, the new
+layout through the views `Warehouse.connect` defines. Each table is reduced to a canonical projection
+(the same columns on both sides, JSON texts with sorted keys, tool calls as name and JSON literal of
+each argument), and its digest is the MD5 of the sorted MD5s of its rows, so row order and file
+boundaries do not matter but every value does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from coevolve.errors import DataError
+from storage.migrations import SINGLE_FILE_VERSION
+from storage.tables import TableFiles
+from storage.warehouse import CALL_TYPE, SCHEMAS, Warehouse, part_name
+
+# Tables in the order they are copied and compared: catalog records first, then table files.
+TABLES: tuple[str, ...] = (
+    "runs", "rounds", "stage_runs", "tasks", "pool_membership", "trajectories", "steps", "signals", "candidates",
+    "evaluations",
+)  # fmt: skip
+# Rows per written file of the bulk tables (trajectories with their steps, tasks).
+BATCH_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class TableCheck:
+    """Row count and content digest of one table on both sides."""
+
+    table: str
+    old_rows: int
+    new_rows: int
+    old_digest: str
+    new_digest: str
+
+    @property
+    def ok(self) -> bool:
+        return self.old_rows == self.new_rows and self.old_digest == self.new_digest
+
+
+@dataclass(frozen=True)
+class MigrationReport:
+    source: str
+    target: str
+    checks: list[TableCheck] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def mismatched(self) -> list[str]:
+        return [c.table for c in self.checks if not c.ok]
+
+    def format(self) -> str:
+        """The comparison as a table, one line per table."""
+        header = f"{'table':<16} {'old rows':>10} {'new rows':>10}  {'old digest':<16}  {'new digest':<16}  result"
+        lines = [header]
+        for c in self.checks:
+            lines.append(
+                f"{c.table:<16} {c.old_rows:>10} {c.new_rows:>10}  {c.old_digest[:16]:<16}  {c.new_digest[:16]:<16}  "
+                f"{'ok' if c.ok else 'DIFFERS'}"
+            )
+        return "\n".join(lines)
+
+
+def default_target(source: str | os.PathLike[str]) -> Path:
+    """Where the converted warehouse goes by default: the folder ``warehouse`` beside the old file."""
+    return Path(os.path.abspath(os.path.expanduser(os.fspath(source)))).parent / "warehouse"
+
+
+def source_version(source: str | os.PathLike[str]) -> int:
+    """The layout version of a single-file warehouse; DataError when the file is not one this code converts."""
+    path = Path(os.path.expanduser(os.fspath(source)))
+    if not path.is_file():
+        raise DataError(f"No single-file warehouse at {path}; pass the path of the old warehouse.duckdb.")
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error as exc:
+        raise DataError(f"{path} cannot be opened as a DuckDB database ({_one_line(exc)}).") from exc
+    try:
+        found = con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'"
+        ).fetchone()
+        if not found or not found[0]:
+            raise DataError(f"{path} is a DuckDB file without a schema_version table: not a CoEvolve warehouse.")
+        row = con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()
+    finally:
+        con.close()
+    version = int(row[0]) if row else 0
+    if not 1 <= version <= SINGLE_FILE_VERSION:
+        raise DataError(
+            f"{path} has single-file schema version {version}; this code converts versions 1 to {SINGLE_FILE_VERSION}."
+        )
+    return version
+
+
+def migrate(
+    source: str | os.PathLike[str],
+    target: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    batch_rows: int = BATCH_ROWS,
+) -> MigrationReport:
+    """Copy every table of the old file into a new warehouse at ``target``, then compare both sides.
+
+    ``target`` defaults to `default_target`; it may be a URL (``s3://bucket/prefix``, with fsspec
+    ``storage_options``). A target that already holds a warehouse is refused, so nothing is mixed.
+    """
+    path = Path(os.path.abspath(os.path.expanduser(os.fspath(source))))
+    source_version(path)
+    root = os.fspath(target) if target is not None else str(default_target(path))
+    files = TableFiles.open(root, storage_options)
+    if files.exists(f"{files.path}/catalog/layout.json"):
+        raise DataError(
+            f"{files.root} already holds a warehouse; migrate into a new place (--to), or compare the two with --check."
+        )
+    old = duckdb.connect(str(path), read_only=True)
+    try:
+        with Warehouse(root, storage_options=storage_options) as wh:
+            _copy_catalog(old, wh)
+            _copy_tasks(old, wh, batch_rows)
+            _copy_pool(old, wh)
+            _copy_trajectories(old, wh, batch_rows)
+            _copy_small(old, wh, "signals", ["signal_id", "kind", "trajectory_id", "task_id", "evidence::VARCHAR"])
+            _copy_small(old, wh, "candidates",
+                        ["task_id", "signal_key", "signal_id", "origin", "accepted", "reason", "task::VARCHAR"])  # fmt: skip
+            _copy_evaluations(old, wh)
+    finally:
+        old.close()
+    return compare(path, root, storage_options)
+
+
+# -- copying ---------------------------------------------------------------------------------------
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
+def _rows(con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    relation = con.execute(query, list(params))
+    names = [d[0] for d in relation.description]
+    return [dict(zip(names, row)) for row in relation.fetchall()]
+
+
+def _table(con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()) -> pa.Table:
+    return con.sql(query, params=list(params) or None).to_arrow_table()
+
+
+def _stamp(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat(sep=" ")
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _batches(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), max(1, size)):
+        yield items[start : start + size]
+
+
+def _copy_catalog(old: duckdb.DuckDBPyConnection, wh: Warehouse) -> None:
+    catalog = wh.catalog
+    for r in _rows(old, "SELECT run_id, created_at, config::VARCHAR AS config FROM runs ORDER BY run_id"):
+        catalog.put(
+            catalog.run_path(r["run_id"]),
+            {"run_id": r["run_id"], "created_at": _stamp(r["created_at"]), "config": _json(r["config"])},
+        )
+    query = (
+        "SELECT run_id, round, status, summary::VARCHAR AS summary, flow_run_id, started_at, finished_at "
+        "FROM rounds ORDER BY run_id, round"
+    )
+    for r in _rows(old, query):
+        catalog.put(
+            catalog.round_path(r["run_id"], r["round"]),
+            {"run_id": r["run_id"], "round": r["round"], "status": r["status"], "summary": _json(r["summary"]),
+             "flow_run_id": r["flow_run_id"], "started_at": _stamp(r["started_at"]),
+             "finished_at": _stamp(r["finished_at"])},
+        )  # fmt: skip
+    query = "SELECT run_id, round, stage, finished_at, output::VARCHAR AS output FROM stage_runs ORDER BY ALL"
+    for r in _rows(old, query):
+        catalog.put(
+            catalog.stage_path(r["run_id"], r["round"], r["stage"]),
+            {"run_id": r["run_id"], "round": r["round"], "stage": r["stage"], "finished_at": _stamp(r["finished_at"]),
+             "output": _json(r["output"])},
+        )  # fmt: skip
+
+
+def _select(table: str, exclude: tuple[str, ...] = ()) -> str:
+    """The old table's columns that the new files hold, in the new schema's order."""
+    return ", ".join(
+        f'"{f.name}"::VARCHAR AS "{f.name}"' if f.name in ("task", "evidence") else f'"{f.name}"'
+        for f in SCHEMAS[table]
+        if f.name not in exclude
+    )
+
+
+def _copy_tasks(old: duckdb.DuckDBPyConnection, wh: Warehouse, batch_rows: int) -> None:
+    ids = [r[0] for r in old.execute("SELECT task_id FROM tasks ORDER BY task_id").fetchall()]
+    for chunk in _batches(ids, batch_rows):
+        old.register("_chunk", pa.table({"task_id": pa.array(chunk, pa.string())}))
+        try:
+            table = _table(
+                old, f"SELECT {_select('tasks')} FROM tasks WHERE task_id IN (SELECT task_id FROM _chunk) ORDER BY task_id"
+            )
+        finally:
+            old.unregister("_chunk")
+        wh.files.write(f"{wh.files.table_dir('tasks')}/{part_name(chunk)}.parquet", table.cast(SCHEMAS["tasks"]))
+
+
+def _partitions(old: duckdb.DuckDBPyConnection, table: str) -> list[tuple[str, int]]:
+    return [(r[0], int(r[1])) for r in old.execute(f"SELECT DISTINCT run_id, round FROM {table} ORDER BY ALL").fetchall()]
+
+
+def _copy_pool(old: duckdb.DuckDBPyConnection, wh: Warehouse) -> None:
+    for run_id, round_ in _partitions(old, "pool_membership"):
+        table = _table(
+            old,
+            "SELECT position, task_id FROM pool_membership WHERE run_id = ? AND round = ? ORDER BY position, task_id",
+            [run_id, round_],
+        )
+        target = f"{wh.files.partition_dir('pool_membership', run_id, round_)}/members.parquet"
+        wh.files.write(target, table.cast(SCHEMAS["pool_membership"]))
+
+
+def typed_calls(text: str | None) -> list[dict[str, Any]]:
+    """The old JSON text of a step's tool calls as the typed column holds them: each argument as its JSON literal."""
+    calls = json.loads(text) if text else []
+    return [
+        {"name": c["name"],
+         "arguments": [(k, json.dumps(v, default=str)) for k, v in (c.get("arguments") or {}).items()]}
+        for c in calls
+    ]  # fmt: skip
+
+
+def _copy_trajectories(old: duckdb.DuckDBPyConnection, wh: Warehouse, batch_rows: int) -> None:
+    """Trajectories and their steps, one pair of files (same name) per batch of a partition."""
+    step_columns = [f.name for f in SCHEMAS["steps"]]
+    for run_id, round_ in _partitions(old, "trajectories"):
+        ids = [
+            r[0]
+            for r in old.execute(
+                "SELECT trajectory_id FROM trajectories WHERE run_id = ? AND round = ? ORDER BY trajectory_id",
+                [run_id, round_],
+            ).fetchall()
+        ]
+        for chunk in _batches(ids, batch_rows):
+            old.register("_chunk", pa.table({"trajectory_id": pa.array(chunk, pa.string())}))
+            try:
+                heads = _table(
+                    old,
+                    f"SELECT {_select('trajectories')} FROM trajectories "
+                    "WHERE trajectory_id IN (SELECT trajectory_id FROM _chunk) ORDER BY trajectory_id",
+                )
+                steps = _table(
+                    old,
+                    f"SELECT {', '.join(c if c != 'calls' else 'calls::VARCHAR AS calls' for c in step_columns)} "
+                    "FROM steps WHERE trajectory_id IN (SELECT trajectory_id FROM _chunk) "
+                    "ORDER BY trajectory_id, step_index",
+                )
+            finally:
+                old.unregister("_chunk")
+            calls = pa.array([typed_calls(t) for t in steps.column("calls").to_pylist()], pa.list_(CALL_TYPE))
+            steps = steps.set_column(steps.schema.get_field_index("calls"), "calls", calls)
+            name = part_name(chunk)
+            # Steps first, as Warehouse.write_trajectories does: a trajectory is never visible without its steps.
+            wh.files.write(f"{wh.files.partition_dir('steps', run_id, round_)}/{name}.parquet", steps.cast(SCHEMAS["steps"]))
+            wh.files.write(
+                f"{wh.files.partition_dir('trajectories', run_id, round_)}/{name}.parquet",
+                heads.cast(SCHEMAS["trajectories"]),
+            )
+
+
+def _copy_small(old: duckdb.DuckDBPyConnection, wh: Warehouse, table: str, columns: list[str]) -> None:
+    """A small table as one ``rows.parquet`` per partition, the file `Warehouse` merges its writes into."""
+    for run_id, round_ in _partitions(old, table):
+        rows = _table(
+            old, f"SELECT {', '.join(columns)} FROM {table} WHERE run_id = ? AND round = ? ORDER BY ALL", [run_id, round_]
+        )
+        rows = rows.rename_columns([f.name for f in SCHEMAS[table]])
+        wh.files.write(f"{wh.files.partition_dir(table, run_id, round_)}/rows.parquet", rows.cast(SCHEMAS[table]))
+
+
+def _copy_evaluations(old: duckdb.DuckDBPyConnection, wh: Warehouse) -> None:
+    """Evaluations as one ``split-<split>.parquet`` per split of a partition, as `write_evaluations` keeps them."""
+    for run_id, round_ in _partitions(old, "evaluations"):
+        splits = [
+            r[0]
+            for r in old.execute(
+                "SELECT DISTINCT split FROM evaluations WHERE run_id = ? AND round = ? ORDER BY split", [run_id, round_]
+            ).fetchall()
+        ]
+        for split in splits:
+            rows = _table(
+                old,
+                f"SELECT {_select('evaluations')} FROM evaluations WHERE run_id = ? AND round = ? AND split = ? "
+                "ORDER BY task_id",
+                [run_id, round_, split],
+            )
+            target = f"{wh.files.partition_dir('evaluations', run_id, round_)}/split-{split}.parquet"
+            wh.files.write(target, rows.cast(SCHEMAS["evaluations"]))
+
+
+# -- comparing -------------------------------------------------------------------------------------
+
+_CALLS_NEW = (
+    "list_transform(calls, lambda c: struct_pack(name := c.name, args := list_sort(list_transform("
+    "coalesce(map_entries(c.arguments), []), lambda e: struct_pack(k := e.key, v := json(e.value)::VARCHAR)))))"
+)
+_CALLS_OLD = (
+    "list_transform(CAST(calls AS JSON[]), lambda c: struct_pack(name := c->>'$.name', args := list_sort(list_transform("
+    "coalesce(map_entries(CAST(c->'$.arguments' AS MAP(VARCHAR, JSON))), []), "
+    "lambda e: struct_pack(k := e.key, v := json(e.value)::VARCHAR)))))"
+)
+
+# Per table: the canonical columns (the same expressions on both sides unless the old side needs its own).
+_CANONICAL: dict[str, list[str]] = {
+    "runs": ["run_id", "created_at::VARCHAR", "canonical_json(config::VARCHAR)"],
+    "rounds": ["run_id", "round", "status", "canonical_json(summary::VARCHAR)", "flow_run_id", "started_at::VARCHAR",
+               "finished_at::VARCHAR"],
+    "stage_runs": ["run_id", "round", "stage", "finished_at::VARCHAR", "canonical_json(output::VARCHAR)"],
+    "tasks": ["task_id", "environment", "origin", "round", "parent_trajectory_id", "signal_id", "content_hash",
+              "canonical_json(task::VARCHAR)", "tools"],
+    "pool_membership": ["run_id", "round", "position", "task_id"],
+    "trajectories": ["trajectory_id", "run_id", "round", "task_id", "sample", "reward", "success", "finish_reason",
+                     "num_steps", "tool_sequence", "prompt_ids", "completion_ids", "completion_mask", "logprobs",
+                     "duration_s"],
+    "steps": ["run_id", "round", "trajectory_id", "step_index", "step_number", "turn", "model_text", "{calls}",
+              "tool_names", "observations", "error", "completion_tokens"],
+    "signals": ["run_id", "round", "signal_id", "kind", "trajectory_id", "task_id", "canonical_json(evidence::VARCHAR)"],
+    "candidates": ["run_id", "round", "task_id", "signal_key", "signal_id", "origin", "accepted", "reason",
+                   "canonical_json(task::VARCHAR)"],
+    "evaluations": ["run_id", "round", "split", "task_id", "success", "reward", "trajectory_id"],
+}  # fmt: skip
+
+
+def canonical_json(text: str) -> str:
+    """A JSON text with sorted keys and fixed separators; text that is not JSON is compared as it is."""
+    try:
+        return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+def _digest_sql(table: str, source: str, calls: str) -> str:
+    columns = ", ".join(f"c{i} := {expr.format(calls=calls)}" for i, expr in enumerate(_CANONICAL[table]))
+    return (
+        f"WITH h AS (SELECT md5(CAST(struct_pack({columns}) AS VARCHAR)) AS h FROM {source}) "
+        "SELECT count(*), coalesce(md5(string_agg(h, ',' ORDER BY h)), md5('')) FROM h"
+    )
+
+
+def compare(
+    source: str | os.PathLike[str], target: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+) -> MigrationReport:
+    """Row counts and content digests of every table in the old file and in the warehouse at ``target``."""
+    path = Path(os.path.abspath(os.path.expanduser(os.fspath(source))))
+    source_version(path)
+    root = os.fspath(target)
+    checks: list[TableCheck] = []
+    with Warehouse(root, read_only=True, storage_options=storage_options) as wh:
+        con = wh.connect()
+        try:
+            con.create_function("canonical_json", canonical_json, ["VARCHAR"], "VARCHAR")
+            quoted = str(path).replace("'", "''")
+            con.execute(f"ATTACH '{quoted}' AS old (READ_ONLY)")
+            for table in TABLES:
+                old_source = f"old.main.{table}"
+                if table == "steps":
+                    # The old steps table has no run_id or round: they come from the step's trajectory.
+                    old_source = (
+                        "(SELECT s.*, t.run_id, t.round FROM old.main.steps s "
+                        "LEFT JOIN old.main.trajectories t USING (trajectory_id))"
+                    )
+                old_rows, old_digest = con.execute(_digest_sql(table, old_source, _CALLS_OLD)).fetchone()
+                new_rows, new_digest = con.execute(_digest_sql(table, table, _CALLS_NEW)).fetchone()
+                checks.append(TableCheck(table, int(old_rows), int(new_rows), old_digest, new_digest))
+            con.execute("DETACH old")
+        finally:
+            con.close()
+    return MigrationReport(source=str(path), target=wh.root, checks=checks)

@@ -1,0 +1,76 @@
+"""The run's task splits, rebuilt from the seed: the seed pool D_0, the held-out split, the dev split, and checkpoint 0's demonstrations.
+
+Every split comes from the unguided explorer (envs/explorer.py) with its own seed offset, and the
+splits are disjoint by task id. The prepare stage stores them; the evaluate stage rebuilds a split
+it needs from the same configuration.
+"""
+
+from __future__ import annotations
+
+from coevolve.config import PipelineConfig
+from coevolve.records import Message, Task, digest
+from tasks.common import make_environment
+
+# envs.explorer is imported where used: it loads bfcl-eval's API classes.
+
+BUILTIN_TINY = "builtin:tiny"
+
+
+def build_initial_pools(config: PipelineConfig) -> tuple[list[Task], list[Task]]:
+    """The seed pool and the held-out split, disjoint, both reproducible from ``config.start_seed``."""
+    from envs.explorer import build_tasks
+
+    seed_pool = build_tasks(config.pool.seed_size, config.start_seed, origin="seed")
+    heldout = build_tasks(
+        config.rollout.heldout_tasks, config.start_seed + 7919, origin="heldout", exclude={t.task_id for t in seed_pool}
+    )
+    return seed_pool, heldout
+
+
+def build_dev_split(config: PipelineConfig, size: int = 200) -> list[Task]:
+    """Tasks for choosing settings without looking at the held-out split.
+
+    The same unguided explorer with another seed, disjoint from the seed pool, the held-out split and
+    (for the builtin policy) checkpoint 0's fine-tuning set, so a setting picked on it says nothing
+    about the held-out scores the ablation reports.
+    """
+    from envs.explorer import build_tasks
+
+    seed_pool, heldout = build_initial_pools(config)
+    exclude = {t.task_id for t in seed_pool + heldout}
+    if config.policy.model == BUILTIN_TINY:
+        exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
+    return build_tasks(size, config.start_seed + 31337, origin="dev", exclude=exclude)
+
+
+# Every run of an ablation starts from the same checkpoint 0 and must rebuild its demonstrations to
+# find it (about 10 s for 4,000), so they are kept for the life of the process.
+_DEMONSTRATIONS: dict[str, tuple[list[str], list[list[Message]]]] = {}
+
+
+def sft_demonstrations(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> tuple[list[str], list[list[Message]]]:
+    """Sorted task ids and expert conversations of the SFT set: the seed pool plus unguided tasks, no held-out one."""
+    from envs.explorer import build_tasks, demonstration
+
+    memo_key = digest(
+        {
+            "seed_pool": [t.task_id for t in seed_pool],
+            "heldout": sorted(t.task_id for t in heldout),
+            "n": config.policy.sft_tasks,
+            "seed": config.start_seed,
+            "environment": config.environment.model_dump(),
+        }
+    )
+    if memo_key not in _DEMONSTRATIONS:
+        extra = build_tasks(
+            max(0, config.policy.sft_tasks - len(seed_pool)),
+            config.start_seed + 104729,
+            origin="seed",
+            exclude={t.task_id for t in seed_pool + heldout},
+        )
+        env = make_environment(config.environment)
+        _DEMONSTRATIONS[memo_key] = (
+            sorted(t.task_id for t in seed_pool + extra),
+            [demonstration(task, env) for task in seed_pool + extra],
+        )
+    return _DEMONSTRATIONS[memo_key]

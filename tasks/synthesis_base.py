@@ -1,0 +1,86 @@
+"""What every synthesizer shares: the guidance per signal kind, the Synthesizer protocol, the outer loop over signals.
+
+The programmatic synthesizer (tasks/synthesize.py) and the LLM synthesizer (tasks/llm_synthesis.py)
+both build on this module; neither imports the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+from tqdm.auto import tqdm
+
+from coevolve.config import SynthesisConfig
+from coevolve.records import Candidate, Provenance, Signal, Task
+
+# Exploration guidance per signal kind, as in the method description.
+GUIDANCE: dict[str, str] = {
+    "forgetting": "Practise the exact operations the agent used to master, with varied parameters, from simple to complex.",
+    "rare": "Explore variations of the rarely used actions: parameter combinations and edge cases.",
+    "boundary": "Explore what separates success from failure on this task, at several difficulty levels.",
+    "random": "Explore uniformly drawn tools from a uniformly drawn state (control arm).",
+}
+
+
+class Synthesizer(Protocol):
+    """Turns signals into candidate tasks: context, re-exploration, abstraction.
+
+    Returns the candidates and, per signal id, the record of how they were made (at least the
+    signal-conditioned context). Never raises on bad data: a broken exploration or malformed model
+    output is skipped with a reason; only InfrastructureError escapes, for Prefect to retry.
+    """
+
+    name: str
+
+    def synthesize(
+        self,
+        signals: list[Signal],
+        tasks_by_id: dict[str, Task],
+        tool_sequences: dict[str, list[str]],
+        config: SynthesisConfig,
+        round_: int,
+        seed: int,
+        progress: bool = True,
+    ) -> tuple[list[Candidate], dict[str, dict[str, Any]]]: ...
+
+
+def tools_of(task: Task) -> list[str]:
+    from envs.bfcl import BfclEnvironment
+
+    env = BfclEnvironment()
+    env.reset(task)
+    return env.tool_names()
+
+
+def provenance_of(signal: Signal, round_: int) -> Provenance:
+    """Where a task made from ``signal`` comes from; a random target has no parent trajectory."""
+    return Provenance(
+        origin=signal.kind,
+        round=round_,
+        parent_trajectory_id=None if signal.kind == "random" else signal.trajectory_id,
+        signal_id=signal.signal_id,
+    )
+
+
+def synthesize_each(
+    signals: list[Signal],
+    tasks_by_id: dict[str, Task],
+    tool_sequences: dict[str, list[str]],
+    for_signal: Callable[[Signal, Task, list[str]], tuple[list[Task], dict[str, Any]]],
+    progress: bool = True,
+    desc: str = "synthesize",
+) -> tuple[list[Candidate], dict[str, dict[str, Any]]]:
+    """Every synthesizer's outer loop: ``for_signal(signal, task, tool_sequence)`` on each signal whose task is in the pool.
+
+    Returns the candidates and, per signal id, the record ``for_signal`` returned.
+    """
+    candidates: list[Candidate] = []
+    records: dict[str, dict[str, Any]] = {}
+    for signal in tqdm(signals, desc=desc, unit="signal", disable=not progress, leave=False):
+        task = tasks_by_id.get(signal.task_id)
+        if task is None:
+            continue
+        made, record = for_signal(signal, task, tool_sequences.get(signal.trajectory_id, []))
+        records[signal.signal_id] = record
+        candidates += [Candidate(task=new, signal_id=signal.signal_id) for new in made]
+    return candidates, records

@@ -1,0 +1,404 @@
+"""Stages placed on two work pools: a Prefect server, a coevolve-cpu and a coevolve-gpu process worker, an MLflow server.
+
+The workers start in two different empty folders with only PREFECT_API_URL and PREFECT_HOME set
+(the flows apply the offline switches themselves) and share the state folder by path. A round run
+through the per-round deployment places rollout, update and evaluate on the GPU pool and mine,
+synthesize and validate on the CPU pool, registers its checkpoint through the MLflow server, and
+ends exactly like the same round run inline with `coevolve round`.
+
+One module-scoped setup runs, in order: the inline round (alongside the rest); two deployment runs
+of the placed round at once with placement.round_concurrency=fail, then a third with 'wait'; the placed
+round of the same run in a second state folder (its own MLflow store, checkpoints registered by
+URI) whose GPU worker is killed with -9 during rollout, then run again after a new GPU worker
+starts. Everything binds 127.0.0.1 on free ports; every process is stopped by its process id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from test_crash_resume import CONTENT, CRASH_OVERRIDES, assert_same_rows
+from test_deployments import PREFECT, REPO, TERMINAL, _env, _flow_run_state, _free_port, _stop, _wait_healthy
+
+pytestmark = pytest.mark.slow
+
+RUN_ID = "placed"
+PLACEMENT = {
+    "rollout": "coevolve-stage/rollout-gpu",
+    "update": "coevolve-stage/update-gpu",
+    "evaluate": "coevolve-stage/evaluate-gpu",
+    "mine": "coevolve-stage/mine-cpu",
+    "synthesize": "coevolve-stage/synthesize-cpu",
+    "validate": "coevolve-stage/validate-cpu",
+}
+GPU_STAGES, CPU_STAGES = ("rollout", "update", "evaluate"), ("mine", "synthesize", "validate")
+MLFLOW = Path(sys.executable).parent / "mlflow"
+# Seconds the first attempt of the killed round waits for its rollout before failing the stage.
+KILLED_STAGE_TIMEOUT_S = 60.0
+
+
+# --- processes ------------------------------------------------------------------------------------
+
+
+def _worker_env(home: Path, api_url: str) -> dict[str, str]:
+    """What a worker started by hand on another machine has: a shell's PATH and HOME, and the server."""
+    return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(home)), "PREFECT_HOME": str(home), "PREFECT_API_URL": api_url}
+
+
+def _start_worker(pool: str, name: str, folder: Path, api_url: str) -> subprocess.Popen:
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "worker.log").open("a") as out:
+        return subprocess.Popen(
+            [str(PREFECT), "worker", "start", "--pool", pool, "--name", name],
+            cwd=folder, env=_worker_env(folder / "prefect-home", api_url), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def _kill_tree(process: subprocess.Popen) -> None:
+    """kill -9 a worker's process group and the group of every flow run it started (each runs in its own session)."""
+    import psutil
+
+    groups = {process.pid}
+    try:
+        groups |= {os.getpgid(child.pid) for child in psutil.Process(process.pid).children(recursive=True)}
+    except (psutil.NoSuchProcess, ProcessLookupError):
+        pass
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait(timeout=60)
+
+
+def _wait_http(url: str, process: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"{url} did not answer within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+# --- the Prefect API --------------------------------------------------------------------------------
+
+
+def _flow_runs(api_url: str) -> list[dict]:
+    import httpx
+
+    response = httpx.post(f"{api_url}/flow_runs/filter", json={"limit": 200, "sort": "EXPECTED_START_TIME_ASC"}, timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def _stage_runs(api_url: str, config) -> dict[str, list[dict]]:
+    """The coevolve-stage flow runs started for ``config``'s state folder, by stage."""
+    runs: dict[str, list[dict]] = {}
+    for run in _flow_runs(api_url):
+        params = run.get("parameters") or {}
+        if "stage" in params and (params.get("config") or {}).get("state_dir") == str(config.state_dir):
+            runs.setdefault(params["stage"], []).append(run)
+    return runs
+
+
+def _wait_terminal(api_url: str, flow_run_id: str, logs: list[Path], timeout_s: float = 900) -> str:
+    deadline = time.monotonic() + timeout_s
+    state = _flow_run_state(api_url, flow_run_id)
+    while state not in TERMINAL and time.monotonic() < deadline:
+        time.sleep(2)
+        state = _flow_run_state(api_url, flow_run_id)
+    assert state in TERMINAL, f"flow run {flow_run_id} is still {state}:\n" + "\n".join(p.read_text()[-3000:] for p in logs)
+    return state
+
+
+def _flow_run(api_url: str, flow_run_id: str) -> dict:
+    import httpx
+
+    return httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=10).json()
+
+
+# --- the setup ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Prefect server, MLflow server, both pools with a worker each, prefect.yaml deployed; torn down after the module."""
+    root = tmp_path_factory.mktemp("cluster")
+    port, mlflow_port = _free_port(), _free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = _env(root / "prefect-home", api_url, root / "shared")
+
+    def prefect(*args: str) -> str:
+        done = subprocess.run([str(PREFECT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    logs = SimpleNamespace(server=root / "server.log", mlflow=root / "mlflow.log")
+    processes: dict[str, subprocess.Popen] = {}
+    with logs.server.open("w") as out:
+        processes["server"] = subprocess.Popen(
+            [str(PREFECT), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    with logs.mlflow.open("w") as out:
+        processes["mlflow"] = subprocess.Popen(
+            [
+                str(MLFLOW), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+                "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
+                "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1",
+            ],
+            cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    ns = SimpleNamespace(
+        root=root, api_url=api_url, mlflow_uri=f"http://127.0.0.1:{mlflow_port}", artifacts=root / "artifacts",
+        prefect=prefect, processes=processes,
+    )
+    try:
+        _wait_healthy(api_url, processes["server"], logs.server)
+        _wait_http(f"{ns.mlflow_uri}/health", processes["mlflow"], logs.mlflow)
+        prefect("work-pool", "create", "coevolve-cpu", "--type", "process")
+        prefect("work-pool", "create", "coevolve-gpu", "--type", "process")
+        prefect("--no-prompt", "deploy", "--all")
+        prefect("deployment", "delete", "coevolve-evolve/nightly")  # its schedule must not start a run here
+        processes["cpu-worker"] = _start_worker("coevolve-cpu", "cpu-worker", root / "cpu-box", api_url)
+        processes["gpu-worker"] = _start_worker("coevolve-gpu", "gpu-worker", root / "gpu-box", api_url)
+        yield ns
+    finally:
+        for name in [n for n in processes if n.endswith("worker")] + ["mlflow", "server"]:
+            _stop(processes[name])  # the workers first: they report to the server while they shut down
+
+
+def _placed_config(tiny_config, state_dir: Path, **overrides):
+    """The round of the crash test (rows in every table), every stage placed on a pool."""
+    sections = {**CRASH_OVERRIDES, "placement": PLACEMENT}
+    merged = {key: {**sections.get(key, {}), **overrides.get(key, {})} for key in {*sections, *overrides} - {"run_id"}}
+    return tiny_config(state_dir, run_id=overrides.get("run_id", RUN_ID), **merged)
+
+
+def _start_round(cluster, config) -> str:
+    created = cluster.prefect(
+        "deployment", "run", "coevolve-round/per-round",
+        "-p", "round_=0", "-p", "config=" + json.dumps(config.model_dump(mode="json")),
+    )  # fmt: skip
+    return re.search(r"UUID: ([0-9a-f-]{36})", created).group(1)
+
+
+def _trajectory_files(config) -> list[Path]:
+    """The round's stored trajectory files (storage/VIEWS.md: tables/<table>/run_id=<run>/round=<round>/)."""
+    return list((Path(config.warehouse_path) / "tables" / "trajectories" / f"run_id={RUN_ID}" / "round=0").glob("*.parquet"))
+
+
+def _stage_done(config, stage: str) -> bool:
+    from coevolve.errors import PipelineError
+    from storage.warehouse import Warehouse
+
+    try:
+        with Warehouse(config.warehouse_path, read_only=True) as wh:
+            return wh.stage_output(config.run_id, 0, stage) is not None
+    except PipelineError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def rounds(cluster, tiny_config, cli):
+    root = cluster.root
+    worker_logs = [root / "cpu-box" / "worker.log", root / "gpu-box" / "worker.log", root / "gpu-box-2" / "worker.log"]
+    wait = lambda run_id, timeout_s=900: _wait_terminal(cluster.api_url, run_id, [p for p in worker_logs if p.exists()], timeout_s)  # noqa: E731
+
+    # The same round inline, in its own process, state folder and MLflow store.
+    inline = tiny_config(root / "inline" / "state", run_id=RUN_ID, **CRASH_OVERRIDES)
+    inline_log = root / "inline" / "round.log"
+    inline_log.parent.mkdir()
+    inline_process = cli.start_round(cli.write_config_file(inline, root / "inline" / "config.yaml"), inline.state_dir, 0, inline_log)
+    try:
+        # Two runs of the placed round at once with 'fail', then one with 'wait' while the first still runs.
+        placed = _placed_config(
+            tiny_config, root / "shared" / "placed", placement={"round_concurrency": "fail"},
+            tracking={"mlflow_uri": cluster.mlflow_uri},
+        )  # fmt: skip
+        racing = [_start_round(cluster, placed), _start_round(cluster, placed)]
+        deadline = time.monotonic() + 600
+        while not any(_flow_run_state(cluster.api_url, r) in TERMINAL for r in racing) and time.monotonic() < deadline:
+            time.sleep(2)
+        waiting = _start_round(cluster, placed.with_overrides({"placement": {"round_concurrency": "wait", "round_wait_s": 900}}))
+        racing_states = {r: wait(r) for r in racing}
+        waiting_state = wait(waiting)
+
+        # The same round in a second state folder: the GPU worker dies with -9 during rollout.
+        resumed = _placed_config(
+            tiny_config, root / "shared" / "resumed", placement={"stage_timeout_s": KILLED_STAGE_TIMEOUT_S},
+            tracking={"register_checkpoints": "uri"},
+        )  # fmt: skip
+        first = _start_round(cluster, resumed)
+        deadline = time.monotonic() + 600
+        while not _trajectory_files(resumed) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _kill_tree(cluster.processes["gpu-worker"])
+        durable_at_kill = len(_trajectory_files(resumed))
+        rollout_done_at_kill = _stage_done(resumed, "rollout")
+        cluster.processes["gpu-worker"] = _start_worker("coevolve-gpu", "gpu-worker-2", root / "gpu-box-2", cluster.api_url)
+        # Started at once: it waits for the run's slot until the first attempt gives up on its rollout.
+        second = _start_round(cluster, resumed.with_overrides({"placement": {"stage_timeout_s": 3600, "round_wait_s": 900}}))
+        first_state = wait(first)
+        second_state = wait(second)
+
+        assert inline_process.wait(timeout=900) == 0, inline_log.read_text()[-3000:]
+    finally:
+        if inline_process.poll() is None:
+            cli.kill_group(inline_process)
+    return SimpleNamespace(
+        inline=inline, placed=placed, resumed=resumed, racing_states=racing_states, waiting=waiting,
+        waiting_state=waiting_state, first=first, first_state=first_state, second=second, second_state=second_state,
+        durable_at_kill=durable_at_kill, rollout_done_at_kill=rollout_done_at_kill,
+    )  # fmt: skip
+
+
+# --- helpers for the checks ---------------------------------------------------------------------------
+
+
+def _content(config) -> dict[str, list[dict]]:
+    from storage.warehouse import Warehouse
+
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        return {table: wh.sql(query).to_dicts() for table, query in CONTENT.items()}
+
+
+def _version(config):
+    """The round's registered model version, read back through the config's tracking URI."""
+    from mlflow.tracking import MlflowClient
+
+    from storage.warehouse import Warehouse
+
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        recorded = wh.stage_output(config.run_id, 0, "version")
+    client = MlflowClient(tracking_uri=config.mlflow_tracking_uri, registry_uri=config.mlflow_tracking_uri)
+    return client, recorded, client.get_model_version(config.registered_model_name, recorded["model_version"])
+
+
+# --- placement ------------------------------------------------------------------------------------------
+
+
+def test_the_placed_round_completes(cluster, rounds) -> None:
+    assert sorted(rounds.racing_states.values()) == ["COMPLETED", "FAILED"]
+
+
+@pytest.mark.parametrize("stage", GPU_STAGES + CPU_STAGES)
+def test_each_stage_runs_on_the_worker_of_its_pool(cluster, rounds, stage) -> None:
+    pool = "coevolve-gpu" if stage in GPU_STAGES else "coevolve-cpu"
+    (run,) = _stage_runs(cluster.api_url, rounds.placed)[stage]
+    assert run["state"]["type"] == "COMPLETED"
+    assert run["work_pool_name"] == pool
+    assert run["labels"]["prefect.worker.name"] == ("gpu-worker" if stage in GPU_STAGES else "cpu-worker")
+
+
+@pytest.mark.parametrize("table", list(CONTENT))
+def test_the_placed_round_writes_the_inline_rounds_rows(rounds, table) -> None:
+    expected, actual = _content(rounds.inline)[table], _content(rounds.placed)[table]
+    assert actual == expected
+
+
+def test_the_placed_round_registers_the_inline_rounds_pool_and_checkpoint(rounds) -> None:
+    _, inline_record, inline_version = _version(rounds.inline)
+    _, placed_record, placed_version = _version(rounds.placed)
+    assert placed_record["pool_digest"] == inline_record["pool_digest"]
+    for tag in ("pool_digest", "produced_pool_digest", "checkpoint_digest"):
+        assert placed_version.tags[tag] == inline_version.tags[tag] != ""
+
+
+# --- the run's slot -----------------------------------------------------------------------------------------
+
+
+def test_a_second_round_of_the_run_fails_at_once_naming_the_run(cluster, rounds) -> None:
+    (failed,) = [r for r, state in rounds.racing_states.items() if state == "FAILED"]
+    message = _flow_run(cluster.api_url, failed)["state"]["message"]
+    assert f"Run '{RUN_ID}' is already running a round on another machine" in message
+    assert f"coevolve-run-{RUN_ID}" in message
+
+
+def test_a_waiting_round_runs_after_the_first_and_finds_the_round_done(cluster, rounds) -> None:
+    assert rounds.waiting_state == "COMPLETED"
+    (completed,) = [r for r, state in rounds.racing_states.items() if state == "COMPLETED"]
+    first, waiting = _flow_run(cluster.api_url, completed), _flow_run(cluster.api_url, rounds.waiting)
+    assert waiting["start_time"] < first["end_time"] <= waiting["end_time"]
+    assert all(len(runs) == 1 for runs in _stage_runs(cluster.api_url, rounds.placed).values())
+
+
+# --- a worker killed with -9 ------------------------------------------------------------------------------------
+
+
+def test_the_gpu_worker_died_during_rollout(rounds) -> None:
+    assert rounds.durable_at_kill >= 1 and not rounds.rollout_done_at_kill
+    assert rounds.first_state == "FAILED"
+
+
+def test_the_round_waiting_on_the_dead_worker_fails_after_the_stage_timeout(cluster, rounds) -> None:
+    message = _flow_run(cluster.api_url, rounds.first)["state"]["message"]
+    assert "Stage rollout of round 0 ran as deployment coevolve-stage/rollout-gpu" in message
+    assert f"was still Running after {KILLED_STAGE_TIMEOUT_S:.0f} s (placement.stage_timeout_s)" in message
+
+
+def test_the_round_cancels_the_stage_it_gave_up_on(cluster, rounds) -> None:
+    states = sorted(r["state"]["type"] for r in _stage_runs(cluster.api_url, rounds.resumed)["rollout"])
+    assert states == ["CANCELLING", "COMPLETED"]
+
+
+def test_the_round_run_again_on_a_new_worker_completes(cluster, rounds) -> None:
+    assert rounds.second_state == "COMPLETED"
+    rollout = [r for r in _stage_runs(cluster.api_url, rounds.resumed)["rollout"] if r["state"]["type"] == "COMPLETED"]
+    assert [r["labels"]["prefect.worker.name"] for r in rollout] == ["gpu-worker-2"]
+
+
+@pytest.mark.parametrize("table", list(CONTENT))
+def test_the_resumed_round_writes_the_uninterrupted_rounds_rows(rounds, table) -> None:
+    # Episodes replayed after the kill are batched with fewer others (see test_crash_resume).
+    assert_same_rows(table, _content(rounds.resumed)[table], _content(rounds.inline)[table])
+
+
+def test_the_resumed_round_registers_the_uninterrupted_rounds_pool_and_checkpoint(rounds) -> None:
+    _, inline_record, inline_version = _version(rounds.inline)
+    client, resumed_record, resumed_version = _version(rounds.resumed)
+    assert resumed_record["pool_digest"] == inline_record["pool_digest"]
+    for tag in ("pool_digest", "produced_pool_digest", "checkpoint_digest"):
+        assert resumed_version.tags[tag] == inline_version.tags[tag]
+    assert [str(v.version) for v in client.search_model_versions(f"name = '{rounds.resumed.registered_model_name}'")] == ["1"]
+
+
+# --- MLflow ----------------------------------------------------------------------------------------------------
+
+
+def test_the_version_is_registered_through_the_tracking_server(cluster, rounds) -> None:
+    client, _, version = _version(rounds.placed)
+    assert rounds.placed.mlflow_tracking_uri == cluster.mlflow_uri
+    assert client.get_model_version_by_alias(rounds.placed.registered_model_name, "current").version == version.version
+    assert not (rounds.placed.state_dir / "mlflow.db").exists()
+
+
+def test_the_tracking_server_stores_the_copied_checkpoint(cluster, rounds) -> None:
+    client, _, version = _version(rounds.placed)
+    assert version.source.startswith("mlflow-artifacts:/")
+    assert "checkpoint" in {a.path for a in client.list_artifacts(version.run_id)}
+    experiment = client.get_experiment_by_name(rounds.placed.tracking.experiment)
+    stored = [p for p in (cluster.artifacts / experiment.experiment_id).rglob("*") if p.is_file()]
+    assert [p for p in stored if "checkpoint" in p.parts and p.name == "model.safetensors"]
+
+
+def test_register_uri_points_the_version_at_the_checkpoint_folder_and_copies_nothing(rounds) -> None:
+    client, recorded, version = _version(rounds.resumed)
+    assert version.source == Path(recorded["checkpoint"]).resolve().as_uri()
+    assert {a.path for a in client.list_artifacts(version.run_id)} == {"figures", "pool"}

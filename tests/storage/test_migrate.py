@@ -1,0 +1,243 @@
+"""`coevolve warehouse migrate`: a single-file warehouse (schema version 2) converted to the open-table layout."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from coevolve.cli import main
+from coevolve.errors import DataError
+from coevolve.records import RoundSummary, Step, Task, ToolCall, Trajectory
+from storage.migrate import TABLES, compare, default_target, migrate
+from storage.migrations import SINGLE_FILE_MIGRATIONS
+from storage.warehouse import Warehouse
+
+STAMP = datetime(2026, 3, 1, 12, 30, 15, 250000)
+
+
+def create_old_file(path: Path) -> None:
+    """An empty warehouse file as the single-file release left it: every migration applied and recorded."""
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMP)")
+    for version, sql in SINGLE_FILE_MIGRATIONS:
+        con.execute(sql)
+        con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, STAMP])
+    con.close()
+
+
+def old_trajectory(trajectory: Trajectory) -> tuple[list[object], list[list[object]]]:
+    """The trajectories row and the steps rows the single-file release wrote for a trajectory."""
+    t = trajectory
+    head = [t.trajectory_id, t.run_id, t.round, t.task_id, t.sample, t.reward, t.success, t.finish_reason, len(t.steps),
+            t.tool_sequence, t.prompt_ids, t.completion_ids, t.completion_mask, t.logprobs, t.duration_s]  # fmt: skip
+    steps = [
+        [t.trajectory_id, i, s.index, s.turn, s.model_text, json.dumps([c.to_dict() for c in s.calls], default=str),
+         [c.name for c in s.calls], list(s.observations), s.error, s.completion_tokens]
+        for i, s in enumerate(t.steps)
+    ]  # fmt: skip
+    return head, steps
+
+
+def summary(run_id: str, round_: int) -> RoundSummary:
+    return RoundSummary(
+        run_id=run_id, round=round_, pool_size=3, rollouts=4, success_rate=0.5, signals={"boundary": 1, "rare": 0},
+        accepted=1, rejected=2, heldout_success=0.25, pool_digest="ab" * 32, checkpoint="/ckpt/1", model_version="1",
+        flow_run_id="flow-1", durations_s={"rollout": 1.5, "update": 2.25},
+    )  # fmt: skip
+
+
+@pytest.fixture
+def old_warehouse(tmp_path: Path, make_task, make_trajectory) -> dict[str, object]:
+    """A version-2 warehouse file holding a few rows of every table, and the records they came from."""
+    path = tmp_path / "state" / "warehouse.duckdb"
+    path.parent.mkdir()
+    create_old_file(path)
+    tasks = [make_task(0), make_task(1), make_task(2, origin="boundary", round=0, tools=("touch", "ls"))]
+    odd = Step(
+        turn=1, index=3, model_text="écrire(\"x\")",
+        calls=[ToolCall("touch", {"file_name": "résumé.txt", "mode": 0.1, "nested": {"b": [1, None], "a": "x"}}),
+               ToolCall("ls", {})],
+        observations=["ok", "Error: nope"], completion_tokens=11,
+    )  # fmt: skip
+    trajectories = [
+        make_trajectory(tasks[0].task_id, 0, True),
+        make_trajectory(tasks[0].task_id, 1, False),
+        make_trajectory(tasks[1].task_id, 0, True, tools=("ls",)),
+        make_trajectory(tasks[2].task_id, 0, False, round=1),
+        make_trajectory(tasks[1].task_id, 0, True, run_id="run-b"),
+    ]
+    trajectories[1].steps.append(odd)
+    summaries = [summary("run-a", 0)]
+    con = duckdb.connect(str(path))
+    con.execute("INSERT INTO runs VALUES ('run-a', ?, ?), ('run-b', ?, ?)",
+                [STAMP, json.dumps({"seed": 3, "pool": {"seed_size": 12}, "name": "ü"}), STAMP, json.dumps({})])  # fmt: skip
+    con.execute(
+        "INSERT INTO rounds VALUES ('run-a', 0, 'finished', ?, 'flow-1', ?, ?), ('run-a', 1, 'running', NULL, 'flow-2', ?, NULL)",
+        [json.dumps(summaries[0].to_dict()), STAMP, STAMP, STAMP],
+    )
+    con.executemany(
+        "INSERT INTO stage_runs VALUES (?, ?, ?, ?, ?)",
+        [["run-a", 0, "rollout", STAMP, json.dumps({"rollouts": 4})],
+         ["run-a", 0, "mine", STAMP, json.dumps({"signals": {"rare": 0, "boundary": 1}})],
+         ["run-a", 1, "rollout", STAMP, json.dumps({"rollouts": 1, "ids": ["a", "b"]})]],
+    )  # fmt: skip
+    con.executemany(
+        "INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [[t.task_id, t.environment, t.provenance.origin, t.provenance.round, t.provenance.parent_trajectory_id,
+          t.provenance.signal_id, t.content_hash, json.dumps(t.to_dict(), default=str), t.tools] for t in tasks],
+    )  # fmt: skip
+    pools = {("run-a", 0): [tasks[1].task_id, tasks[0].task_id], ("run-a", 1): [tasks[2].task_id, tasks[1].task_id, tasks[0].task_id],
+             ("run-a", -1): [tasks[2].task_id], ("run-b", 0): [tasks[1].task_id]}  # fmt: skip
+    con.executemany(
+        "INSERT INTO pool_membership VALUES (?, ?, ?, ?)",
+        [[run, rnd, pos, tid] for (run, rnd), ids in pools.items() for pos, tid in enumerate(ids)],
+    )
+    for t in trajectories:
+        head, steps = old_trajectory(t)
+        con.execute("INSERT INTO trajectories VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", head)
+        con.executemany("INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", steps)
+    bid = trajectories[1].trajectory_id
+    con.executemany(
+        "INSERT INTO signals VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [[f"boundary:{bid}", "run-a", 0, "boundary", bid, tasks[0].task_id, json.dumps({"rate": 0.5, "n": 2})],
+         [f"rare:{bid}", "run-a", 0, "rare", bid, tasks[0].task_id, json.dumps({"tools": ["touch"]})]],
+    )  # fmt: skip
+    con.executemany(
+        "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [["run-a", 0, tasks[2].task_id, f"boundary:{bid}", f"boundary:{bid}", "boundary", True, "valid",
+          json.dumps(tasks[2].to_dict())],
+         ["run-a", 0, tasks[1].task_id, "", None, "random", False, "unsolvable", json.dumps(tasks[1].to_dict())],
+         ["run-a", 1, tasks[0].task_id, "", None, "random", None, None, json.dumps(tasks[0].to_dict())]],
+    )  # fmt: skip
+    con.executemany(
+        "INSERT INTO evaluations VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [["run-a", 0, "heldout", tasks[2].task_id, True, 1.0, "run-a/r-1/x/s0"],
+         ["run-a", 0, "multi_turn_base", "multi_turn_base_0", False, 0.0, None],
+         ["run-a", -2, "multi_turn_base", "multi_turn_base_0", True, 1.0, None]],
+    )  # fmt: skip
+    con.close()
+    return {"path": path, "tasks": tasks, "trajectories": trajectories, "pools": pools, "summaries": summaries}
+
+
+EXPECTED_ROWS = {"runs": 2, "rounds": 2, "stage_runs": 3, "tasks": 3, "pool_membership": 7, "trajectories": 5,
+                 "steps": 11, "signals": 2, "candidates": 3, "evaluations": 3}  # fmt: skip
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_every_table_converts_with_equal_counts_and_digests(old_warehouse) -> None:
+    path = old_warehouse["path"]
+    before = sha256(path)
+    report = migrate(path)
+    assert report.target == str(default_target(path)) == str(path.parent / "warehouse")
+    assert [c.table for c in report.checks] == list(TABLES)
+    assert {c.table: c.old_rows for c in report.checks} == EXPECTED_ROWS
+    assert report.ok, report.format()
+    assert all(c.old_digest == c.new_digest and len(c.new_digest) == 32 for c in report.checks)
+    assert sha256(path) == before  # the old file is left as it was
+
+
+def test_the_new_warehouse_returns_what_was_inserted(old_warehouse) -> None:
+    migrate(old_warehouse["path"])
+    trajectories: list[Trajectory] = old_warehouse["trajectories"]
+    tasks: list[Task] = old_warehouse["tasks"]
+    by_id = {t.task_id: t for t in tasks}
+    with Warehouse(old_warehouse["path"].parent / "warehouse", read_only=True) as wh:
+        for run_id, round_ in [("run-a", 0), ("run-a", 1), ("run-b", 0)]:
+            expected = sorted((t for t in trajectories if (t.run_id, t.round) == (run_id, round_)),
+                              key=lambda t: (t.task_id, t.sample))  # fmt: skip
+            assert wh.trajectories(run_id, round_) == expected
+        for (run_id, round_), ids in old_warehouse["pools"].items():
+            assert wh.pool(run_id, round_) == [by_id[i] for i in ids]
+        assert wh.rounds("run-a") == old_warehouse["summaries"]
+        assert wh.round_status("run-a", 1) == "running"
+        assert wh.stage_output("run-a", 0, "mine") == {"signals": {"rare": 0, "boundary": 1}}
+        assert wh.evaluation_outcomes("run-a", 0, "heldout") == {tasks[2].task_id: True}
+        odd = next(t for t in wh.trajectories("run-a", 0) if (t.task_id, t.sample) == (tasks[0].task_id, 1)).steps[-1]
+        assert odd.calls[0].arguments == {"file_name": "résumé.txt", "mode": 0.1, "nested": {"b": [1, None], "a": "x"}}
+        curve = wh.sql("SELECT run_id, round, trajectories, successes FROM v_success_by_round ORDER BY ALL").rows()
+        assert curve == [("run-a", 0, 3, 2), ("run-a", 1, 1, 0), ("run-b", 0, 1, 1)]
+        tools = wh.sql("SELECT tool_name, calls, failed_calls FROM v_tool_failure_rates WHERE run_id = 'run-a' ORDER BY ALL")
+        assert ("touch", 1, 0) in tools.rows()
+        created = wh.sql("SELECT created_at, config FROM runs WHERE run_id = 'run-a'").row(0)
+        assert created[0] == STAMP and json.loads(created[1]) == {"seed": 3, "pool": {"seed_size": 12}, "name": "ü"}
+
+
+def test_a_damaged_target_is_reported_per_table(old_warehouse, tmp_path: Path) -> None:
+    path = old_warehouse["path"]
+    target = tmp_path / "converted"
+    assert migrate(path, target).ok
+    # One value changed, count the same: only the digest tells.
+    evaluation = next((target / "tables" / "evaluations" / "run_id=run-a" / "round=0").glob("split-heldout.parquet"))
+    table = pq.read_table(evaluation)
+    pq.write_table(table.set_column(table.schema.get_field_index("reward"), "reward", pa.array([0.5])), evaluation)
+    # One trajectory file gone: its rows are missing.
+    next((target / "tables" / "trajectories" / "run_id=run-b").rglob("*.parquet")).unlink()
+    # One tool-call argument changed from 1 to 2 in the typed calls column.
+    steps_file = next((target / "tables" / "steps" / "run_id=run-a" / "round=1").glob("*.parquet"))
+    steps = pq.read_table(steps_file)
+    calls = steps.column("calls").to_pylist()
+    calls[0][0]["arguments"] = [("x", "2")]
+    steps = steps.set_column(steps.schema.get_field_index("calls"), "calls", pa.array(calls, steps.schema.field("calls").type))
+    pq.write_table(steps, steps_file)
+    report = compare(path, target)
+    assert not report.ok
+    assert report.mismatched == ["trajectories", "steps", "evaluations"]
+    checks = {c.table: c for c in report.checks}
+    assert checks["evaluations"].old_rows == checks["evaluations"].new_rows == 3
+    assert (checks["trajectories"].old_rows, checks["trajectories"].new_rows) == (5, 4)
+    assert "DIFFERS" in report.format()
+
+
+def test_the_command_converts_checks_and_fails_on_a_difference(old_warehouse, tmp_path: Path, capsys) -> None:
+    path = old_warehouse["path"]
+    target = tmp_path / "via-cli"
+    assert main(["warehouse", "migrate", str(path), "--to", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "trajectories" in out and "DIFFERS" not in out and "every table matches" in out
+    # Converting into a warehouse that exists is refused; nothing is written or deleted.
+    assert main(["warehouse", "migrate", str(path), "--to", str(target)]) == 2
+    assert "already holds a warehouse" in capsys.readouterr().err
+    assert main(["warehouse", "migrate", str(path), "--to", str(target), "--check"]) == 0
+    capsys.readouterr()
+    members = next((target / "tables" / "pool_membership" / "run_id=run-a" / "round=1").glob("*.parquet"))
+    table = pq.read_table(members)
+    pq.write_table(table.slice(0, 2), members)
+    assert main(["warehouse", "migrate", str(path), "--to", str(target), "--check"]) == 1
+    captured = capsys.readouterr()
+    assert "pool_membership" in captured.err and "nothing was deleted" in captured.err
+    line = next(line for line in captured.out.splitlines() if line.startswith("pool_membership"))
+    assert line.split()[1:3] == ["7", "6"] and line.endswith("DIFFERS")
+    assert path.exists() and members.exists()
+
+
+def test_the_default_source_is_the_state_folders_file(old_warehouse, tmp_path: Path) -> None:
+    state = old_warehouse["path"].parent
+    assert main(["warehouse", "migrate", "--set", f"state_dir={state}"]) == 0
+    assert (state / "warehouse" / "catalog" / "layout.json").exists()
+
+
+def test_files_that_are_not_single_file_warehouses_are_refused(tmp_path: Path) -> None:
+    other = tmp_path / "other.duckdb"
+    duckdb.connect(str(other)).close()
+    with pytest.raises(DataError, match="schema_version"):
+        migrate(other)
+    with pytest.raises(DataError, match="No single-file warehouse"):
+        migrate(tmp_path / "missing.duckdb")
+    newer = tmp_path / "newer.duckdb"
+    create_old_file(newer)
+    con = duckdb.connect(str(newer))
+    con.execute("INSERT INTO schema_version VALUES (3, ?)", [STAMP])
+    con.close()
+    with pytest.raises(DataError, match="version 3"):
+        migrate(newer)
+    assert not (tmp_path / "warehouse").exists()

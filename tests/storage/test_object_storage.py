@@ -1,0 +1,219 @@
+"""The warehouse on an S3-compatible object store: moto's server on 127.0.0.1, reached through fsspec and s3fs.
+
+The server runs in this process for the module; credentials are dummies and every client is pointed
+at the loopback endpoint (``warehouse.storage_options``, and ``AWS_ENDPOINT_URL`` for anything else),
+so no request leaves the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+from moto.server import ThreadedMotoServer  # noqa: E402
+
+from storage.warehouse import Warehouse  # noqa: E402
+from test_migrate import EXPECTED_ROWS, old_warehouse  # noqa: E402, F401 - the old file and its fixture
+
+REPO = Path(__file__).resolve().parents[2]
+BUCKET = "coevolve-test"
+RUN = "run-a"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory) -> Iterator[str]:
+    """The endpoint of a fresh S3-compatible server on loopback with one bucket; stopped after the module."""
+    home = tmp_path_factory.mktemp("aws")
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+            mp.delenv(key, raising=False)
+        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        mp.setenv("AWS_CONFIG_FILE", str(home / "config"))
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "credentials"))
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+        port = free_port()
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        endpoint = f"http://127.0.0.1:{port}"
+        mp.setenv("AWS_ENDPOINT_URL", endpoint)  # a client that is not given the endpoint still stays on loopback
+        try:
+            import boto3
+
+            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
+            yield endpoint
+        finally:
+            server.stop()
+
+
+def keys(endpoint: str, prefix: str) -> list[str]:
+    """Every object key under ``prefix``, straight from the server."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint)
+    found: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+        found.extend(o["Key"] for o in page.get("Contents", []))
+    return found
+
+
+def test_rows_written_to_s3_read_back_through_files_and_views(s3: str, make_task, make_trajectory) -> None:
+    from coevolve.records import RoundSummary, Signal
+
+    tasks = [make_task(i) for i in range(3)]
+    trajs = [make_trajectory(tasks[0].task_id, 0, True), make_trajectory(tasks[0].task_id, 1, False),
+             make_trajectory(tasks[1].task_id, 0, True)]  # fmt: skip
+    summary = RoundSummary(run_id=RUN, round=0, pool_size=3, rollouts=3, success_rate=2 / 3, signals={"boundary": 1},
+                           accepted=0, rejected=0, heldout_success=0.5)  # fmt: skip
+    with Warehouse(f"s3://{BUCKET}/roundtrip", storage_options={"endpoint_url": s3}) as wh:
+        assert not wh.files.is_local and wh.root == f"s3://{BUCKET}/roundtrip"
+        wh.ensure_run(RUN, {"seed": 3})
+        wh.start_round(RUN, 0, "flow-1")
+        wh.write_tasks(tasks)
+        wh.set_pool(RUN, 0, [t.task_id for t in reversed(tasks)])
+        wh.write_trajectories(trajs)
+        wh.write_signals([Signal(run_id=RUN, round=0, kind="boundary", trajectory_id=trajs[1].trajectory_id,
+                                 task_id=tasks[0].task_id, evidence={"rate": 0.5})])  # fmt: skip
+        wh.write_evaluations(RUN, 0, "heldout", [(tasks[2].task_id, True, 1.0, "x")])
+        wh.mark_stage(RUN, 0, "rollout", {"rollouts": 3})
+        wh.finish_round(RUN, 0, summary)
+
+    stored = keys(s3, "roundtrip/")
+    assert "roundtrip/catalog/layout.json" in stored
+    assert any(k.startswith(f"roundtrip/tables/trajectories/run_id={RUN}/round=0/part-") for k in stored)
+    assert any(k.startswith(f"roundtrip/tables/steps/run_id={RUN}/round=0/part-") for k in stored)
+    assert not [k for k in stored if k.endswith(".partial")]
+
+    with Warehouse(f"s3://{BUCKET}/roundtrip", read_only=True, storage_options={"endpoint_url": s3}) as wh:
+        assert wh.trajectories(RUN, 0) == sorted(trajs, key=lambda t: (t.task_id, t.sample))
+        assert wh.pool(RUN, 0) == list(reversed(tasks))
+        assert wh.rounds(RUN) == [summary]
+        assert wh.stage_output(RUN, 0, "rollout") == {"rollouts": 3}
+        assert wh.evaluation_outcomes(RUN, 0, "heldout") == {tasks[2].task_id: True}
+        curve = wh.sql("SELECT run_id, round, trajectories, successes FROM v_success_by_round").rows()
+        assert curve == [(RUN, 0, 3, 2)]
+        assert wh.sql("SELECT kind, signals FROM v_signal_mix").rows() == [("boundary", 1)]
+        assert wh.sql("SELECT pool_size FROM v_pool_growth").rows() == [(3,)]
+        assert wh.sql("SELECT count(*) FROM steps").item() == 2 * len(trajs)
+        config = wh.sql("SELECT config FROM runs").item()
+        assert json.loads(config) == {"seed": 3}
+        assert wh.sql("SELECT status FROM rounds").item() == "finished"
+
+
+def test_an_open_session_sees_files_another_process_writes(s3: str, make_task, make_trajectory) -> None:
+    root = f"s3://{BUCKET}/live"
+    options = {"endpoint_url": s3}
+    task = make_task(0)
+    with Warehouse(root, storage_options=options) as wh:
+        wh.write_trajectories([make_trajectory(task.task_id, 0, True)])
+        con = wh.connect()
+        try:
+            assert con.sql("SELECT count(*) FROM trajectories").fetchall() == [(1,)]
+            assert len(wh.files.files("trajectories", RUN, 0)) == 1
+            # A second writer in its own process (its own fsspec filesystem and cache), as a stage is.
+            writer = (
+                "import sys; sys.path[:0] = [sys.argv[3], sys.argv[3] + '/tests/storage']\n"
+                "from conftest import build_trajectory\n"
+                "from storage.warehouse import Warehouse\n"
+                "with Warehouse(sys.argv[1], storage_options={'endpoint_url': sys.argv[2]}) as wh:\n"
+                "    wh.write_trajectories([build_trajectory('t-other', s, s == 0, round=1) for s in range(2)])\n"
+            )
+            subprocess.run([sys.executable, "-c", writer, root, s3, str(REPO)], check=True, timeout=300, cwd=REPO)
+            # The held session and this filesystem list the store again: the new files are there.
+            assert con.sql("SELECT round, count(*) FROM trajectories GROUP BY round ORDER BY round").fetchall() == [
+                (0, 1), (1, 2)
+            ]
+            assert len(wh.files.files("trajectories", RUN, 1)) == 1
+            assert con.sql("SELECT count(*) FROM v_success_by_round").fetchall() == [(2,)]
+        finally:
+            con.close()
+        # Deletes go through the same filesystem: clearing the rollout removes round 1's files.
+        wh.mark_stage(RUN, 1, "rollout", {"rollouts": 2})
+        wh.clear_round(RUN, 1, "rollout")
+        assert wh.files.files("trajectories", RUN, 1) == [] and wh.files.files("steps", RUN, 1) == []
+        assert wh.stage_output(RUN, 1, "rollout") is None
+        assert wh.sql("SELECT count(*) FROM trajectories").item() == 1
+    assert not [k for k in keys(s3, "live/tables/trajectories/") if "round=1" in k]
+
+
+def test_a_single_file_warehouse_converts_onto_s3(s3: str, old_warehouse) -> None:
+    from storage.migrate import compare, migrate
+
+    root = f"s3://{BUCKET}/migrated"
+    options = {"endpoint_url": s3}
+    report = migrate(old_warehouse["path"], root, storage_options=options)
+    assert report.ok, report.format()
+    assert report.target == root
+    assert {c.table: c.new_rows for c in report.checks} == EXPECTED_ROWS
+    assert any(k.startswith("migrated/tables/steps/run_id=run-a/round=0/") for k in keys(s3, "migrated/"))
+    with Warehouse(root, read_only=True, storage_options=options) as wh:
+        assert wh.rounds("run-a") == old_warehouse["summaries"]
+    assert compare(old_warehouse["path"], root, storage_options=options).ok
+
+
+# --- A whole round with its warehouse on s3 ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_round_with_its_warehouse_on_s3_answers_coevolve_sql(s3: str, tmp_path: Path) -> None:
+    from tests.flows.conftest import cli_env, make_tiny_config, write_config_file
+
+    state = tmp_path / "state"
+    options = {"endpoint_url": s3}
+    config = make_tiny_config(state, warehouse={"uri": f"s3://{BUCKET}/e2e", "storage_options": options})
+    assert config.warehouse_path == f"s3://{BUCKET}/e2e"
+    config_file = write_config_file(config, tmp_path / "config.yaml")
+    env = cli_env(state)
+    log = tmp_path / "round.log"
+    t0 = time.monotonic()
+    with log.open("w") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "coevolve.cli", "round", "--round", "0", "--config", str(config_file)],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=900,
+        )  # fmt: skip
+    assert done.returncode == 0, log.read_text()[-4000:]
+    round_s = time.monotonic() - t0
+
+    # Nothing of the warehouse is local; checkpoints, pool snapshots and MLflow are.
+    assert not (state / "warehouse").exists()
+    assert (state / "mlflow.db").exists()
+    stored = keys(s3, "e2e/")
+    assert "e2e/catalog/layout.json" in stored
+    assert any(k.startswith("e2e/tables/trajectories/run_id=e2e/round=0/") for k in stored)
+    assert any(k.startswith("e2e/catalog/stage_runs/run_id=e2e/round=0/") and k.endswith("version.json") for k in stored)
+
+    query = subprocess.run(
+        [sys.executable, "-m", "coevolve.cli", "sql", "SELECT * FROM v_success_by_round", "--config", str(config_file)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert query.returncode == 0, query.stderr
+    rows = [line for line in query.stdout.splitlines() if "e2e" in line]
+    assert len(rows) == 1, query.stdout
+    cells = [c.strip() for c in rows[0].strip("│ ").split("┆")]
+    assert cells[:3] == ["e2e", "0", str(config.rollout.tasks_per_round * config.rollout.group_size)]
+
+    with Warehouse(config.warehouse_path, read_only=True, storage_options=options) as wh:
+        assert wh.round_status("e2e", 0) == "finished"
+        (summary,) = wh.rounds("e2e")
+        assert summary.rollouts == 8
+        assert len(wh.pool("e2e", 1)) == summary.pool_size
+    print(f"round on s3: {round_s:.0f}s")
