@@ -50,7 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from coevolve.config import SignalConfig  # noqa: E402
 from coevolve.records import Candidate, Provenance, Signal, Step, Task, ToolCall, Trajectory, Verdict  # noqa: E402
 from storage.tables import _WRITE_OPTIONS  # noqa: E402
-from storage.warehouse import SCHEMAS, Warehouse  # noqa: E402
+from storage.columns import SCHEMAS  # noqa: E402
+from storage.warehouse import Warehouse  # noqa: E402
 from tasks.mine import mine_signals  # noqa: E402
 
 RUN = "bench"
@@ -269,7 +270,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, action="append", help="total steps; repeat for several sizes (default 1M)")
     parser.add_argument("--batch", type=int, action="append",
                         help="trajectories per write; repeat for several (default 2048; the rollout stage writes "
-                             "warehouse.flush_every, 32 by default)")  # fmt: skip
+                             "warehouse.flush_every, 64 by default)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", help="folder for the scratch warehouses (default: a temporary folder)")

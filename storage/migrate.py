@@ -28,7 +28,8 @@ import pyarrow as pa
 from coevolve.errors import DataError
 from storage.migrations import SINGLE_FILE_VERSION
 from storage.tables import TableFiles
-from storage.warehouse import CALL_TYPE, SCHEMAS, Warehouse, part_name
+from storage.columns import CALL_TYPE, SCHEMAS
+from storage.warehouse import Warehouse, part_name
 
 # Tables in the order they are copied and compared: catalog records first, then table files.
 TABLES: tuple[str, ...] = (
@@ -279,13 +280,8 @@ def _copy_trajectories(old: duckdb.DuckDBPyConnection, wh: Warehouse, batch_rows
                 old.unregister("_chunk")
             calls = pa.array([typed_calls(t) for t in steps.column("calls").to_pylist()], pa.list_(CALL_TYPE))
             steps = steps.set_column(steps.schema.get_field_index("calls"), "calls", calls)
-            name = part_name(chunk)
-            # Steps first, as Warehouse.write_trajectories does: a trajectory is never visible without its steps.
-            wh.files.write(f"{wh.files.partition_dir('steps', run_id, round_)}/{name}.parquet", steps.cast(SCHEMAS["steps"]))
-            wh.files.write(
-                f"{wh.files.partition_dir('trajectories', run_id, round_)}/{name}.parquet",
-                heads.cast(SCHEMAS["trajectories"]),
-            )
+            # As Warehouse.write_trajectories writes a batch: tool-call counts and steps, then the trajectories.
+            wh.write_batch(run_id, round_, heads.cast(SCHEMAS["trajectories"]), steps.cast(SCHEMAS["steps"]), part_name(chunk))
 
 
 def _copy_small(old: duckdb.DuckDBPyConnection, wh: Warehouse, table: str, columns: list[str]) -> None:

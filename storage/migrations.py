@@ -252,7 +252,8 @@ SINGLE_FILE_VERSION: int = SINGLE_FILE_MIGRATIONS[-1][0]
 # Layout versions of the open-table warehouse: (version, what changed).
 LAYOUTS: list[tuple[int, str]] = [
     (3, "open table files: Parquet under tables/ (hive-partitioned by run_id and round), JSON records under catalog/; "
-        "steps carry run_id and round, tool calls are typed (list of struct name, arguments map)"),
+        "steps carry run_id and round, tool calls are typed (list of struct name, arguments map), per-batch tool-call "
+        "counts (tool_call_counts) back v_tool_failure_rates"),
 ]
 LATEST_VERSION: int = LAYOUTS[-1][0]
 
@@ -289,27 +290,15 @@ FROM per_task p
 LEFT JOIN origins o USING (task_id);
 
 -- Purpose: which tools the policy misuses. A call failed when its observation is an error
--- (text starting with 'Error', any case, or a JSON/dict result whose first key is "error").
--- Steps carry run_id, so no join with trajectories is needed. Both tests are one anchored regular
--- expression (\\p{Zs}* is what ltrim removes, (?i:error) what lower(...) LIKE 'error%' matches): no
--- lowered copy of every observation is made.
+-- (text starting with 'error' in any case after spaces, or a JSON/dict result whose first key is
+-- "error"). Counted per tool when each batch of steps is written (tool_call_counts,
+-- storage/columns.py), so the view sums a few rows per file instead of every observation.
 CREATE VIEW v_tool_failure_rates AS
-WITH calls AS (
-    SELECT run_id,
-           unnest(tool_names)   AS tool_name,
-           unnest(observations) AS observation
-    FROM steps
-), judged AS (
-    SELECT run_id, tool_name,
-           coalesce(regexp_matches(observation, '^\\p{Zs}*(?i:error)|^\\s*\\{\\s*["'']error["'']'), false) AS failed
-    FROM calls
-    WHERE tool_name IS NOT NULL
-)
 SELECT run_id, tool_name,
-       count(*)                                  AS calls,
-       count(*) FILTER (WHERE failed)            AS failed_calls,
-       avg(CASE WHEN failed THEN 1.0 ELSE 0.0 END) AS failure_rate
-FROM judged
+       CAST(sum(calls) AS BIGINT)                      AS calls,
+       CAST(sum(failed_calls) AS BIGINT)               AS failed_calls,
+       CAST(sum(failed_calls) AS DOUBLE) / sum(calls)  AS failure_rate
+FROM tool_call_counts
 GROUP BY run_id, tool_name;
 
 -- Purpose: how much each signal kind contributes per round (the paper: boundary is 45-51%).

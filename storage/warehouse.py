@@ -26,7 +26,6 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from itertools import accumulate
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,9 @@ import polars as pl
 import pyarrow as pa
 
 from coevolve.errors import DataError
-from coevolve.records import Candidate, RoundSummary, Signal, Step, Task, ToolCall, Trajectory
+from coevolve.records import Candidate, RoundSummary, Signal, Step, Task, Trajectory
 from storage.catalog import PLACEHOLDER_RUN, Catalog
+from storage.columns import SCHEMAS, read_calls, tool_call_counts, trajectory_tables
 from storage.migrations import LATEST_VERSION, VIEWS
 from storage.tables import TableFiles
 
@@ -46,49 +46,12 @@ STAGES: tuple[str, ...] = ("rollout", "mine", "synthesize", "validate", "update"
 
 # Rows a stage writes for its own round, deleted when that stage is cleared for a re-run.
 _STAGE_TABLES: dict[str, tuple[str, ...]] = {
-    "rollout": ("trajectories", "steps"),
+    "rollout": ("trajectories", "steps", "tool_call_counts"),
     "mine": ("signals",),
     "synthesize": ("candidates",),
     "evaluate": ("evaluations",),
 }
 
-# A tool call as typed columns: the method name, and each argument's value as its JSON literal
-# (arguments of one call mix strings, numbers, lists and objects; a literal keeps each exact).
-CALL_TYPE = pa.struct([("name", pa.string()), ("arguments", pa.map_(pa.string(), pa.string()))])
-
-# Columns of every table's files; run_id and round of partitioned tables are in the path instead.
-SCHEMAS: dict[str, pa.Schema] = {
-    "trajectories": pa.schema([
-        ("trajectory_id", pa.string()), ("task_id", pa.string()), ("sample", pa.int32()), ("reward", pa.float64()),
-        ("success", pa.bool_()), ("finish_reason", pa.string()), ("num_steps", pa.int32()),
-        ("tool_sequence", pa.list_(pa.string())), ("prompt_ids", pa.list_(pa.int32())),
-        ("completion_ids", pa.list_(pa.int32())), ("completion_mask", pa.list_(pa.int8())),
-        ("logprobs", pa.list_(pa.float64())), ("duration_s", pa.float64()),
-    ]),
-    "steps": pa.schema([
-        ("trajectory_id", pa.string()), ("step_index", pa.int32()), ("step_number", pa.int32()), ("turn", pa.int32()),
-        ("model_text", pa.string()), ("calls", pa.list_(CALL_TYPE)), ("tool_names", pa.list_(pa.string())),
-        ("observations", pa.list_(pa.string())), ("error", pa.string()), ("completion_tokens", pa.int32()),
-    ]),
-    "signals": pa.schema([
-        ("signal_id", pa.string()), ("kind", pa.string()), ("trajectory_id", pa.string()), ("task_id", pa.string()),
-        ("evidence", pa.string()),
-    ]),
-    "candidates": pa.schema([
-        ("task_id", pa.string()), ("signal_key", pa.string()), ("signal_id", pa.string()), ("origin", pa.string()),
-        ("accepted", pa.bool_()), ("reason", pa.string()), ("task", pa.string()),
-    ]),
-    "evaluations": pa.schema([
-        ("split", pa.string()), ("task_id", pa.string()), ("success", pa.bool_()), ("reward", pa.float64()),
-        ("trajectory_id", pa.string()),
-    ]),
-    "pool_membership": pa.schema([("position", pa.int32()), ("task_id", pa.string())]),
-    "tasks": pa.schema([
-        ("task_id", pa.string()), ("environment", pa.string()), ("origin", pa.string()), ("round", pa.int32()),
-        ("parent_trajectory_id", pa.string()), ("signal_id", pa.string()), ("content_hash", pa.string()),
-        ("task", pa.string()), ("tools", pa.list_(pa.string())),
-    ]),
-}  # fmt: skip
 PARTITIONED = tuple(t for t in SCHEMAS if t != "tasks")
 # Keys a write to a small table merges by: a row written again replaces the stored one.
 _MERGE_KEYS: dict[str, tuple[str, ...]] = {
@@ -116,87 +79,6 @@ def part_name(keys: Iterable[str]) -> str:
     """A file name that depends only on which rows a file holds, so re-writing them replaces it."""
     digest = hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:20]
     return f"part-{digest}"
-
-
-# Every argument value is stored as its JSON literal, exactly as json.dumps writes it; strings, most
-# arguments, go through the encoder's C function for string literals (what json.dumps calls for them).
-_str_literal = json.encoder.encode_basestring_ascii
-
-
-def _literal(value: Any) -> str:
-    if type(value) is str:
-        return _str_literal(value)
-    return json.dumps(value, default=str)
-
-
-def _offsets(counts: Iterable[int]) -> pa.Array:
-    return pa.array(list(accumulate(counts, initial=0)), pa.int32())
-
-
-def _tool_calls(calls: list[ToolCall]) -> pa.Array:
-    """Calls as one Arrow array of CALL_TYPE: name, and each argument's value as its JSON literal."""
-    arguments = [c.arguments for c in calls]
-    values = [_str_literal(v) if type(v) is str else _literal(v) for a in arguments for v in a.values()]
-    mapped = pa.MapArray.from_arrays(
-        _offsets(len(a) for a in arguments), pa.array([k for a in arguments for k in a], pa.string()),
-        pa.array(values, pa.string()),
-    )
-    return pa.StructArray.from_arrays([pa.array([c.name for c in calls], pa.string()), mapped], fields=list(CALL_TYPE))
-
-
-def _read_calls(calls: list[dict[str, Any]] | None) -> list[ToolCall]:
-    return [ToolCall(c["name"], {k: json.loads(v) for k, v in (c["arguments"] or [])}) for c in calls or []]
-
-
-def _lists(counts: list[int], values: pa.Array, type_: pa.DataType) -> pa.Array:
-    return pa.ListArray.from_arrays(_offsets(counts), values, type=type_)
-
-
-def trajectory_tables(trajs: list[Trajectory]) -> tuple[pa.Table, pa.Table]:
-    """The Arrow tables of trajectories and their steps (one row per step), as the files hold them.
-
-    Built column by column: the steps' nested columns from flat value lists and offsets, so no
-    column passes through per-row Python dicts.
-    """
-    heads = list({t.trajectory_id: t for t in trajs}.values())
-    ids = [t.trajectory_id for t in heads]
-    steps = [s for t in heads for s in t.steps]
-    calls = [c for s in steps for c in s.calls]
-    call_counts = [len(s.calls) for s in steps]
-    call_array = _tool_calls(calls)
-    names = call_array.field(0)
-    per_trajectory = [len(t.steps) for t in heads]
-    step_calls = iter(call_counts)
-    tool_counts = [sum(next(step_calls) for _ in range(n)) for n in per_trajectory]
-
-    def tokens(attr: str, type_: pa.DataType) -> pa.Array:
-        return pa.array([getattr(t, attr) for t in heads], pa.list_(type_))  # nested lists convert in C++
-
-    trajectories = pa.Table.from_arrays(
-        [
-            pa.array(ids, pa.string()), pa.array([t.task_id for t in heads], pa.string()),
-            pa.array([t.sample for t in heads], pa.int32()), pa.array([float(t.reward) for t in heads], pa.float64()),
-            pa.array([bool(t.success) for t in heads], pa.bool_()),
-            pa.array([t.finish_reason for t in heads], pa.string()), pa.array(per_trajectory, pa.int32()),
-            _lists(tool_counts, names, pa.list_(pa.string())), tokens("prompt_ids", pa.int32()),
-            tokens("completion_ids", pa.int32()), tokens("completion_mask", pa.int8()),
-            tokens("logprobs", pa.float64()), pa.array([float(t.duration_s) for t in heads], pa.float64()),
-        ],
-        schema=SCHEMAS["trajectories"],
-    )  # fmt: skip
-    step_table = pa.Table.from_arrays(
-        [
-            pa.array([tid for tid, n in zip(ids, per_trajectory) for _ in range(n)], pa.string()),
-            pa.array([i for n in per_trajectory for i in range(n)], pa.int32()),
-            pa.array([s.index for s in steps], pa.int32()), pa.array([s.turn for s in steps], pa.int32()),
-            pa.array([s.model_text for s in steps], pa.string()),
-            _lists(call_counts, call_array, pa.list_(CALL_TYPE)), _lists(call_counts, names, pa.list_(pa.string())),
-            pa.array([s.observations for s in steps], pa.list_(pa.string())),
-            pa.array([s.error for s in steps], pa.string()), pa.array([s.completion_tokens for s in steps], pa.int32()),
-        ],
-        schema=SCHEMAS["steps"],
-    )  # fmt: skip
-    return trajectories, step_table
 
 
 class Warehouse:
@@ -403,6 +285,8 @@ class Warehouse:
         """
         if isinstance(exc, (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)):
             return None
+        if isinstance(exc, FileNotFoundError):
+            return None
         tables = self.files.url(f"{self.files.path}/tables/")
         match = re.search(re.escape(tables) + r"[^'\"\s]*\.parquet", str(exc))
         if match is not None:
@@ -515,9 +399,18 @@ class Warehouse:
             by_partition.setdefault((t.run_id, t.round), []).append(t)
         for (run_id, round_), group in by_partition.items():
             trajectories, steps = trajectory_tables(group)
-            file = name or part_name(trajectories.column("trajectory_id").to_pylist())
-            self.files.write(f"{self.files.partition_dir('steps', run_id, round_)}/{file}.parquet", steps)
-            self.files.write(f"{self.files.partition_dir('trajectories', run_id, round_)}/{file}.parquet", trajectories)
+            self.write_batch(run_id, round_, trajectories, steps, name)
+
+    def write_batch(self, run_id: str, round_: int, trajectories: pa.Table, steps: pa.Table, name: str | None = None) -> None:
+        """Write one batch of trajectory and step rows of a partition, with its tool-call counts.
+
+        All three files get one name, ``name`` or one derived from the trajectory ids; the counts and
+        the steps are written before the trajectories, which make the batch visible as episodes.
+        """
+        self._writable()
+        file = name or part_name(trajectories.column("trajectory_id").to_pylist())
+        for table, rows in (("tool_call_counts", tool_call_counts(steps)), ("steps", steps), ("trajectories", trajectories)):
+            self.files.write(f"{self.files.partition_dir(table, run_id, round_)}/{file}.parquet", rows)
 
     def stored_episodes(self, run_id: str, round_: int) -> set[tuple[str, int]]:
         """(task_id, sample) of the round's stored trajectories; steps a killed writer orphaned are removed.
@@ -525,11 +418,12 @@ class Warehouse:
         A rollout that resumes plays only the episodes missing here.
         """
         heads = {os.path.basename(p) for p in self.files.files("trajectories", run_id, round_)}
-        orphans = [p for p in self.files.files("steps", run_id, round_) if os.path.basename(p) not in heads]
+        parts = ("steps", "tool_call_counts")
+        orphans = [p for t in parts for p in self.files.files(t, run_id, round_) if os.path.basename(p) not in heads]
         if not self.read_only:
             self.files.delete(orphans)
-            self.files.sweep_partials("trajectories")
-            self.files.sweep_partials("steps")
+            for table in ("trajectories", *parts):
+                self.files.sweep_partials(table)
         stored = self._partition("trajectories", run_id, round_, ["task_id", "sample"])
         return set(zip(stored.column("task_id").to_pylist(), stored.column("sample").to_pylist()))
 
@@ -561,7 +455,7 @@ class Warehouse:
             steps.setdefault(row["trajectory_id"], []).append(
                 (row["step_index"],
                  Step(turn=row["turn"], index=row["step_number"], model_text=row["model_text"],
-                      calls=_read_calls(row["calls"]), observations=list(row["observations"]), error=row["error"],
+                      calls=read_calls(row["calls"]), observations=list(row["observations"]), error=row["error"],
                       completion_tokens=row["completion_tokens"]))
             )  # fmt: skip
         heads.sort(key=lambda h: (h["task_id"], h["sample"]))
@@ -576,18 +470,40 @@ class Warehouse:
 
     def trajectory_frame(self, run_id: str, upto_round: int | None = None) -> pl.DataFrame:
         """Trajectory outcomes of a run (no token data), rounds <= upto_round: what signal mining reads."""
-        con = self.connect()
-        try:
-            # Sorted by Polars: faster here than an ORDER BY in DuckDB that carries the tool_sequence lists.
-            return con.sql(
-                "SELECT trajectory_id, run_id, round, task_id, sample, reward, success, finish_reason, tool_sequence "
-                "FROM trajectories WHERE run_id = $run AND ($upto IS NULL OR round <= $upto)",
-                params={"run": run_id, "upto": upto_round},
-            ).pl().sort("round", "task_id", "sample")
-        except duckdb.Error as exc:
-            raise self._damaged_table_file(exc, "trajectories") or exc
-        finally:
-            con.close()
+        columns = ["trajectory_id", "task_id", "sample", "reward", "success", "finish_reason", "tool_sequence"]
+        if self.files.is_local:
+            # A Polars scan of the run's files: about 7x faster here than the same read through a DuckDB view.
+            paths = [
+                p for p in self.files.files("trajectories", run_id)
+                if upto_round is None or int(p.rsplit("/round=", 1)[1].split("/", 1)[0]) <= upto_round
+            ]  # fmt: skip
+            if not paths:
+                schema = SCHEMAS["trajectories"]
+                empty = pl.from_arrow(pa.schema([schema.field(c) for c in columns]).empty_table())
+                frame = empty.with_columns(pl.lit(run_id).alias("run_id"), pl.lit(0, pl.Int32).alias("round")).clear()
+            else:
+                try:
+                    frame = pl.scan_parquet(paths, hive_partitioning=True).select(["run_id", "round", *columns]).collect()
+                except (pl.exceptions.PolarsError, OSError) as exc:
+                    raise self._damaged_table_file(exc, "trajectories") or DataError(
+                        f"Trajectories of run {run_id!r} in {self.root} cannot be read: {exc}"
+                    ) from exc
+            frame = frame.with_columns(pl.col("round").cast(pl.Int32), pl.col("run_id").cast(pl.String))
+        else:
+            con = self.connect()
+            try:
+                frame = con.sql(
+                    f"SELECT run_id, round, {', '.join(columns)} FROM trajectories "
+                    "WHERE run_id = $run AND ($upto IS NULL OR round <= $upto)",
+                    params={"run": run_id, "upto": upto_round},
+                ).pl()
+            except duckdb.Error as exc:
+                raise self._damaged_table_file(exc, "trajectories") or exc
+            finally:
+                con.close()
+        order = ["trajectory_id", "run_id", "round", "task_id", "sample", "reward", "success", "finish_reason", "tool_sequence"]
+        # Sorted by Polars: faster here than an ORDER BY in DuckDB that carries the tool_sequence lists.
+        return frame.select(order).sort("round", "task_id", "sample")
 
     # -- small tables: merged by key within their partition --------------------------------------
 

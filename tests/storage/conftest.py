@@ -64,5 +64,5 @@ def make_trajectory() -> Callable[..., Trajectory]:
 
 @pytest.fixture
 def warehouse(tmp_path: Path) -> Iterator[Warehouse]:
-    with Warehouse(tmp_path / "wh.duckdb") as wh:
+    with Warehouse(tmp_path / "warehouse") as wh:
         yield wh

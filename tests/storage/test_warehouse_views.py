@@ -58,6 +58,39 @@ def test_tool_failure_rates_count_error_observations_per_tool(history: Warehouse
     assert rows.rows() == [("cd", 8, 2, 0.25), ("mkdir", 8, 1, 0.125)]
 
 
+# The view's definition, judged on every observation of the steps (what tool_call_counts sums at write time).
+FAILURES_FROM_STEPS = """
+WITH calls AS (
+    SELECT run_id, unnest(tool_names) AS tool_name, unnest(observations) AS observation FROM steps
+)
+SELECT run_id, tool_name, count(*) AS calls,
+       count(*) FILTER (WHERE coalesce(
+           lower(ltrim(observation)) LIKE 'error%' OR regexp_matches(observation, '^\\s*\\{\\s*["'']error["'']'),
+           false)) AS failed_calls
+FROM calls WHERE tool_name IS NOT NULL GROUP BY ALL ORDER BY ALL
+"""
+
+
+def test_tool_failure_rates_equal_judging_every_stored_observation(warehouse: Warehouse, make_task, make_trajectory) -> None:
+    tricky = ("  ERROR: denied", "no error here", " {'error': 'x'}", "{\"result\": \"error\"}", "Errors", "", "ok")
+    trajs = [
+        make_trajectory(make_task(i).task_id, s, False, round=r, observations=(tricky[(i + s) % 7], tricky[(i + 2 * s + r) % 7]))
+        for i in range(4) for s in range(3) for r in range(2)
+    ]
+    warehouse.write_trajectories(trajs[:10])  # two batches, so counts of several files add up
+    warehouse.write_trajectories(trajs[10:])
+    expected = warehouse.sql(FAILURES_FROM_STEPS).rows()
+    assert warehouse.sql("SELECT run_id, tool_name, calls, failed_calls FROM v_tool_failure_rates ORDER BY ALL").rows() == expected
+    assert sum(row[3] for row in expected) > 0
+
+
+def test_a_step_with_fewer_observations_than_calls_counts_the_unanswered_call_as_not_failed(warehouse: Warehouse, make_task, make_trajectory) -> None:
+    trajectory = make_trajectory(make_task(0).task_id, 0, False, observations=("Error: x",))
+    warehouse.write_trajectories([trajectory])
+    expected = warehouse.sql(FAILURES_FROM_STEPS).rows()
+    assert warehouse.sql("SELECT run_id, tool_name, calls, failed_calls FROM v_tool_failure_rates ORDER BY ALL").rows() == expected
+
+
 def test_signal_mix_counts_and_shares_kinds_per_round(history: Warehouse) -> None:
     rows = history.sql("SELECT round, kind, signals, share FROM v_signal_mix ORDER BY round, kind")
     assert rows.rows() == [(0, "boundary", 2, pytest.approx(2 / 3)), (0, "rare", 1, pytest.approx(1 / 3)),
