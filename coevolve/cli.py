@@ -71,6 +71,11 @@ def _load(args: argparse.Namespace) -> PipelineConfig:
     return config
 
 
+def _no_local_warehouse(root: str | Path) -> bool:
+    """A warehouse folder that does not exist (a URL is left for the warehouse itself to check)."""
+    return "://" not in str(root) and not Path(root).exists()
+
+
 def cmd_evolve(args: argparse.Namespace) -> int:
     config = _load(args)
     rounds = args.rounds or config.rounds
@@ -108,7 +113,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from storage.warehouse import Warehouse
 
     root = args.database or config.warehouse_path
-    if "://" not in str(root) and not Path(root).exists():
+    if _no_local_warehouse(root):
         raise PipelineError(f"No warehouse at {root}; run `coevolve evolve` first or pass --database.")
     import duckdb
 
@@ -212,7 +217,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from storage.warehouse import Warehouse
 
     root = config.warehouse_path
-    if "://" not in str(root) and not Path(root).exists():
+    if _no_local_warehouse(root):
         summaries = []
     else:
         with Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:

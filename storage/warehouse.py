@@ -66,9 +66,6 @@ CATALOG_COLUMNS: dict[str, dict[str, str]] = {
                "started_at": "TIMESTAMP", "finished_at": "TIMESTAMP"},
     "stage_runs": {"run_id": "VARCHAR", "round": "INTEGER", "stage": "VARCHAR", "finished_at": "TIMESTAMP", "output": "JSON"},
 }  # fmt: skip
-# Every table holds one empty file in this partition from the start, so the views have the
-# table's columns (and a glob that matches) before the first row is written.
-EMPTY_RUN = PLACEHOLDER_RUN
 
 
 def _now() -> str:
@@ -85,11 +82,10 @@ class Warehouse:
     """The warehouse under one root: table files, bookkeeping records, and DuckDB views over them."""
 
     def __init__(
-        self, root: Path | str, read_only: bool = False, storage_options: dict[str, Any] | None = None, **_: Any
+        self, root: Path | str, read_only: bool = False, storage_options: dict[str, Any] | None = None
     ) -> None:
         self.files = TableFiles.open(root, storage_options)
         self.root = self.files.root
-        self.path = self.root  # where error messages point
         self.read_only = read_only
         self.catalog = Catalog(self.files)
         self._closed = False
@@ -208,13 +204,15 @@ class Warehouse:
             )
         return (
             f"SELECT * FROM read_parquet(['{empty}', '{pattern}'], hive_partitioning = true, "
-            f"hive_types = {{'run_id': VARCHAR, 'round': INTEGER}}) WHERE run_id <> '{EMPTY_RUN}'"
+            f"hive_types = {{'run_id': VARCHAR, 'round': INTEGER}}) WHERE run_id <> '{PLACEHOLDER_RUN}'"
         )
 
     def _empty_file(self, table: str) -> str:
+        """The empty file every table holds from the start (partition run_id=_empty/round=0): the views
+        take the table's columns from it and match it before the first row is written."""
         if table == "tasks":
-            return f"{self.files.table_dir(table)}/{EMPTY_RUN}.parquet"
-        return f"{self.files.partition_dir(table, EMPTY_RUN, 0)}/{EMPTY_RUN}.parquet"
+            return f"{self.files.table_dir(table)}/{PLACEHOLDER_RUN}.parquet"
+        return f"{self.files.partition_dir(table, PLACEHOLDER_RUN, 0)}/{PLACEHOLDER_RUN}.parquet"
 
     def connect(self) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB session with a view per table and the analysis views (storage/VIEWS.md).
@@ -241,16 +239,13 @@ class Warehouse:
             "rounds": f"{self.catalog.dir}/rounds/*/*.json",
             "stage_runs": f"{self.catalog.dir}/stage_runs/*/*/*.json",
         }[kind]
-        if not self.files.fs.glob(pattern):
-            # Only a warehouse created before the placeholder records existed gets here.
-            return "SELECT " + ", ".join(f"NULL::{t} AS {n}" for n, t in columns.items()) + " WHERE false"
         url = self.files.url(pattern).replace("'", "''")
         spec = "{" + ", ".join(f"'{n}': '{t}'" for n, t in columns.items()) + "}"
         # The placeholder record (Catalog.put_placeholder) keeps the glob matching before the first
         # real record, so a session opened on a new warehouse sees the records written later.
         return (
             f"SELECT * FROM read_json('{url}', columns = {spec}, format = 'auto') "
-            f"WHERE run_id IS DISTINCT FROM '{EMPTY_RUN}'"
+            f"WHERE run_id IS DISTINCT FROM '{PLACEHOLDER_RUN}'"
         )
 
     def sql(self, query: str) -> pl.DataFrame:

@@ -283,9 +283,6 @@ def rollout_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
         if stored:
             get_run_logger().info("round %d: %d episodes already stored, playing the rest", round_, len(stored))
 
-        def store(finished: list) -> None:
-            wh.write_trajectories(finished)
-
         # Released before the update stage trains: vLLM shut down, GPU memory and connections freed.
         with engine_session(checkpoint, config) as engine:
             play_episodes(
@@ -301,7 +298,7 @@ def rollout_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
                 batch_size=config.rollout.generate_batch,
                 seed=config.seed,  # same seed and round, same samples on a re-run
                 skip=stored,
-                on_finished=store,  # durable in batches as episodes end
+                on_finished=wh.write_trajectories,  # durable in batches as episodes end
                 flush_every=config.warehouse.flush_every,
             )
         outcomes = wh.outcomes(config.run_id, round_)

@@ -15,7 +15,6 @@ missing environment fails instead, so CI always exercises vLLM.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -107,9 +106,10 @@ def served_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port on 127.0.0.1, as the pipeline picks one for its own servers."""
+    from agent.serve import free_port
+
+    return free_port("127.0.0.1")
 
 
 def _wait_until_ready(process: subprocess.Popen, base_url: str, log_path: Path) -> None:

@@ -99,11 +99,11 @@ def wait_for_stage(config, round_: int, stage: str, process: subprocess.Popen, t
             raise AssertionError(f"the round exited with {process.returncode} before stage {stage} finished")
         if config.warehouse_path.exists():
             try:
-                with Warehouse(config.warehouse_path, read_only=True, lock_timeout_s=5) as wh:
+                with Warehouse(config.warehouse_path, read_only=True) as wh:
                     if wh.stage_output(config.run_id, round_, stage) is not None:
                         return
             except PipelineError:
-                pass  # the writer holds the file or has not created the schema yet
+                pass  # the round has not created the warehouse yet
         time.sleep(0.1)
     raise AssertionError(f"stage {stage} of round {round_} did not finish within {timeout_s:.0f} s")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import subprocess
 import sys
 import time
@@ -23,18 +22,13 @@ pytest.importorskip("moto.server")
 
 from moto.server import ThreadedMotoServer  # noqa: E402
 
+from agent.serve import free_port  # noqa: E402
 from storage.warehouse import Warehouse  # noqa: E402
 from test_migrate import EXPECTED_ROWS, old_warehouse  # noqa: E402, F401 - the old file and its fixture
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "coevolve-test"
 RUN = "run-a"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
