@@ -2,7 +2,7 @@
 
 No model hub is reachable, so 'builtin:tiny' trains its own byte-level BPE tokenizer on the
 demonstrations' text, initializes a small Qwen3 at random and teaches it the tool-call format by
-supervised fine-tuning on assistant tokens only. A few hundred steps give partial skill: enough that
+supervised fine-tuning on assistant tokens only, with TRL's ``SFTTrainer``. A few hundred steps give partial skill: enough that
 GRPO groups mix successes and failures, which is what makes a round produce signal.
 
 The build is idempotent: out_dir holds a marker with a digest of every input, and a second call
@@ -12,9 +12,8 @@ with the same inputs returns at once.
 from __future__ import annotations
 
 import json
-import math
-import random
 import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +36,7 @@ def _build_digest(conversations: Sequence[Sequence[Message]], config: PolicyConf
             "conversations": [[(m.role, m.content) for m in conv] for conv in conversations],
             "config": {f: getattr(config, f) for f in fields},
             "seed": seed,
-            "version": 1,
+            "version": 2,
         }
     )
 
@@ -108,65 +107,53 @@ def build_model(tokenizer: Any, config: PolicyConfig, seed: int) -> Any:
     return Qwen3ForCausalLM(model_config).float()
 
 
-def _lr_at(step: int, total: int, peak: float) -> float:
-    """Linear warmup then cosine decay to a tenth of the peak."""
-    warmup = max(1, int(total * WARMUP_FRACTION))
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+def sft(model: Any, tokenizer: Any, examples: list[tuple[list[int], list[int]]], config: PolicyConfig, seed: int) -> list[float]:
+    """Supervised fine-tuning with TRL's ``SFTTrainer`` on assistant tokens only; returns every step's loss.
 
-
-def _assistant_loss(model: Any, input_ids: Any, attention: Any, labels: Any) -> Any:
-    """Next-token loss on supervised positions only.
-
-    Demonstrations are mostly prompt (a long tool list); projecting only the few assistant
-    positions onto the vocabulary skips most of the output layer's work.
+    The examples are already token ids with an assistant mask (``ChatFormat.training_example``), so SFT
+    sees exactly the token sequences rollouts later produce; TRL turns the mask into labels and its
+    fused head scores only the supervised positions. The schedule is a linear warmup then cosine decay
+    to a tenth of the peak rate.
     """
     import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import SFTConfig, SFTTrainer
 
-    hidden = model.model(input_ids=input_ids, attention_mask=attention).last_hidden_state[:, :-1]
-    targets = labels[:, 1:]
-    keep = targets != -100
-    logits = model.lm_head(hidden[keep])
-    return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
-
-
-def sft(model: Any, examples: list[tuple[list[int], list[int]]], config: PolicyConfig, pad_id: int, seed: int) -> list[float]:
-    """Supervised fine-tuning on assistant tokens only; returns the loss of every step."""
-    import torch
-    from tqdm import tqdm
-
-    rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.sft_learning_rate, weight_decay=0.0)
-    model.train()
     losses: list[float] = []
-    order: list[int] = []
-    bar = tqdm(range(config.sft_steps), desc="sft tiny policy", unit="step")
-    for step in bar:
-        batch = []
-        for _ in range(min(config.sft_batch_size, len(examples))):
-            if not order:
-                order = list(range(len(examples)))
-                rng.shuffle(order)
-            batch.append(examples[order.pop()])
-        width = max(len(ids) for ids, _ in batch)
-        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        for row, (ids, mask) in enumerate(batch):
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-            attention[row, : len(ids)] = 1
-            labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, config.sft_steps, config.sft_learning_rate)
-        loss = _assistant_loss(model, input_ids, attention, labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+
+    class _Losses(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+
+    dataset = Dataset.from_dict({"input_ids": [ids for ids, _ in examples], "assistant_masks": [mask for _, mask in examples]})
+    with tempfile.TemporaryDirectory(prefix="coevolve-sft-") as scratch:
+        args = SFTConfig(
+            output_dir=scratch,
+            max_steps=config.sft_steps,
+            per_device_train_batch_size=min(config.sft_batch_size, len(examples)),
+            learning_rate=config.sft_learning_rate,
+            lr_scheduler_type="cosine_with_min_lr",
+            lr_scheduler_kwargs={"min_lr_rate": 0.1},
+            warmup_steps=max(1, int(config.sft_steps * WARMUP_FRACTION)),
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            max_length=MAX_SEQ_LEN,
+            logging_steps=max(1, config.sft_steps // 40),
+            save_strategy="no",
+            report_to="none",
+            seed=seed,
+            data_seed=seed,
+            use_cpu=not torch.cuda.is_available(),
+            dataloader_num_workers=0,
+            disable_tqdm=False,
+            # The tiny model is float32 end to end: mixed precision would change checkpoint 0 across machines.
+            bf16=False,
+            fp16=False,
+        )
+        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[_Losses()])
+        trainer.train()
     model.eval()
     return losses
 
@@ -190,7 +177,7 @@ def build_tiny_policy(out_dir: Path, conversations: list[list[Message]], config:
     examples = [chat.training_example(conv) for conv in conversations]
     examples = [(ids[:MAX_SEQ_LEN], mask[:MAX_SEQ_LEN]) for ids, mask in examples]
     model = build_model(tokenizer, config, seed)
-    losses = sft(model, examples, config, tokenizer.pad_token_id, seed) if config.sft_steps else []
+    losses = sft(model, tokenizer, examples, config, seed) if config.sft_steps else []
 
     # Write to a sibling folder and swap it in, so an interrupted build never looks finished.
     staging = out_dir.with_name(out_dir.name + ".partial")

@@ -16,8 +16,11 @@ For each size (``--steps``) and write batch (``--batch``, trajectories per write
   reported. Generating the records is timed apart.
 - views: every analysis view over a read-only `Warehouse.connect` session, ``SELECT *`` and a
   filtered query, best of ``--repeats``; plus the number of files per table.
-- mining: `Warehouse.trajectory_frame` (the read the mine stage does) and `tasks.mine.mine_signals`
-  on the last round over the whole history, best of ``--repeats`` each.
+- mining: the mine stage's `tasks.mine.mine_warehouse` (a lazy scan of the run's files, mined as it
+  is read, Signal records included) on the last round over the whole history, against reading the
+  history first as one sorted frame (`Warehouse.trajectory_frame`) and mining that (`mine_signals`);
+  interleaved, checked equal, best of ``--repeats`` each. ``--mining-only FOLDER`` times only this,
+  on the warehouse a run with ``--keep`` left in FOLDER.
 
 Each round also gets a pool, signals on 5% of its trajectories and 200 judged candidates, so every
 view has rows. 8 samples per task per round; half of each round's tasks were played the round before.
@@ -26,6 +29,8 @@ Run (from the repository root):
 
     .venv/bin/python benchmarks/warehouse.py --steps 1000000 --steps 10000000 --batch 2048
     .venv/bin/python benchmarks/warehouse.py --steps 200000 --batch 32     # the rollout stage's default flush
+    .venv/bin/python benchmarks/warehouse.py --steps 10000000 --workdir /tmp --keep   # keeps the warehouse ...
+    .venv/bin/python benchmarks/warehouse.py --mining-only /tmp/tmpXXXX             # ... to time mining on it again
 
 Prints one JSON object per (size, batch); the figures are recorded in benchmarks/README.md.
 """
@@ -52,7 +57,7 @@ from coevolve.records import Candidate, Provenance, Signal, Step, Task, ToolCall
 from storage.tables import _WRITE_OPTIONS  # noqa: E402
 from storage.columns import SCHEMAS  # noqa: E402
 from storage.warehouse import Warehouse  # noqa: E402
-from tasks.mine import mine_signals  # noqa: E402
+from tasks.mine import mine_frames, mine_signals, mine_warehouse  # noqa: E402
 
 RUN = "bench"
 GROUP = 8  # samples per task per round
@@ -248,12 +253,33 @@ def time_views(root: Path, repeats: int) -> dict[str, dict[str, float]]:
 
 
 def time_mining(root: Path, rounds: int, repeats: int) -> dict:
-    last = rounds - 1
+    """The mine stage's read and mining of the last round, two ways, interleaved and checked equal.
+
+    from_files_s: `mine_warehouse`, what the mine stage runs (a lazy scan of the files, mined as it is
+    read; Signal records included), with frames_s its part up to the Polars frames (`mine_frames`).
+    read_s + mine_s: the whole history read first as one sorted frame (`trajectory_frame`), then
+    `mine_signals` on it.
+    """
+    last, config = rounds - 1, SignalConfig()
+    times: dict[str, list[float]] = {"from_files_s": [], "frames_s": [], "read_s": [], "mine_s": []}
     with Warehouse(root, read_only=True) as wh:
-        frame, read_s = best(repeats, wh.trajectory_frame, RUN, last)
-    signals, mine_s = best(repeats, mine_signals, frame, last, RUN, SignalConfig())
+
+        def timed(key: str, fn, *args):
+            gc.collect()
+            started = time.perf_counter()
+            result = fn(*args)
+            times[key].append(time.perf_counter() - started)
+            return result
+
+        for _ in range(repeats):
+            signals = timed("from_files_s", mine_warehouse, wh, RUN, last, config)
+            timed("frames_s", lambda: mine_frames(wh.trajectory_scan(RUN, last), last, config))
+            frame = timed("read_s", wh.trajectory_frame, RUN, last)
+            if timed("mine_s", mine_signals, frame, last, RUN, config) != signals:
+                raise SystemExit("mining from the files and from the frame found different signals")
     kinds = {k: sum(1 for s in signals if s.kind == k) for k in ("forgetting", "boundary", "rare")}
-    return {"rows": frame.height, "read_s": read_s, "mine_s": mine_s, "total_s": round(read_s + mine_s, 3), "signals": kinds}
+    figures = {key: round(min(values), 3) for key, values in times.items()}
+    return {"rows": frame.height, **figures, "read_and_mine_s": round(figures["read_s"] + figures["mine_s"], 3), "signals": kinds}
 
 
 def file_counts(root: Path) -> dict[str, int]:
@@ -275,7 +301,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", help="folder for the scratch warehouses (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the warehouses written (their folder is printed)")
+    parser.add_argument("--mining-only", metavar="FOLDER",
+                        help="only time mining, on FOLDER/warehouse kept by an earlier run with --keep")  # fmt: skip
     args = parser.parse_args()
+    if args.mining_only:
+        root = Path(args.mining_only) / "warehouse"
+        load = round(os.getloadavg()[0], 1)
+        result = {"folder": args.mining_only, "load_before": load, "mining": time_mining(root, args.rounds, args.repeats)}
+        print(json.dumps({**result, "load_after": round(os.getloadavg()[0], 1)}), flush=True)
+        return
     for total in args.steps or [1_000_000]:
         for batch in args.batch or [2048]:
             with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:

@@ -3,7 +3,7 @@
     coevolve evolve [--config FILE] [--set section.field=value ...] [--rounds N]
     coevolve round --round R [--config FILE] [--set ...]
     coevolve evaluate --checkpoint PATH [--categories base,miss_func,...] [--limit N] [--no-heldout] [--dev]
-    coevolve ablation [--arms static,random,full] [--seeds 1,2,3] [--rounds 5]
+    coevolve ablation [--config configs/ablation.yaml] [--arms static,random,full] [--seeds 1,2,3,4,5] [--rounds 5]
     coevolve sql "SELECT * FROM v_success_by_round"
     coevolve warehouse migrate [PATH] [--to ROOT] [--check]
     coevolve lineage VERSION [--model NAME]
@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ablation", help="Static vs random vs signal-guided synthesis (and each signal left out), over seeds.")
     common(p)
     p.add_argument("--arms", help="Comma-separated arms (default: all): static, random, full, no-forgetting, no-boundary, no-rare.")
-    p.add_argument("--seeds", default="1,2,3", help="Comma-separated loop seeds; arms are paired by seed.")
+    p.add_argument("--seeds", default="1,2,3,4,5", help="Comma-separated loop seeds; arms are paired by seed.")
     p.add_argument("--rounds", type=int, default=5, help="Rounds per run; every arm gets the same number.")
     p.add_argument("--official-limit", type=int, default=50, help="multi_turn_base entries scored per final checkpoint.")
     p.add_argument("--name", default="ablation", help="Prefix of the runs and the report folder.")

@@ -69,10 +69,28 @@ class PolicyConfig(_Section):
         4000,
         ge=1,
         description=(
-            "Demonstrations the builtin tiny model is fine-tuned on: the seed pool plus more tasks from the same unguided "
-            "explorer, never held-out ones. Fewer make it memorize instead of learning to copy arguments from the query: "
-            "on 1,000 it solves 85% of the seed pool but 5% of new tasks, on 4,000 (same SFT steps) 19% and 11%, so "
-            "GRPO groups on synthesized tasks have reward variance to learn from."
+            "Demonstrations the builtin tiny model is fine-tuned on: single-turn tasks from the unguided explorer with "
+            "sft_min_calls to sft_max_calls calls, a different distribution from the multi-turn target tasks (D_0, dev, "
+            "held-out), so checkpoint 0 knows the format and the tools but has never seen a target task."
+        ),
+    )
+    sft_min_calls: int = Field(1, ge=1, description="Fewest calls of a demonstration task of the builtin tiny model.")
+    sft_max_calls: int = Field(
+        2,
+        ge=1,
+        description=(
+            "Most calls of a demonstration task: at most 2 in one turn, so the target's longer jobs spread over several "
+            "user turns are new to checkpoint 0 and left for the loop to teach."
+        ),
+    )
+    sft_joint_calls: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description=(
+            "Share of the demonstrations that ask for their calls in one request; the others ask for each call in a turn "
+            "of its own. Low, so two calls in one request, which most target turns ask for, is the skill checkpoint 0 "
+            "has least of and the loop can teach."
         ),
     )
     sft_steps: int = Field(800, ge=0, description="SFT steps for 'builtin:tiny': about 6 minutes here, partial skill so rounds have signal.")
@@ -200,6 +218,14 @@ class RolloutConfig(_Section):
     heldout_tasks: int = Field(
         100, ge=0, description="Held-out synthetic tasks scored greedily after each round; 100 resolves about 0.04 (one sd 0.03 at 10%)."
     )
+    dev_eval_tasks: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Dev tasks (the first N of tasks/splits.build_dev_split) each round's checkpoint, and checkpoint 0, are also "
+            "scored on greedily, for the report's dev curve; 0 skips it, so a round costs one evaluation."
+        ),
+    )
     generate_batch: int = Field(
         64,
         ge=1,
@@ -305,6 +331,15 @@ class ValidationConfig(_Section):
 
 class PoolConfig(_Section):
     seed_size: int = Field(100, ge=1, description="Tasks of D_0 from unguided exploration (paper: 100).")
+    calls_per_turn: int | None = Field(
+        2,
+        ge=1,
+        description=(
+            "The target distribution: D_0, the dev and held-out splits and every synthesized task ask for 3-5 calls "
+            "spread over user turns of at most this many calls (2: two or three turns), as the official multi-turn "
+            "entries spread a job over several requests. None makes single-turn tasks."
+        ),
+    )
     policy: Literal["append", "dedupe"] = Field("append", description="How validated tasks join the pool; the paper appends.")
     max_size: int | None = Field(None, ge=1, description="Cap on the pool; None keeps every task (the paper).")
     seed: int | None = Field(
@@ -506,6 +541,11 @@ class PipelineConfig(_Section):
             raise ValueError(
                 f"synthesis.max_task_steps ({self.synthesis.max_task_steps}) is below synthesis.min_task_steps "
                 f"({self.synthesis.min_task_steps}); raise max_task_steps or lower min_task_steps."
+            )
+        if self.policy.sft_max_calls < self.policy.sft_min_calls:
+            raise ValueError(
+                f"policy.sft_max_calls ({self.policy.sft_max_calls}) is below policy.sft_min_calls "
+                f"({self.policy.sft_min_calls}); raise sft_max_calls or lower sft_min_calls."
             )
         server = (self.tracking.mlflow_uri or "").startswith(("http://", "https://"))
         if self.tracking.register_checkpoints == "uri" and server:

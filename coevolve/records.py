@@ -277,6 +277,15 @@ class RoundSummary:
     model_version: str = ""
     flow_run_id: str = ""
     durations_s: dict[str, float] = field(default_factory=dict)
+    # Mechanism measurements (storage/mechanism.py); None / empty where not measured (summaries written before them).
+    # Share of the round's rollout groups (one task's samples) whose rewards are not all equal.
+    informative_groups: float | None = None
+    # Share of the held-out split's distinct tool bigrams present in pool r, the pool the round trained on.
+    heldout_coverage: float | None = None
+    # Accepted candidates by the kind of signal they answer; "random" for the random control.
+    accepted_by_kind: dict[str, int] = field(default_factory=dict)
+    # Greedy success of the round's checkpoint on the first rollout.dev_eval_tasks dev tasks; None when not scored.
+    dev_success: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

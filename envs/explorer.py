@@ -7,9 +7,10 @@ contribute only their initial states: their questions and answers are never read
 
 from __future__ import annotations
 
+
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -151,11 +152,15 @@ def abstract(
     provenance: Provenance,
     min_steps: int = 3,
     max_steps: int = 5,
+    calls_per_turn: int | None = None,
 ) -> Task | None:
-    """A single-turn task from an exploration run, or None when fewer than ``min_steps`` calls are usable.
+    """A task from an exploration run, or None when fewer than ``min_steps`` calls are usable.
 
     Keeps the successful calls that changed the state or returned information, drops repeated
     read-only calls, and cuts to at most ``max_steps`` calls that replay cleanly from the initial state.
+    The task is single-turn, or with ``calls_per_turn`` one user turn per consecutive run of at most
+    that many calls (5 calls at 2 per turn: turns of 2, 2 and 1 calls), as the official multi-turn
+    entries spread a job over several requests.
     """
     session = _Session(initial_config, involved_classes)
     sequence: list[ToolCall] = []
@@ -176,16 +181,31 @@ def abstract(
         sequence.append(triplet.action)
     if len(sequence) < min_steps:
         return None
-    text = verbalize_sequence(sequence)
-    return Task(
-        environment=ENVIRONMENT_NAME,
-        initial_config=initial_config,
-        involved_classes=list(involved_classes),
-        turns=[text],
-        reference=[sequence],
-        provenance=provenance,
-        description=text,
+    return in_turns(
+        Task(
+            environment=ENVIRONMENT_NAME,
+            initial_config=initial_config,
+            involved_classes=list(involved_classes),
+            turns=[verbalize_sequence(sequence)],
+            reference=[sequence],
+            provenance=provenance,
+            description=verbalize_sequence(sequence),
+        ),
+        calls_per_turn,
     )
+
+
+def in_turns(task: Task, calls_per_turn: int | None) -> Task:
+    """The same job as user turns of at most ``calls_per_turn`` consecutive calls, each turn's request verbalized.
+
+    None leaves the task as it is. The turns' requests are rebuilt from the calls, so this is for tasks
+    whose requests are the explorer's verbalizations (an LLM-written query cannot be cut by calls).
+    """
+    if not calls_per_turn:
+        return task
+    calls = [call for turn in task.reference for call in turn]
+    reference = [calls[i : i + calls_per_turn] for i in range(0, len(calls), calls_per_turn)]
+    return replace(task, turns=[verbalize_sequence(chunk) for chunk in reference], reference=reference)
 
 
 def replay(task: Task) -> tuple[bool, str, bool]:
@@ -212,8 +232,12 @@ def build_tasks(
     min_steps: int = 3,
     max_steps: int = 5,
     classes: list[str] | None = None,
+    calls_per_turn: int | None = None,
 ) -> list[Task]:
-    """``n`` distinct tasks from unguided exploration of the official initial states, reproducible from ``seed``."""
+    """``n`` distinct tasks from unguided exploration of the official initial states, reproducible from ``seed``.
+
+    ``calls_per_turn`` splits each task into user turns (see ``abstract``); None keeps one turn.
+    """
     rng = random.Random(seed)
     states = environment_states(list(classes or DEFAULT_CLASSES))
     if not states:
@@ -225,7 +249,7 @@ def build_tasks(
         config, involved = states[rng.randrange(len(states))]
         run_id = f"{origin}-{seed}-{attempts}"
         triplets = explore(config, involved, rng, rng.randint(max_steps, max_steps + 3), run_id=run_id)
-        task = abstract(triplets, config, involved, Provenance(origin=origin), min_steps, max_steps)
+        task = abstract(triplets, config, involved, Provenance(origin=origin), min_steps, max_steps, calls_per_turn)
         if task is not None and task.task_id not in exclude and task.task_id not in tasks:
             tasks[task.task_id] = task
     return list(tasks.values())

@@ -5,7 +5,7 @@ compute), from the same seed pool and checkpoint 0 (``pool.seed``); the random a
 targets as the signal arms select (equal task volume). Each (arm, seed) pair is its own run in the
 warehouse, so everything is queryable afterwards; the report compares arms paired by seed.
 
-Run: ``coevolve ablation --seeds 1,2,3 --rounds 3 [--config configs/ablation.yaml]``.
+Run: ``coevolve ablation --config configs/ablation.yaml [--arms static,random,full] [--seeds 1,2,3,4,5] [--rounds 5]``.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def coevolve_ablation(
     base = PipelineConfig.model_validate(config or {})
     apply_settings(base)  # a worker started anywhere runs like the CLI
     arms = list(arms or ARMS)
-    seeds = list(seeds or [1, 2, 3])
+    seeds = list(seeds or [1, 2, 3, 4, 5])
     results: list[dict[str, Any]] = []
     for arm, seed, cfg in arm_configs(base, arms, seeds, name):
         summaries = [coevolve_round(round_=r, config=cfg.model_dump(mode="json")) for r in range(rounds)]

@@ -500,6 +500,36 @@ class Warehouse:
         # Sorted by Polars: faster here than an ORDER BY in DuckDB that carries the tool_sequence lists.
         return frame.select(order).sort("round", "task_id", "sample")
 
+    def trajectory_scan(self, run_id: str, upto_round: int | None = None) -> pl.LazyFrame:
+        """What signal mining reads, as a lazy frame: a run's trajectories, rounds <= upto_round, unsorted.
+
+        Columns trajectory_id, round (Int32), task_id, sample, reward, tool_sequence. On a local
+        warehouse it is a Polars scan of the run's files, so the plan that collects it reads only the
+        columns it selects, and only the rounds it filters on (``round`` is the partition key). A
+        damaged file fails at collect time; `trajectory_read_error` turns the error into the
+        DataError `trajectory_frame` raises. On an object store the rows are read once, through DuckDB.
+        """
+        columns = ["trajectory_id", "round", "task_id", "sample", "reward", "tool_sequence"]
+        if not self.files.is_local:
+            frame = self.trajectory_frame(run_id, upto_round)
+            return frame.lazy().select(columns)
+        paths = [
+            p for p in self.files.files("trajectories", run_id)
+            if upto_round is None or int(p.rsplit("/round=", 1)[1].split("/", 1)[0]) <= upto_round
+        ]  # fmt: skip
+        if not paths:
+            fields = SCHEMAS["trajectories"]
+            empty = pl.from_arrow(pa.schema([fields.field(c) for c in columns if c != "round"]).empty_table())
+            return empty.lazy().with_columns(pl.lit(0, pl.Int32).alias("round")).select(columns)
+        scan = pl.scan_parquet(paths, hive_partitioning=True, hive_schema={"run_id": pl.String, "round": pl.Int32})
+        return scan.select(columns)
+
+    def trajectory_read_error(self, exc: Exception, run_id: str) -> DataError:
+        """The DataError for a failed collect of `trajectory_scan`: the damaged file named, or the error itself."""
+        return self._damaged_table_file(exc, "trajectories") or DataError(
+            f"Trajectories of run {run_id!r} in {self.root} cannot be read: {exc}"
+        )
+
     # -- small tables: merged by key within their partition --------------------------------------
 
     def _merge(self, table: str, run_id: str, round_: int, rows: pa.Table, file: str = "rows") -> None:

@@ -20,7 +20,7 @@ from coevolve.config import PipelineConfig
 from coevolve.errors import ConfigError
 from coevolve.records import Task
 from agent.engines import release
-from tasks.common import HELDOUT_ROUND, load_engine, max_context, open_warehouse
+from tasks.common import DEV_ROUND, HELDOUT_ROUND, engine_session, load_engine, max_context, open_warehouse
 from tasks.rollout import play_episodes, success_rate
 from tasks.splits import build_dev_split, build_initial_pools
 
@@ -77,6 +77,23 @@ def evaluate_checkpoint(
             [(t.task_id, t.success, t.reward, t.trajectory_id) for t in trajectories],
         )
     return success_rate(trajectories)
+
+
+def dev_eval_tasks(config: PipelineConfig, wh: Warehouse) -> list[Task]:
+    """The first ``rollout.dev_eval_tasks`` tasks of the dev split (tasks/splits.build_dev_split), none when it is 0.
+
+    The split is read from the run's pool DEV_ROUND (the prepare stage stores it there); a run
+    without it gets it built and stored there, where validation reads it to refuse dev tasks.
+    """
+    limit = config.rollout.dev_eval_tasks
+    if limit <= 0:
+        return []
+    dev = wh.pool(config.run_id, DEV_ROUND)
+    if not dev:
+        dev = build_dev_split(config)
+        wh.write_tasks(dev)
+        wh.set_pool(config.run_id, DEV_ROUND, [t.task_id for t in dev])
+    return dev[:limit]
 
 
 def category_name(name: str) -> str:
@@ -143,13 +160,25 @@ from tasks.common import resumable  # noqa: E402
 
 @task(name="evaluate", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
 def evaluate_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
-    """Score checkpoint ``round_ + 1`` on the held-out split."""
+    """Score checkpoint ``round_ + 1`` on the held-out split, and on the first ``rollout.dev_eval_tasks`` dev tasks.
+
+    Dev rows are stored under the round with split DEV_SPLIT; the output then also holds ``dev_success``.
+    """
 
     def compute(wh: Warehouse) -> dict:
         heldout = wh.pool(config.run_id, HELDOUT_ROUND)
-        rate = evaluate_checkpoint(config, checkpoint, heldout, round_)
-        get_run_logger().info("round %d: held-out success %.3f on %d tasks", round_, rate, len(heldout))
-        return {"heldout_success": rate, "heldout_tasks": len(heldout)}
+        dev = dev_eval_tasks(config, wh)
+        if not dev:
+            rate = evaluate_checkpoint(config, checkpoint, heldout, round_)
+            get_run_logger().info("round %d: held-out success %.3f on %d tasks", round_, rate, len(heldout))
+            return {"heldout_success": rate, "heldout_tasks": len(heldout)}
+        with engine_session(checkpoint, config) as engine:  # one model load for both splits
+            rate = evaluate_checkpoint(config, checkpoint, heldout, round_, engine=engine)
+            dev_rate = evaluate_checkpoint(config, checkpoint, dev, round_, DEV_SPLIT, engine=engine)
+        get_run_logger().info(
+            "round %d: held-out success %.3f on %d tasks, dev success %.3f on %d tasks", round_, rate, len(heldout), dev_rate, len(dev)
+        )
+        return {"heldout_success": rate, "heldout_tasks": len(heldout), "dev_success": dev_rate, "dev_tasks": len(dev)}
 
     return resumable(config, round_, "evaluate", compute)
 

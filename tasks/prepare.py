@@ -186,9 +186,17 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
         pool_sha = write_pool_snapshot(seed_pool, config.pool_path(0))
         baseline = evaluate_checkpoint(config, checkpoint, heldout, round_=HELDOUT_ROUND)
         logger.info("checkpoint 0 at %s: held-out success %.3f", checkpoint, baseline)
+        # Checkpoint 0 on the first rollout.dev_eval_tasks dev tasks (rows under HELDOUT_ROUND, split "dev"), the dev curve's start.
+        dev_baseline = None
+        if config.rollout.dev_eval_tasks > 0:
+            from tasks.evaluate import DEV_SPLIT
+
+            dev_baseline = evaluate_checkpoint(config, checkpoint, dev[: config.rollout.dev_eval_tasks], HELDOUT_ROUND, DEV_SPLIT)
+            logger.info("checkpoint 0: dev success %.3f on %d tasks", dev_baseline, min(len(dev), config.rollout.dev_eval_tasks))
         return {
             "checkpoint": checkpoint, "checkpoint_digest": checkpoint_sha, "pool_digest": pool_sha,
             "pool_size": len(seed_pool), "heldout": len(heldout), "baseline_heldout_success": baseline,
+            "baseline_dev_success": dev_baseline,
         }
 
     prepared = resumable(config, round_, "prepare", compute)

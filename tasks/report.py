@@ -1,5 +1,10 @@
 """Ablation report: mean +- sd per arm, paired tests between arms, learning curves, signal mix, pool growth.
 
+Also each arm against checkpoint 0 ("learning at all": t-test over seeds of the final held-out gain
+and McNemar over (seed, task)), and the mechanism per arm and round, mean over seeds: informative
+GRPO groups, held-out tool-pattern coverage of the training pool, signals and accepted candidates by
+kind, dev and held-out success (table, mechanism.png, acceptance_by_kind.png).
+
 Input is what the ablation flow collected: for every (arm, seed) run, its round summaries and the
 official-category accuracy of its final checkpoint. Output is a Markdown file with PNG figures
 beside it, also logged to MLflow as one run.
@@ -96,7 +101,87 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         for other in outcomes
         if other != "full" and outcomes.get("full") and outcomes[other]
     }
-    return {"arms": table, "tests": tests, "task_tests": task_tests}
+    ckpt0_tests = {arm: checkpoint0_test(runs) for arm, runs in arms.items()}
+    ckpt0_task_tests = {}
+    for arm, runs in arms.items():
+        final = {r["seed"]: r["heldout_outcomes"] for r in runs if r.get("heldout_outcomes") and r.get("baseline_outcomes")}
+        if final:
+            ckpt0_task_tests[arm] = task_level_test(final, {r["seed"]: r["baseline_outcomes"] for r in runs if r["seed"] in final})
+    return {
+        "arms": table,
+        "tests": tests,
+        "task_tests": task_tests,
+        "mechanism": {arm: mechanism_rows(runs) for arm, runs in arms.items()},
+        "ckpt0_tests": ckpt0_tests,
+        "ckpt0_task_tests": ckpt0_task_tests,
+    }
+
+
+# --- mechanism: per arm and round, mean over seeds --------------------------------------------------
+
+ACCEPTED_KINDS = (*SIGNAL_KINDS, "random")
+
+
+def _number(value: Any) -> float:
+    """A summary value as a float; nan when missing (summaries written before the field existed) or None."""
+    return math.nan if value is None else float(value)
+
+
+def _mean(values: list[float]) -> float:
+    """Mean of the values that exist; nan when none does."""
+    present = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(present) if present else math.nan
+
+
+def baseline_of(run: dict[str, Any], key: str = "baseline_heldout_success") -> float | None:
+    """Checkpoint 0's score of a run: on the run itself or on its round 0 summary (as coevolve_round returns it)."""
+    value = run.get(key)
+    if value is None:
+        value = run["rounds"][0].get(key)
+    return None if value is None else float(value)
+
+
+def mechanism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per round of the arm's runs, each value the mean over seeds (nan where no seed recorded it).
+
+    informative: share of rollout groups with unequal rewards; coverage: held-out tool-pattern coverage
+    of pool r; signals and accepted: counts by kind; dev and heldout: success of the checkpoint the round produced.
+    """
+    rows = []
+    for i in range(min(len(r["rounds"]) for r in runs)):
+        rounds = [r["rounds"][i] for r in runs]
+        rows.append(
+            {
+                "round": int(rounds[0].get("round", i)),
+                "informative": _mean([_number(s.get("informative_groups")) for s in rounds]),
+                "coverage": _mean([_number(s.get("heldout_coverage")) for s in rounds]),
+                "signals": {k: _mean([float(s["signals"].get(k, 0)) for s in rounds]) for k in SIGNAL_KINDS},
+                # Summaries without the field have no per-kind counts: nan, not 0.
+                "accepted": {
+                    k: _mean([float((s.get("accepted_by_kind") or {}).get(k, 0)) if "accepted_by_kind" in s else math.nan for s in rounds])
+                    for k in ACCEPTED_KINDS
+                },
+                "dev": _mean([_number(s.get("dev_success")) for s in rounds]),
+                "heldout": _mean([_number(s.get("heldout_success")) for s in rounds]),
+            }
+        )
+    return rows
+
+
+def checkpoint0_test(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Final held-out success of one arm against checkpoint 0's, over the seeds that recorded both.
+
+    Paired t-test of (final - ckpt0) by seed; when checkpoint 0 scored the same on every seed (the
+    arms share it) that is the one-sample t-test of the gains against 0, and ``kind`` says which.
+    """
+    final = {r["seed"]: final_heldout(r) for r in runs if baseline_of(r) is not None}
+    base = {r["seed"]: baseline_of(r) for r in runs if baseline_of(r) is not None}
+    result: dict[str, Any] = dict(paired_test(final, base))
+    same = all(math.isclose(b, next(iter(base.values())), abs_tol=1e-9) for b in base.values())
+    result["kind"] = "one-sample" if same else "paired"
+    result["ckpt0"] = statistics.fmean(base.values()) if base else math.nan
+    result["final"] = statistics.fmean(final.values()) if final else math.nan
+    return result
 
 
 def heldout_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
@@ -162,6 +247,92 @@ def _curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     return paths
 
 
+def dev_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    """Mean dev success by round like ``heldout_curve`` (x = 0 when checkpoint 0 was scored); nan where no seed was scored."""
+    rounds = min(len(r["rounds"]) for r in runs)
+    x = list(range(1, rounds + 1))
+    y = [_mean([_number(r["rounds"][i].get("dev_success")) for r in runs]) for i in range(rounds)]
+    baseline = _mean([_number(baseline_of(r, "baseline_dev_success")) for r in runs])
+    if not math.isnan(baseline):
+        x, y = [0, *x], [baseline, *y]
+    return x, y
+
+
+def _mechanism_figures(results: list[dict[str, Any]], mechanism: dict[str, list[dict[str, Any]]], out_dir: Path) -> list[Path]:
+    """mechanism.png (2x2 over rounds, one line per arm) and acceptance_by_kind.png (stacked bars per arm)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    arms = sorted(mechanism)
+    paths = []
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    (informative, coverage), (dev, heldout) = axes
+    try:
+        any_dev = False
+        for i, arm in enumerate(arms):
+            style = {"marker": "o", "label": arm, "color": f"C{i % 10}"}  # an arm keeps its colour in every panel
+            rows = mechanism[arm]
+            runs = [r for r in results if r["arm"] == arm]
+            x = [row["round"] for row in rows]
+            informative.plot(x, [row["informative"] for row in rows], **style)
+            coverage.plot(x, [row["coverage"] for row in rows], **style)
+            dev_x, dev_y = dev_curve(runs)
+            if any(not math.isnan(v) for v in dev_y):
+                any_dev = True
+                dev.plot(dev_x, dev_y, **style)
+            heldout.plot(*heldout_curve(runs), **style)
+        informative.set(title="informative GRPO groups (rewards not all equal)", xlabel="round", ylabel="share of groups")
+        coverage.set(title="held-out tool-pattern coverage of pool r", xlabel="round (pool trained on)", ylabel="share of held-out bigrams")
+        dev.set(title="dev success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success")
+        heldout.set(title="held-out success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success")
+        if not any_dev:
+            dev.text(0.5, 0.5, "no dev evaluation\n(rollout.dev_eval_tasks = 0)", ha="center", va="center", transform=dev.transAxes)
+        informative.legend(fontsize=8)
+        for axis in axes.flat:
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.tight_layout()
+        paths.append(out_dir / "mechanism.png")
+        fig.savefig(paths[-1], dpi=110)
+    finally:
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    try:
+        totals = {arm: {k: 0 for k in ACCEPTED_KINDS} for arm in arms}
+        for r in results:
+            for s in r["rounds"]:
+                for k, n in (s.get("accepted_by_kind") or {}).items():
+                    totals[r["arm"]][k] = totals[r["arm"]].get(k, 0) + n
+        kinds = [*ACCEPTED_KINDS, *sorted({k for t in totals.values() for k in t} - set(ACCEPTED_KINDS))]
+        bottom = [0.0] * len(arms)
+        for kind in kinds:
+            values = [totals[a].get(kind, 0) for a in arms]
+            ax.bar(arms, values, bottom=bottom, label=kind)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set(title="accepted candidates by kind (all seeds and rounds)", ylabel="candidates")
+        ax.legend(fontsize=8)
+        ax.tick_params(axis="x", labelrotation=20)
+        fig.tight_layout()
+        paths.append(out_dir / "acceptance_by_kind.png")
+        fig.savefig(paths[-1], dpi=110)
+    finally:
+        plt.close(fig)
+    return paths
+
+
+def _cell(value: float, spec: str = ".3f") -> str:
+    return "n/a" if value is None or math.isnan(value) else format(value, spec)
+
+
+def _counts(values: dict[str, float], kinds: tuple[str, ...]) -> str:
+    """Per-kind means as ``a/b/c`` (one decimal unless whole); n/a when no seed recorded them."""
+    if all(math.isnan(values[k]) for k in kinds):
+        return "n/a"
+    return "/".join(_cell(values[k], ".0f" if float(values[k]).is_integer() else ".1f") for k in kinds)
+
+
 def _fmt(pair: tuple[float, float]) -> str:
     mean, sd = pair
     return "n/a" if math.isnan(mean) else f"{mean:.3f} +- {sd:.3f}"
@@ -171,7 +342,7 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> di
     """Write report.md and its figures into ``out_dir``; return the summary with the file paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(results)
-    figures = _curves(results, out_dir)
+    figures = _curves(results, out_dir) + _mechanism_figures(results, summary["mechanism"], out_dir)
     lines = [
         f"# {title}",
         "",
@@ -204,6 +375,51 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> di
         ]
         for other, t in summary["task_tests"].items():
             lines.append(f"| {other} | {t['pairs']} | {t['a_only']} | {t['b_only']} | {t['p']:.3f} |")
+    lines += [
+        "",
+        "## Learning at all: each arm against checkpoint 0",
+        "",
+        "Final held-out success against checkpoint 0's, t-test over seeds of (final - ckpt 0) (one-sample when "
+        "checkpoint 0 scored the same on every seed, paired otherwise):",
+        "",
+        "| arm | test | seeds | ckpt 0 | final | mean gain | t | p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, t in summary["ckpt0_tests"].items():
+        p_text = "n/a (same gain on every seed)" if math.isnan(t["p"]) and t["n"] >= 2 else _cell(t["p"])
+        lines.append(
+            f"| {arm} | {t['kind'] if t['n'] else 'n/a'} | {t['n']} | {_cell(t['ckpt0'])} | {_cell(t['final'])} | "
+            f"{_cell(t['mean_diff'], '+.3f')} | {_cell(t['t'], '.2f')} | {p_text} |"
+        )
+    if summary["ckpt0_task_tests"]:
+        lines += [
+            "",
+            "Task-level: exact McNemar test over (seed, held-out task) pairs of the final checkpoint against checkpoint 0:",
+            "",
+            "| arm | pairs | solved by final only | solved by ckpt 0 only | p |",
+            "|---|---|---|---|---|",
+        ]
+        for arm, t in summary["ckpt0_task_tests"].items():
+            lines.append(f"| {arm} | {t['pairs']} | {t['a_only']} | {t['b_only']} | {t['p']:.3f} |")
+    lines += [
+        "",
+        "## Mechanism per arm and round (mean over seeds)",
+        "",
+        "informative: share of the round's GRPO groups (one task's rollouts) whose rewards are not all equal; coverage: "
+        "share of the held-out split's distinct tool bigrams present in pool r; signals f/b/r: forgetting/boundary/rare "
+        "signals mined; accepted f/b/r/random: accepted candidates by the kind of signal they answer; dev and held-out: "
+        "success of the checkpoint the round produced. n/a: not recorded.",
+        "",
+        "| arm | round | informative | coverage | signals f/b/r | accepted f/b/r/random | dev | held-out |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, rows in summary["mechanism"].items():
+        for row in rows:
+            lines.append(
+                f"| {arm} | {row['round']} | {_cell(row['informative'])} | {_cell(row['coverage'])} | "
+                f"{_counts(row['signals'], SIGNAL_KINDS)} | {_counts(row['accepted'], ACCEPTED_KINDS)} | "
+                f"{_cell(row['dev'])} | {_cell(row['heldout'])} |"
+            )
     rounds = len(results[0]["rounds"])
     lines += ["", "Per run (held-out success of checkpoint 0, then after each round):", ""]
     lines += ["| run | ckpt 0 | " + " | ".join(f"r{i}" for i in range(rounds)) + " |", "|---|---|" + "---|" * rounds]
@@ -227,12 +443,18 @@ def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]
     """Write the ablation report under the state folder and log it to MLflow as one run."""
     from storage.tracking import Tracker
 
-    from tasks.common import open_warehouse
+    from tasks.common import HELDOUT_ROUND, open_warehouse
     from tasks.evaluate import HELDOUT_SPLIT
 
     with open_warehouse(config) as wh:
         results = [
-            {**run, "heldout_outcomes": wh.evaluation_outcomes(run["run_id"], run["rounds"][-1]["round"], HELDOUT_SPLIT)}
+            {
+                **run,
+                "heldout_outcomes": wh.evaluation_outcomes(run["run_id"], run["rounds"][-1]["round"], HELDOUT_SPLIT),
+                # Checkpoint 0's held-out rows (the prepare stage stores them under HELDOUT_ROUND) and dev score.
+                "baseline_outcomes": wh.evaluation_outcomes(run["run_id"], HELDOUT_ROUND, HELDOUT_SPLIT),
+                "baseline_dev_success": (wh.stage_output(run["run_id"], 0, "prepare") or {}).get("baseline_dev_success"),
+            }
             for run in results
         ]
     out = write_report(results, config.state_dir / "reports" / name, f"Ablation `{name}`")
@@ -247,6 +469,11 @@ def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]
             metrics[f"p.full_vs_{other}"] = t["p"]
     for other, t in out["task_tests"].items():
         metrics[f"p_tasks.full_vs_{other}"] = t["p"]
+    for arm, t in out["ckpt0_tests"].items():
+        if not math.isnan(t["p"]):
+            metrics[f"p.{arm}_vs_ckpt0"] = t["p"]
+    for arm, t in out["ckpt0_task_tests"].items():
+        metrics[f"p_tasks.{arm}_vs_ckpt0"] = t["p"]
     run_id = tracker.log_evaluation(f"{name}-report", metrics, {"runs": len(results)}, {"coevolve.kind": "ablation"})
     for path in [Path(out["report"]), *map(Path, out["figures"])]:
         tracker.attach_artifact(run_id, path, "report")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from coevolve.config import SynthesisConfig
@@ -216,6 +217,11 @@ def synthesize_task(config: PipelineConfig, round_: int, selected: list[str]) ->
             targets = [stored[sid] for sid in selected]
             sequences = wh.tool_sequences(config.run_id, round_)
         candidates, contexts = synthesize_targets(targets, pool, config.synthesis, round_, config.seed, tool_sequences=sequences)
+        if config.synthesis.synthesizer == "programmatic":
+            # New tasks join the target distribution: the same job spread over user turns as D_0's tasks.
+            from envs.explorer import in_turns
+
+            candidates = [replace(c, task=in_turns(c.task, config.pool.calls_per_turn)) for c in candidates]
         rejections = sum(len(c.get("rejections", [])) for c in contexts.values())
         get_run_logger().info(
             "round %d: %s synthesizer, %d candidates from %d targets (%d rejected model replies)",

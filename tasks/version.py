@@ -10,16 +10,21 @@ row records the produced pool and the version for SQL users.
 The stage also records the checkpoint's digest (the next round checks it before loading the
 checkpoint), points the registry alias "best" at the version with the highest held-out success so
 far, and logs the run's learning curve (PNG) to the round's MLflow run.
+
+The summary carries the round's mechanism measurements (storage/mechanism.py): the informative GRPO
+group share, the held-out tool-pattern coverage of pool r, accepted candidates by kind, and dev
+success when the evaluate stage scored the dev split; they are logged as metrics too (``mechanism_metrics``).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
-from coevolve.records import RoundSummary
+from coevolve.records import SIGNAL_KINDS, RoundSummary
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -37,8 +42,17 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def build_summary(config: PipelineConfig, round_: int, outputs: dict[str, dict[str, Any]], flow_run_id: str) -> RoundSummary:
+def build_summary(
+    config: PipelineConfig,
+    round_: int,
+    outputs: dict[str, dict[str, Any]],
+    flow_run_id: str,
+    mechanism: dict[str, Any] | None = None,
+) -> RoundSummary:
+    """The round's summary from its stages' outputs and its mechanism measurements (storage/mechanism.round_mechanism)."""
     rollout, mined, validated = outputs["rollout"], outputs["mine"], outputs["validate"]
+    mechanism = mechanism or {}
+    dev = outputs["evaluate"].get("dev_success")
     return RoundSummary(
         run_id=config.run_id,
         round=round_,
@@ -51,7 +65,34 @@ def build_summary(config: PipelineConfig, round_: int, outputs: dict[str, dict[s
         heldout_success=float(outputs["evaluate"]["heldout_success"]),
         checkpoint=str(outputs["update"]["checkpoint"]),
         flow_run_id=flow_run_id,
+        informative_groups=_measured(mechanism.get("informative_groups")),
+        heldout_coverage=_measured(mechanism.get("heldout_coverage")),
+        accepted_by_kind={str(k): int(v) for k, v in (mechanism.get("accepted_by_kind") or {}).items()},
+        dev_success=None if dev is None else float(dev),
     )
+
+
+def _measured(value: Any) -> float | None:
+    """A measurement as a float, None when there was nothing to measure (nan or missing)."""
+    return None if value is None or math.isnan(float(value)) else float(value)
+
+
+def mechanism_metrics(summary: RoundSummary) -> dict[str, float]:
+    """The round's mechanism measurements as MLflow metrics; nan and unscored ones are left out.
+
+    ``mechanism.informative_groups``, ``mechanism.heldout_coverage``, ``accepted.<kind>`` for every
+    kind (forgetting, boundary, rare, random; 0 when none was accepted) and ``dev_success``.
+    """
+    metrics: dict[str, float] = {}
+    for name in ("informative_groups", "heldout_coverage"):
+        value = getattr(summary, name)
+        if value is not None and not math.isnan(value):
+            metrics[f"mechanism.{name}"] = float(value)
+    for kind in sorted({*SIGNAL_KINDS, "random", *summary.accepted_by_kind}):
+        metrics[f"accepted.{kind}"] = float(summary.accepted_by_kind.get(kind, 0))
+    if summary.dev_success is not None and not math.isnan(summary.dev_success):
+        metrics["dev_success"] = float(summary.dev_success)
+    return metrics
 
 
 def machine_params() -> dict[str, str]:
@@ -113,6 +154,7 @@ from tasks.common import resumable  # noqa: E402
 @task(name="version", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
 def version_task(config: PipelineConfig, round_: int, outputs: dict[str, dict[str, Any]]) -> dict:
     """Snapshot pool r+1, log the round to MLflow, and close the round in the warehouse."""
+    from storage.mechanism import round_mechanism
     from storage.pool import write_pool_snapshot
     from storage.tracking import Tracker
     from tasks.common import checkpoint_digest
@@ -120,7 +162,7 @@ def version_task(config: PipelineConfig, round_: int, outputs: dict[str, dict[st
 
     def compute(wh: Warehouse) -> dict:
         flow_run_id = str(flow_run.get_id() or "")
-        summary = build_summary(config, round_, outputs, flow_run_id)
+        summary = build_summary(config, round_, outputs, flow_run_id, round_mechanism(wh, config.run_id, round_))
         pool = wh.pool(config.run_id, round_ + 1)
         pool_path = config.pool_path(round_ + 1)
         summary.pool_digest = write_pool_snapshot(pool, pool_path)
@@ -135,6 +177,7 @@ def version_task(config: PipelineConfig, round_: int, outputs: dict[str, dict[st
             "rejected": summary.rejected,
             "heldout_success": summary.heldout_success,
             **{f"signals.{k}": v for k, v in summary.signals.items()},
+            **mechanism_metrics(summary),
             **{f"update.{k}": v for k, v in outputs["update"].get("stats", {}).items() if isinstance(v, (int, float))},
         }
         info = tracker.log_round(

@@ -21,7 +21,7 @@ def test_arms_share_checkpoint_zero_but_not_their_runs(tiny_config, tmp_path):
 def ablation_run(prefect_api, tiny_config, tmp_path_factory):
     from flows.ablation import coevolve_ablation
 
-    config = tiny_config(tmp_path_factory.mktemp("ablation"))
+    config = tiny_config(tmp_path_factory.mktemp("ablation"), rollout={"dev_eval_tasks": 2})
     out = coevolve_ablation(arms=["static", "random"], seeds=[1, 2], rounds=1, official_limit=2, name="t", config=config.model_dump(mode="json"))
     return config, out
 
@@ -51,3 +51,54 @@ def test_each_runs_registry_aliases_point_at_its_own_versions(ablation_run):
         for alias in ("current", "best"):
             version = client.get_model_version_by_alias(name, alias)
             assert version.tags["coevolve.run_id"] == run_id
+
+
+def test_the_report_shows_the_mechanism_per_arm_and_round_and_each_arm_against_checkpoint_0(ablation_run):
+    from pathlib import Path
+
+    _, out = ablation_run
+    text = open(out["report"]).read()
+    assert "## Learning at all: each arm against checkpoint 0" in text
+    assert set(out["ckpt0_tests"]) == set(out["ckpt0_task_tests"]) == {"static", "random"}
+    assert all(t["kind"] == "one-sample" and t["n"] == 2 for t in out["ckpt0_tests"].values())  # one shared checkpoint 0
+    assert out["ckpt0_task_tests"]["static"]["pairs"] == 2 * 4  # two seeds of four held-out tasks
+    assert "| static | 0 |" in text and "| random | 0 |" in text
+    assert {Path(f).name for f in out["figures"]} >= {"mechanism.png", "acceptance_by_kind.png"}
+    rows = out["mechanism"]["static"]
+    assert 0.0 <= rows[0]["informative"] <= 1.0 and 0.0 <= rows[0]["coverage"] <= 1.0 and 0.0 <= rows[0]["dev"] <= 1.0
+    assert rows[0]["accepted"] == {"forgetting": 0, "boundary": 0, "rare": 0, "random": 0}  # the static arm synthesizes nothing
+
+
+def test_dev_tasks_are_scored_for_checkpoint_0_and_every_round(ablation_run):
+    from storage.warehouse import Warehouse
+
+    config, _ = ablation_run
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        dev = wh.sql("SELECT round, count(*) AS n FROM evaluations WHERE run_id = 't-random-s1' AND split = 'dev' GROUP BY round ORDER BY round")
+        prepared = wh.stage_output("t-random-s1", 0, "prepare")
+        summary = wh.rounds("t-random-s1")[0]
+    assert dev.rows() == [(-1, 2), (0, 2)]
+    assert 0.0 <= prepared["baseline_dev_success"] <= 1.0 and 0.0 <= summary.dev_success <= 1.0
+
+
+def test_each_round_logs_its_mechanism_and_the_report_its_checkpoint_0_tests_to_mlflow(ablation_run):
+    from mlflow.tracking import MlflowClient
+
+    config, out = ablation_run
+    client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
+    experiment = client.get_experiment_by_name(config.tracking.experiment)
+    (round_run,) = client.search_runs([experiment.experiment_id], "tags.`coevolve.run_name` = 't-random-s1-round-000'")
+    assert {"mechanism.informative_groups", "mechanism.heldout_coverage", "accepted.random", "accepted.boundary", "dev_success"} <= set(round_run.data.metrics)
+    report = client.get_run(out["mlflow_run_id"])
+    assert {"p_tasks.static_vs_ckpt0", "p_tasks.random_vs_ckpt0"} <= set(report.data.metrics)
+    artifacts = {a.path for a in client.list_artifacts(out["mlflow_run_id"], "report")}
+    assert {"report/mechanism.png", "report/acceptance_by_kind.png"} <= artifacts
+
+
+def test_accepted_candidates_by_kind_add_up_to_the_accepted_count(ablation_run):
+    from storage.warehouse import Warehouse
+
+    config, _ = ablation_run
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        summaries = [s for run_id in ("t-random-s1", "t-random-s2") for s in wh.rounds(run_id)]
+    assert all(sum(s.accepted_by_kind.values()) == s.accepted and set(s.accepted_by_kind) <= {"random"} for s in summaries)

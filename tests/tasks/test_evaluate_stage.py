@@ -45,3 +45,30 @@ def test_checkpoint_zero_is_stored_under_the_heldout_round(tmp_path):
     with open_warehouse(config) as wh:
         wh.mark_stage(config.run_id, 0, "prepare", {"checkpoint": str(tmp_path / "ckpt0")})
     assert evaluation_round(config, str(tmp_path / "ckpt0")) == HELDOUT_ROUND
+
+
+def test_no_dev_tasks_are_scored_unless_asked_for(tmp_path):
+    from coevolve.config import PipelineConfig
+    from tasks.common import open_warehouse
+    from tasks.evaluate import dev_eval_tasks
+
+    config = PipelineConfig(state_dir=tmp_path)
+    assert config.rollout.dev_eval_tasks == 0
+    with open_warehouse(config) as wh:
+        assert dev_eval_tasks(config, wh) == []
+
+
+def test_dev_evaluation_takes_the_first_tasks_of_the_stored_dev_split(tmp_path):
+    from coevolve.config import load_config
+    from tasks.common import DEV_ROUND, open_warehouse
+    from tasks.evaluate import dev_eval_tasks
+    from tasks.splits import build_dev_split
+
+    config = load_config(data={"state_dir": str(tmp_path), "policy": {"sft_tasks": 8}, "pool": {"seed_size": 4},
+                               "rollout": {"heldout_tasks": 2, "dev_eval_tasks": 3}}, environ={})
+    with open_warehouse(config) as wh:
+        first = dev_eval_tasks(config, wh)  # not stored yet: built and stored where validation reads it
+        stored = wh.pool(config.run_id, DEV_ROUND)
+        again = dev_eval_tasks(config, wh)
+    assert [t.task_id for t in first] == [t.task_id for t in build_dev_split(config)[:3]]
+    assert [t.task_id for t in stored[:3]] == [t.task_id for t in first] == [t.task_id for t in again]

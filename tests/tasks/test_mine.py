@@ -129,3 +129,80 @@ def test_polars_signals_match_the_row_by_row_reference(rows, round_):
     config = SignalConfig(forgetting_window=2, rare_min_total=3, rare_theta=20)
     got = {(s.kind, s.task_id, int(s.trajectory_id.rsplit("/s", 1)[1])) for s in mine_signals(frame(rows), round_, "run", config)}
     assert got == reference_signals(rows, round_, config)
+
+
+# --- mining straight from the warehouse's files ---------------------------------------------------
+
+
+def write_run(root, rows):
+    """A warehouse holding ``rows`` (round, task, sample, reward, tools) as trajectories of run 'run'."""
+    from coevolve.records import Step, ToolCall, Trajectory
+    from storage.warehouse import Warehouse
+
+    wh = Warehouse(root)
+    by_round = defaultdict(list)
+    for r, t, s, reward, seq in rows:
+        steps = [Step(turn=0, index=0, model_text="", calls=[ToolCall(name, {}) for name in seq],
+                      observations=["ok" for _ in seq], completion_tokens=1)]  # fmt: skip
+        by_round[r].append(Trajectory(run_id="run", round=r, task_id=t, sample=s, steps=steps, prompt_ids=[1],
+                                      completion_ids=[2], completion_mask=[1], logprobs=[0.0], reward=float(reward),
+                                      success=reward > 0.5, finish_reason="done", duration_s=0.1))  # fmt: skip
+    for r, trajs in sorted(by_round.items()):
+        # Two files per round, so the scan reads several files of a partition.
+        wh.write_trajectories(trajs[::2])
+        wh.write_trajectories(trajs[1::2])
+    return wh
+
+
+CONFIGS = [
+    SignalConfig(forgetting_window=2, rare_min_total=3, rare_theta=20),
+    SignalConfig(forgetting_window=1, rare_min_total=1, rare_theta=40, pattern="tool_bigrams"),
+    SignalConfig(enabled=["rare"], rare_min_total=10**6),
+]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(row_strategy, min_size=1, max_size=40, unique_by=lambda r: (r[0], r[1], r[2])), st.integers(0, 3))
+def test_mining_the_warehouse_files_equals_mining_its_frame(tmp_path_factory, rows, round_):
+    from tasks.mine import mine_warehouse
+
+    wh = write_run(tmp_path_factory.mktemp("wh") / "warehouse", rows)
+    frame_ = wh.trajectory_frame("run", upto_round=round_)
+    for config in CONFIGS:
+        expected = mine_signals(frame_, round_, "run", config)
+        assert mine_warehouse(wh, "run", round_, config) == expected
+        # The frame may hold later rounds: they are ignored.
+        assert mine_signals(wh.trajectory_frame("run"), round_, "run", config) == expected
+
+
+def test_a_run_without_trajectories_mines_nothing(tmp_path):
+    from tasks.mine import mine_warehouse
+
+    wh = write_run(tmp_path / "warehouse", [(0, "a", 0, 1, ["ls"])])
+    assert mine_warehouse(wh, "other", 0, SignalConfig()) == []
+    assert mine_warehouse(wh, "run", 1, SignalConfig()) == []
+
+
+def test_signal_records_are_plain_signals():
+    from coevolve.records import Signal
+
+    rows = [(0, "a", s, s % 2, ["ls", "cd"] if s else ["mv"]) for s in range(4)] + [(1, "a", 0, 0, ["mv"])]
+    signals = mine_signals(frame(rows), 1, "run", SignalConfig(rare_min_total=1, rare_theta=50))
+    assert {s.kind for s in signals} == {"forgetting", "rare"}
+    for s in signals:
+        built = Signal(s.run_id, s.round, s.kind, s.trajectory_id, s.task_id, s.evidence)
+        assert type(s) is Signal and s == built and vars(s) == vars(built)
+        assert s.signal_id == f"{s.kind}:{s.trajectory_id}"
+
+
+def test_a_damaged_trajectory_file_fails_mining_with_a_data_error(tmp_path):
+    import pytest
+
+    from coevolve.errors import DataError
+    from tasks.mine import mine_warehouse
+
+    wh = write_run(tmp_path / "warehouse", [(0, "a", s, s % 2, ["ls"]) for s in range(4)])
+    path = sorted((tmp_path / "warehouse" / "tables" / "trajectories").rglob("run_id=run/round=0/*.parquet"))[0]
+    path.write_bytes(b"not a parquet file" * 10)
+    with pytest.raises(DataError, match="damaged"):
+        mine_warehouse(wh, "run", 0, SignalConfig())

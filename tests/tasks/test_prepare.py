@@ -25,12 +25,34 @@ def test_the_dev_split_is_reproducible_from_the_seed(tmp_path):
     assert [t.task_id for t in build_dev_split(config, size=10)] == [t.task_id for t in build_dev_split(config, size=10)]
 
 
-def test_the_sft_set_never_holds_a_heldout_task(tmp_path):
+def test_the_sft_set_holds_no_task_of_the_seed_pool_or_the_heldout_split(tmp_path):
     config = _config(tmp_path)
     seed_pool, heldout = build_initial_pools(config)
     sft_ids, _ = sft_demonstrations(config, seed_pool, heldout)
-    assert {t.task_id for t in seed_pool} <= set(sft_ids)
-    assert not set(sft_ids) & {t.task_id for t in heldout}
+    assert not set(sft_ids) & {t.task_id for t in seed_pool + heldout}
+
+
+def test_checkpoint_zero_learns_from_short_tasks_and_the_target_spreads_a_longer_job_over_turns(tmp_path):
+    from envs.calls import parse_tool_calls
+
+    config = _config(tmp_path)
+    seed_pool, heldout = build_initial_pools(config)
+    _, conversations = sft_demonstrations(config, seed_pool, heldout)
+    user_turns = [sum(1 for m in conversation if m.role == "user") for conversation in conversations]
+    assert set(user_turns) == {1, 2}  # every second two-call demonstration puts each call in its own turn
+    for conversation in conversations:
+        calls = sum(len(parse_tool_calls(m.content)[0]) for m in conversation if m.role == "assistant" and m.content != "done")
+        assert 1 <= calls <= config.policy.sft_max_calls
+    for task in seed_pool + heldout + build_dev_split(config, size=10):
+        calls = [len(turn) for turn in task.reference]
+        assert 3 <= sum(calls) <= 5 and len(calls) >= 2 and max(calls) <= config.pool.calls_per_turn
+        assert len(task.turns) == len(task.reference)
+
+
+def test_single_turn_targets_when_calls_per_turn_is_none(tmp_path):
+    config = _config(tmp_path).with_overrides({"pool": {"calls_per_turn": None}})
+    seed_pool, _ = build_initial_pools(config)
+    assert {len(t.turns) for t in seed_pool} == {1}
 
 
 def test_round_zero_stores_the_dev_split_under_its_own_pool_round(tmp_path):

@@ -84,3 +84,96 @@ def test_the_learning_curve_starts_at_checkpoint_0_when_its_score_was_recorded()
     for r, baseline in zip(runs, (0.1, 0.2)):
         r["rounds"][0]["baseline_heldout_success"] = baseline
     assert heldout_curve(runs) == ([0, 1, 2], pytest.approx([0.15, 0.3, 0.4]))
+
+
+# --- mechanism per arm and round, and each arm against checkpoint 0 ---------------------------------
+
+
+def mech_run(arm, seed, informative, coverage, accepted, dev=None, baseline=0.1, baseline_dev=None, heldout=(0.2, 0.3)):
+    """A run whose round summaries carry the mechanism fields the version stage records."""
+    r = run(arm, seed, list(heldout))
+    for i, s in enumerate(r["rounds"]):
+        s.update(informative_groups=informative[i], heldout_coverage=coverage[i], accepted_by_kind=accepted[i],
+                 dev_success=None if dev is None else dev[i], baseline_heldout_success=baseline)
+    r["baseline_dev_success"] = baseline_dev
+    return r
+
+
+MECH = [
+    mech_run("full", 1, [0.5, 0.25], [0.4, 0.6], [{"boundary": 2, "random": 0}, {"rare": 1}], dev=[0.2, 0.4], baseline_dev=0.1),
+    mech_run("full", 2, [0.25, 0.75], [0.4, 0.8], [{"boundary": 4}, {}], dev=[0.4, 0.6], baseline_dev=0.1),
+    mech_run("random", 1, [0.0, 0.0], [0.4, 0.4], [{"random": 3}, {"random": 1}], heldout=(0.1, 0.1)),
+    mech_run("random", 2, [0.5, float("nan")], [0.4, 0.4], [{"random": 5}, {"random": 1}], heldout=(0.1, 0.15)),
+]
+
+
+def test_mechanism_rows_are_means_over_seeds_per_round():
+    rows = summarize(MECH)["mechanism"]["full"]
+    assert [r["round"] for r in rows] == [0, 1]
+    assert rows[0]["informative"] == pytest.approx(0.375) and rows[1]["coverage"] == pytest.approx(0.7)
+    assert rows[0]["accepted"] == {"forgetting": 0, "boundary": 3, "rare": 0, "random": 0}
+    assert rows[1]["dev"] == pytest.approx(0.5) and rows[1]["heldout"] == pytest.approx(0.3)
+
+
+def test_a_seed_without_a_measurement_is_left_out_of_the_mean():
+    rows = summarize(MECH)["mechanism"]["random"]
+    assert rows[1]["informative"] == 0.0
+    assert math.isnan(rows[0]["dev"])
+
+
+def test_summaries_written_before_the_mechanism_fields_render_as_not_available(tmp_path):
+    write_report(RESULTS, tmp_path, "Old summaries")
+    text = (tmp_path / "report.md").read_text()
+    assert "| full | 0 | n/a | n/a | 1/2/3 | n/a | n/a | 0.100 |" in text
+    assert (tmp_path / "mechanism.png").stat().st_size > 1000
+
+
+def test_the_report_has_the_mechanism_table_and_figures(tmp_path):
+    out = write_report(MECH, tmp_path, "Mechanism")
+    text = (tmp_path / "report.md").read_text()
+    assert "| full | 0 | 0.375 | 0.400 | 1/2/3 | 0/3/0/0 | 0.300 | 0.200 |" in text
+    assert "| random | 1 | 0.000 | 0.400 | 1/2/3 | 0/0/0/1 | n/a | 0.125 |" in text
+    names = {figure.split("/")[-1] for figure in out["figures"]}
+    assert {"mechanism.png", "acceptance_by_kind.png"} <= names
+    assert "![mechanism](mechanism.png)" in text
+
+
+def test_the_dev_curve_starts_at_checkpoint_0_when_it_was_scored():
+    from tasks.report import dev_curve
+
+    assert dev_curve(MECH[:2]) == ([0, 1, 2], pytest.approx([0.1, 0.3, 0.5]))
+    x, y = dev_curve(MECH[2:])
+    assert x == [1, 2] and all(math.isnan(v) for v in y)
+
+
+def test_each_arm_is_tested_against_checkpoint_0_one_sample_when_it_is_shared():
+    tests = summarize(MECH)["ckpt0_tests"]
+    assert tests["full"]["kind"] == "one-sample" and tests["full"]["n"] == 2
+    assert tests["full"]["mean_diff"] == pytest.approx(0.2) and tests["full"]["ckpt0"] == pytest.approx(0.1)
+    assert tests["random"]["mean_diff"] == pytest.approx(0.025)
+
+
+def test_the_checkpoint_0_test_is_the_seed_paired_t_test_of_the_gains():
+    from scipy import stats
+
+    runs = [mech_run("full", s, [0.5] * 2, [0.5] * 2, [{}] * 2, baseline=b, heldout=(0.3, f)) for s, b, f in ((1, 0.1, 0.3), (2, 0.2, 0.35), (3, 0.1, 0.2))]
+    test = summarize(runs)["ckpt0_tests"]["full"]
+    assert test["kind"] == "paired"
+    assert test["p"] == pytest.approx(stats.ttest_1samp([0.2, 0.15, 0.1], 0.0).pvalue)
+
+
+def test_runs_without_a_checkpoint_0_score_are_not_tested_against_it(tmp_path):
+    test = summarize(RESULTS)["ckpt0_tests"]["full"]
+    assert test["n"] == 0 and math.isnan(test["p"])
+    write_report(RESULTS, tmp_path, "No baseline")
+    assert "| full | n/a | 0 | n/a | n/a | n/a | n/a | n/a |" in (tmp_path / "report.md").read_text()
+
+
+def test_checkpoint_0_is_compared_task_by_task_when_its_outcomes_are_stored(tmp_path):
+    results = [dict(r, heldout_outcomes={"t1": True, "t2": True, "t3": False}, baseline_outcomes={"t1": False, "t2": True, "t3": True}) for r in MECH]
+    summary = summarize(results)
+    assert summary["ckpt0_task_tests"]["full"] == {"pairs": 6, "a_only": 2, "b_only": 2, "p": pytest.approx(1.0)}
+    write_report(results, tmp_path, "Task level")
+    text = (tmp_path / "report.md").read_text()
+    assert "## Learning at all: each arm against checkpoint 0" in text
+    assert "| random | 6 | 2 | 2 | 1.000 |" in text
