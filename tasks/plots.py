@@ -1,16 +1,21 @@
-"""Learning-curve figure of a run: success rate, held-out success, pool size and signals by round.
+"""Figures: a run's learning curve, and the ablation report's curves and mechanism panels.
 
-The version stage draws it after every round and logs it to that round's MLflow run, so the
-newest run always shows the whole curve so far. Uses matplotlib's Agg backend (no display).
+The version stage draws ``learning_curve`` after every round and logs it to that round's MLflow run,
+so the newest run always shows the whole curve so far; the ablation report (tasks/report.py) draws
+the others. Uses matplotlib's Agg backend (no display).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from pathlib import Path
+from typing import Any
 
-from coevolve.records import RoundSummary
+from coevolve.records import SIGNAL_KINDS, RoundSummary
 
-SIGNAL_KINDS = ("forgetting", "boundary", "rare")
+# Imported by tasks/report.py when it draws, so the report's curve data has one home there.
+from tasks.report import ACCEPTED_KINDS, dev_curve, heldout_curve
 
 
 def learning_curve(summaries: list[RoundSummary], path: Path) -> Path:
@@ -45,3 +50,120 @@ def learning_curve(summaries: list[RoundSummary], path: Path) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+def ablation_curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """learning_curves.png (held-out success and pool size per arm by round) and signal_mix.png (signals per arm)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    arms = sorted({r["arm"] for r in results})
+    paths = []
+    fig, (heldout, pool) = plt.subplots(1, 2, figsize=(11, 4))
+    try:
+        for arm in arms:
+            runs = [r for r in results if r["arm"] == arm]
+            rounds = len(runs[0]["rounds"])
+            mean_pool = [statistics.fmean(r["rounds"][i]["pool_size"] for r in runs) for i in range(rounds)]
+            heldout.plot(*heldout_curve(runs), marker="o", label=arm)
+            pool.plot(list(range(1, rounds + 1)), mean_pool, marker="o", label=arm)
+        heldout.set(
+            title="held-out success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success"
+        )
+        pool.set(title="pool size after each round", xlabel="round", ylabel="tasks")
+        heldout.legend(fontsize=8)
+        for axis in (heldout, pool):
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.tight_layout()
+        paths.append(out_dir / "learning_curves.png")
+        fig.savefig(paths[-1], dpi=110)
+    finally:
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    try:
+        bottom = [0.0] * len(arms)
+        totals = {arm: {k: 0 for k in SIGNAL_KINDS} for arm in arms}
+        for r in results:
+            for s in r["rounds"]:
+                for k in SIGNAL_KINDS:
+                    totals[r["arm"]][k] += s["signals"].get(k, 0)
+        for kind in SIGNAL_KINDS:
+            values = [totals[a][kind] for a in arms]
+            ax.bar(arms, values, bottom=bottom, label=kind)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set(title="signals mined (all seeds and rounds)", ylabel="signals")
+        ax.legend(fontsize=8)
+        ax.tick_params(axis="x", labelrotation=20)
+        fig.tight_layout()
+        paths.append(out_dir / "signal_mix.png")
+        fig.savefig(paths[-1], dpi=110)
+    finally:
+        plt.close(fig)
+    return paths
+
+
+def mechanism_figures(results: list[dict[str, Any]], mechanism: dict[str, list[dict[str, Any]]], out_dir: Path) -> list[Path]:
+    """mechanism.png (2x2 over rounds, one line per arm) and acceptance_by_kind.png (stacked bars per arm)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    arms = sorted(mechanism)
+    paths = []
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    (informative, coverage), (dev, heldout) = axes
+    try:
+        any_dev = False
+        for i, arm in enumerate(arms):
+            style = {"marker": "o", "label": arm, "color": f"C{i % 10}"}  # an arm keeps its colour in every panel
+            rows = mechanism[arm]
+            runs = [r for r in results if r["arm"] == arm]
+            x = [row["round"] for row in rows]
+            informative.plot(x, [row["informative"] for row in rows], **style)
+            coverage.plot(x, [row["coverage"] for row in rows], **style)
+            dev_x, dev_y = dev_curve(runs)
+            if any(not math.isnan(v) for v in dev_y):
+                any_dev = True
+                dev.plot(dev_x, dev_y, **style)
+            heldout.plot(*heldout_curve(runs), **style)
+        informative.set(title="informative GRPO groups (rewards not all equal)", xlabel="round", ylabel="share of groups")
+        coverage.set(title="held-out tool-pattern coverage of pool r", xlabel="round (pool trained on)", ylabel="share of held-out bigrams")
+        dev.set(title="dev success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success")
+        heldout.set(title="held-out success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success")
+        if not any_dev:
+            dev.text(0.5, 0.5, "no dev evaluation\n(rollout.dev_eval_tasks = 0)", ha="center", va="center", transform=dev.transAxes)
+        informative.legend(fontsize=8)
+        for axis in axes.flat:
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.tight_layout()
+        paths.append(out_dir / "mechanism.png")
+        fig.savefig(paths[-1], dpi=110)
+    finally:
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    try:
+        totals = {arm: {k: 0 for k in ACCEPTED_KINDS} for arm in arms}
+        for r in results:
+            for s in r["rounds"]:
+                for k, n in (s.get("accepted_by_kind") or {}).items():
+                    totals[r["arm"]][k] = totals[r["arm"]].get(k, 0) + n
+        kinds = [*ACCEPTED_KINDS, *sorted({k for t in totals.values() for k in t} - set(ACCEPTED_KINDS))]
+        bottom = [0.0] * len(arms)
+        for kind in kinds:
+            values = [totals[a].get(kind, 0) for a in arms]
+            ax.bar(arms, values, bottom=bottom, label=kind)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set(title="accepted candidates by kind (all seeds and rounds)", ylabel="candidates")
+        ax.legend(fontsize=8)
+        ax.tick_params(axis="x", labelrotation=20)
+        fig.tight_layout()
+        paths.append(out_dir / "acceptance_by_kind.png")
+        fig.savefig(paths[-1], dpi=110)
+    finally:
+        plt.close(fig)
+    return paths

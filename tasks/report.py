@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from coevolve.config import PipelineConfig
+from coevolve.records import SIGNAL_KINDS
 
-SIGNAL_KINDS = ("forgetting", "boundary", "rare")
 
 
 def final_heldout(run: dict[str, Any]) -> float:
@@ -195,58 +195,6 @@ def heldout_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
     return x, y
 
 
-def _curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    arms = sorted({r["arm"] for r in results})
-    paths = []
-    fig, (heldout, pool) = plt.subplots(1, 2, figsize=(11, 4))
-    try:
-        for arm in arms:
-            runs = [r for r in results if r["arm"] == arm]
-            rounds = len(runs[0]["rounds"])
-            mean_pool = [statistics.fmean(r["rounds"][i]["pool_size"] for r in runs) for i in range(rounds)]
-            heldout.plot(*heldout_curve(runs), marker="o", label=arm)
-            pool.plot(list(range(1, rounds + 1)), mean_pool, marker="o", label=arm)
-        heldout.set(
-            title="held-out success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success"
-        )
-        pool.set(title="pool size after each round", xlabel="round", ylabel="tasks")
-        heldout.legend(fontsize=8)
-        for axis in (heldout, pool):
-            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-        fig.tight_layout()
-        paths.append(out_dir / "learning_curves.png")
-        fig.savefig(paths[-1], dpi=110)
-    finally:
-        plt.close(fig)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    try:
-        bottom = [0.0] * len(arms)
-        totals = {arm: {k: 0 for k in SIGNAL_KINDS} for arm in arms}
-        for r in results:
-            for s in r["rounds"]:
-                for k in SIGNAL_KINDS:
-                    totals[r["arm"]][k] += s["signals"].get(k, 0)
-        for kind in SIGNAL_KINDS:
-            values = [totals[a][kind] for a in arms]
-            ax.bar(arms, values, bottom=bottom, label=kind)
-            bottom = [b + v for b, v in zip(bottom, values)]
-        ax.set(title="signals mined (all seeds and rounds)", ylabel="signals")
-        ax.legend(fontsize=8)
-        ax.tick_params(axis="x", labelrotation=20)
-        fig.tight_layout()
-        paths.append(out_dir / "signal_mix.png")
-        fig.savefig(paths[-1], dpi=110)
-    finally:
-        plt.close(fig)
-    return paths
-
-
 def dev_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
     """Mean dev success by round like ``heldout_curve`` (x = 0 when checkpoint 0 was scored); nan where no seed was scored."""
     rounds = min(len(r["rounds"]) for r in runs)
@@ -256,70 +204,6 @@ def dev_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
     if not math.isnan(baseline):
         x, y = [0, *x], [baseline, *y]
     return x, y
-
-
-def _mechanism_figures(results: list[dict[str, Any]], mechanism: dict[str, list[dict[str, Any]]], out_dir: Path) -> list[Path]:
-    """mechanism.png (2x2 over rounds, one line per arm) and acceptance_by_kind.png (stacked bars per arm)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    arms = sorted(mechanism)
-    paths = []
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-    (informative, coverage), (dev, heldout) = axes
-    try:
-        any_dev = False
-        for i, arm in enumerate(arms):
-            style = {"marker": "o", "label": arm, "color": f"C{i % 10}"}  # an arm keeps its colour in every panel
-            rows = mechanism[arm]
-            runs = [r for r in results if r["arm"] == arm]
-            x = [row["round"] for row in rows]
-            informative.plot(x, [row["informative"] for row in rows], **style)
-            coverage.plot(x, [row["coverage"] for row in rows], **style)
-            dev_x, dev_y = dev_curve(runs)
-            if any(not math.isnan(v) for v in dev_y):
-                any_dev = True
-                dev.plot(dev_x, dev_y, **style)
-            heldout.plot(*heldout_curve(runs), **style)
-        informative.set(title="informative GRPO groups (rewards not all equal)", xlabel="round", ylabel="share of groups")
-        coverage.set(title="held-out tool-pattern coverage of pool r", xlabel="round (pool trained on)", ylabel="share of held-out bigrams")
-        dev.set(title="dev success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success")
-        heldout.set(title="held-out success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success")
-        if not any_dev:
-            dev.text(0.5, 0.5, "no dev evaluation\n(rollout.dev_eval_tasks = 0)", ha="center", va="center", transform=dev.transAxes)
-        informative.legend(fontsize=8)
-        for axis in axes.flat:
-            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-        fig.tight_layout()
-        paths.append(out_dir / "mechanism.png")
-        fig.savefig(paths[-1], dpi=110)
-    finally:
-        plt.close(fig)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    try:
-        totals = {arm: {k: 0 for k in ACCEPTED_KINDS} for arm in arms}
-        for r in results:
-            for s in r["rounds"]:
-                for k, n in (s.get("accepted_by_kind") or {}).items():
-                    totals[r["arm"]][k] = totals[r["arm"]].get(k, 0) + n
-        kinds = [*ACCEPTED_KINDS, *sorted({k for t in totals.values() for k in t} - set(ACCEPTED_KINDS))]
-        bottom = [0.0] * len(arms)
-        for kind in kinds:
-            values = [totals[a].get(kind, 0) for a in arms]
-            ax.bar(arms, values, bottom=bottom, label=kind)
-            bottom = [b + v for b, v in zip(bottom, values)]
-        ax.set(title="accepted candidates by kind (all seeds and rounds)", ylabel="candidates")
-        ax.legend(fontsize=8)
-        ax.tick_params(axis="x", labelrotation=20)
-        fig.tight_layout()
-        paths.append(out_dir / "acceptance_by_kind.png")
-        fig.savefig(paths[-1], dpi=110)
-    finally:
-        plt.close(fig)
-    return paths
 
 
 def _cell(value: float, spec: str = ".3f") -> str:
@@ -342,7 +226,9 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> di
     """Write report.md and its figures into ``out_dir``; return the summary with the file paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(results)
-    figures = _curves(results, out_dir) + _mechanism_figures(results, summary["mechanism"], out_dir)
+    from tasks.plots import ablation_curves, mechanism_figures
+
+    figures = ablation_curves(results, out_dir) + mechanism_figures(results, summary["mechanism"], out_dir)
     lines = [
         f"# {title}",
         "",

@@ -92,3 +92,17 @@ def test_a_run_prepared_without_a_stored_dev_split_gets_it_sealed(tmp_path):
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         stored = wh.pool(config.run_id, DEV_ROUND)
     assert [t.task_id for t in dev] == [t.task_id for t in stored] == [t.task_id for t in build_dev_split(config)]
+
+
+# The default run's held-out split, defined before any ablation arm ran (README, "Evaluation protocol").
+# A change to the explorer, the templates or the split's seed changes this digest: the held-out
+# figures of earlier releases then no longer compare, and the README must say so.
+FROZEN_HELDOUT_DIGEST = "928b54d8e11999cf173004ecefc43d69930d86ddce7fb1b976c62ae2ece9b566"
+
+
+def test_the_default_heldout_split_is_frozen(tmp_path):
+    from storage.pool import pool_digest
+
+    config = load_config(overrides=[f"state_dir={tmp_path}"], environ={})
+    _, heldout = build_initial_pools(config)
+    assert len(heldout) == 100 and pool_digest(heldout) == FROZEN_HELDOUT_DIGEST
