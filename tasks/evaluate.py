@@ -168,16 +168,13 @@ def evaluate_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
     def compute(wh: Warehouse) -> dict:
         heldout = wh.pool(config.run_id, HELDOUT_ROUND)
         dev = dev_eval_tasks(config, wh)
-        if not dev:
-            rate = evaluate_checkpoint(config, checkpoint, heldout, round_)
-            get_run_logger().info("round %d: held-out success %.3f on %d tasks", round_, rate, len(heldout))
-            return {"heldout_success": rate, "heldout_tasks": len(heldout)}
         with engine_session(checkpoint, config) as engine:  # one model load for both splits
             rate = evaluate_checkpoint(config, checkpoint, heldout, round_, engine=engine)
+            get_run_logger().info("round %d: held-out success %.3f on %d tasks", round_, rate, len(heldout))
+            if not dev:
+                return {"heldout_success": rate, "heldout_tasks": len(heldout)}
             dev_rate = evaluate_checkpoint(config, checkpoint, dev, round_, DEV_SPLIT, engine=engine)
-        get_run_logger().info(
-            "round %d: held-out success %.3f on %d tasks, dev success %.3f on %d tasks", round_, rate, len(heldout), dev_rate, len(dev)
-        )
+        get_run_logger().info("round %d: dev success %.3f on %d tasks", round_, dev_rate, len(dev))
         return {"heldout_success": rate, "heldout_tasks": len(heldout), "dev_success": dev_rate, "dev_tasks": len(dev)}
 
     return resumable(config, round_, "evaluate", compute)

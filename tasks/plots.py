@@ -82,27 +82,38 @@ def ablation_curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         fig.savefig(paths[-1], dpi=110)
     finally:
         plt.close(fig)
+    totals = {arm: {k: 0 for k in SIGNAL_KINDS} for arm in arms}
+    for r in results:
+        for s in r["rounds"]:
+            for k in SIGNAL_KINDS:
+                totals[r["arm"]][k] += s["signals"].get(k, 0)
+    paths.append(_stacked_bars(totals, list(SIGNAL_KINDS), "signals mined (all seeds and rounds)", "signals", out_dir / "signal_mix.png"))
+    return paths
+
+
+def _stacked_bars(totals: dict[str, dict[str, float]], kinds: list[str], title: str, ylabel: str, path: Path) -> Path:
+    """One bar per arm (``totals``' keys), stacked by ``kinds`` in that order; written to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = list(totals)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     try:
         bottom = [0.0] * len(arms)
-        totals = {arm: {k: 0 for k in SIGNAL_KINDS} for arm in arms}
-        for r in results:
-            for s in r["rounds"]:
-                for k in SIGNAL_KINDS:
-                    totals[r["arm"]][k] += s["signals"].get(k, 0)
-        for kind in SIGNAL_KINDS:
-            values = [totals[a][kind] for a in arms]
+        for kind in kinds:
+            values = [totals[a].get(kind, 0) for a in arms]
             ax.bar(arms, values, bottom=bottom, label=kind)
             bottom = [b + v for b, v in zip(bottom, values)]
-        ax.set(title="signals mined (all seeds and rounds)", ylabel="signals")
+        ax.set(title=title, ylabel=ylabel)
         ax.legend(fontsize=8)
         ax.tick_params(axis="x", labelrotation=20)
         fig.tight_layout()
-        paths.append(out_dir / "signal_mix.png")
-        fig.savefig(paths[-1], dpi=110)
+        fig.savefig(path, dpi=110)
     finally:
         plt.close(fig)
-    return paths
+    return path
 
 
 def mechanism_figures(results: list[dict[str, Any]], mechanism: dict[str, list[dict[str, Any]]], out_dir: Path) -> list[Path]:
@@ -145,25 +156,12 @@ def mechanism_figures(results: list[dict[str, Any]], mechanism: dict[str, list[d
         fig.savefig(paths[-1], dpi=110)
     finally:
         plt.close(fig)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    try:
-        totals = {arm: {k: 0 for k in ACCEPTED_KINDS} for arm in arms}
-        for r in results:
-            for s in r["rounds"]:
-                for k, n in (s.get("accepted_by_kind") or {}).items():
-                    totals[r["arm"]][k] = totals[r["arm"]].get(k, 0) + n
-        kinds = [*ACCEPTED_KINDS, *sorted({k for t in totals.values() for k in t} - set(ACCEPTED_KINDS))]
-        bottom = [0.0] * len(arms)
-        for kind in kinds:
-            values = [totals[a].get(kind, 0) for a in arms]
-            ax.bar(arms, values, bottom=bottom, label=kind)
-            bottom = [b + v for b, v in zip(bottom, values)]
-        ax.set(title="accepted candidates by kind (all seeds and rounds)", ylabel="candidates")
-        ax.legend(fontsize=8)
-        ax.tick_params(axis="x", labelrotation=20)
-        fig.tight_layout()
-        paths.append(out_dir / "acceptance_by_kind.png")
-        fig.savefig(paths[-1], dpi=110)
-    finally:
-        plt.close(fig)
+    totals = {arm: {k: 0 for k in ACCEPTED_KINDS} for arm in arms}
+    for r in results:
+        for s in r["rounds"]:
+            for k, n in (s.get("accepted_by_kind") or {}).items():
+                totals[r["arm"]][k] = totals[r["arm"]].get(k, 0) + n
+    kinds = [*ACCEPTED_KINDS, *sorted({k for t in totals.values() for k in t} - set(ACCEPTED_KINDS))]
+    title = "accepted candidates by kind (all seeds and rounds)"
+    paths.append(_stacked_bars(totals, kinds, title, "candidates", out_dir / "acceptance_by_kind.png"))
     return paths
