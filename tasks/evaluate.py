@@ -79,6 +79,18 @@ def evaluate_checkpoint(
     return success_rate(trajectories)
 
 
+def evaluate_splits(config: PipelineConfig, checkpoint: str, splits: dict[str, list[Task]], round_: int) -> dict[str, float]:
+    """``evaluate_checkpoint`` on several splits with one model load; no load at all when every split is empty.
+
+    An empty split scores 0.0, as in ``evaluate_checkpoint``: a run without held-out or dev tasks
+    (or a managed server per load) costs nothing here.
+    """
+    if not any(splits.values()):
+        return {split: 0.0 for split in splits}
+    with engine_session(checkpoint, config) as engine:
+        return {split: evaluate_checkpoint(config, checkpoint, tasks, round_, split, engine=engine) for split, tasks in splits.items()}
+
+
 def dev_eval_tasks(config: PipelineConfig, wh: Warehouse) -> list[Task]:
     """The first ``rollout.dev_eval_tasks`` tasks of the dev split (tasks/splits.build_dev_split), none when it is 0.
 
@@ -168,14 +180,13 @@ def evaluate_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
     def compute(wh: Warehouse) -> dict:
         heldout = wh.pool(config.run_id, HELDOUT_ROUND)
         dev = dev_eval_tasks(config, wh)
-        with engine_session(checkpoint, config) as engine:  # one model load for both splits
-            rate = evaluate_checkpoint(config, checkpoint, heldout, round_, engine=engine)
-            get_run_logger().info("round %d: held-out success %.3f on %d tasks", round_, rate, len(heldout))
-            if not dev:
-                return {"heldout_success": rate, "heldout_tasks": len(heldout)}
-            dev_rate = evaluate_checkpoint(config, checkpoint, dev, round_, DEV_SPLIT, engine=engine)
-        get_run_logger().info("round %d: dev success %.3f on %d tasks", round_, dev_rate, len(dev))
-        return {"heldout_success": rate, "heldout_tasks": len(heldout), "dev_success": dev_rate, "dev_tasks": len(dev)}
+        rates = evaluate_splits(config, checkpoint, {HELDOUT_SPLIT: heldout, DEV_SPLIT: dev}, round_)
+        get_run_logger().info("round %d: held-out success %.3f on %d tasks", round_, rates[HELDOUT_SPLIT], len(heldout))
+        out = {"heldout_success": rates[HELDOUT_SPLIT], "heldout_tasks": len(heldout)}
+        if dev:
+            get_run_logger().info("round %d: dev success %.3f on %d tasks", round_, rates[DEV_SPLIT], len(dev))
+            out |= {"dev_success": rates[DEV_SPLIT], "dev_tasks": len(dev)}
+        return out
 
     return resumable(config, round_, "evaluate", compute)
 

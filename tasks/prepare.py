@@ -155,7 +155,7 @@ from prefect import get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import HELDOUT_ROUND, engine_session, open_warehouse, resumable  # noqa: E402
+from tasks.common import HELDOUT_ROUND, open_warehouse, resumable  # noqa: E402
 
 
 @task(name="prepare", retries=1, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
@@ -168,7 +168,7 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
     def compute(wh: Warehouse) -> dict:
         from storage.pool import write_pool_snapshot
         from tasks.common import checkpoint_digest
-        from tasks.evaluate import evaluate_checkpoint
+        from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, evaluate_splits
 
         seed_pool, heldout = build_initial_pools(config)
         wh.ensure_run(config.run_id, config.model_dump(mode="json"))
@@ -184,17 +184,13 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
         # from recorded files and a resumed round 0 checks them before using them.
         checkpoint_sha = checkpoint_digest(checkpoint_folder(checkpoint))
         pool_sha = write_pool_snapshot(seed_pool, config.pool_path(0))
-        dev_baseline = None
-        with engine_session(checkpoint, config) as engine:  # one model load for both splits
-            baseline = evaluate_checkpoint(config, checkpoint, heldout, round_=HELDOUT_ROUND, engine=engine)
-            logger.info("checkpoint 0 at %s: held-out success %.3f", checkpoint, baseline)
-            # Checkpoint 0 on the first rollout.dev_eval_tasks dev tasks (rows under HELDOUT_ROUND, split "dev"), the dev curve's start.
-            if config.rollout.dev_eval_tasks > 0:
-                from tasks.evaluate import DEV_SPLIT
-
-                scored = dev[: config.rollout.dev_eval_tasks]
-                dev_baseline = evaluate_checkpoint(config, checkpoint, scored, HELDOUT_ROUND, DEV_SPLIT, engine=engine)
-                logger.info("checkpoint 0: dev success %.3f on %d tasks", dev_baseline, len(scored))
+        # Checkpoint 0 on the first rollout.dev_eval_tasks dev tasks (rows under HELDOUT_ROUND, split "dev"), the dev curve's start.
+        scored = dev[: config.rollout.dev_eval_tasks] if config.rollout.dev_eval_tasks > 0 else []
+        rates = evaluate_splits(config, checkpoint, {HELDOUT_SPLIT: heldout, DEV_SPLIT: scored}, HELDOUT_ROUND)
+        baseline, dev_baseline = rates[HELDOUT_SPLIT], (rates[DEV_SPLIT] if scored else None)
+        logger.info("checkpoint 0 at %s: held-out success %.3f", checkpoint, baseline)
+        if scored:
+            logger.info("checkpoint 0: dev success %.3f on %d tasks", dev_baseline, len(scored))
         return {
             "checkpoint": checkpoint, "checkpoint_digest": checkpoint_sha, "pool_digest": pool_sha,
             "pool_size": len(seed_pool), "heldout": len(heldout), "baseline_heldout_success": baseline,

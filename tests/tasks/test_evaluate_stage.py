@@ -72,3 +72,17 @@ def test_dev_evaluation_takes_the_first_tasks_of_the_stored_dev_split(tmp_path):
         again = dev_eval_tasks(config, wh)
     assert [t.task_id for t in first] == [t.task_id for t in build_dev_split(config)[:3]]
     assert [t.task_id for t in stored[:3]] == [t.task_id for t in first] == [t.task_id for t in again]
+
+
+def test_a_run_without_heldout_or_dev_tasks_loads_no_model(tmp_path):
+    """Every split empty: nothing is played, so no model load (nor a managed server start) is paid for."""
+    from coevolve.config import PipelineConfig
+    from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, evaluate_splits
+
+    config = PipelineConfig(state_dir=tmp_path)
+    missing = str(tmp_path / "no-such-checkpoint")
+    assert evaluate_splits(config, missing, {HELDOUT_SPLIT: [], DEV_SPLIT: []}, 0) == {HELDOUT_SPLIT: 0.0, DEV_SPLIT: 0.0}
+    from envs.explorer import build_tasks
+
+    with pytest.raises(OSError):  # with a task to play, the missing checkpoint is loaded and fails
+        evaluate_splits(config, missing, {HELDOUT_SPLIT: build_tasks(1, seed=0)}, 0)
