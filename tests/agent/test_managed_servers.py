@@ -20,6 +20,7 @@ import pytest
 
 from coevolve.config import load_config
 from coevolve.errors import ConfigError
+from tests.conftest import make_tiny_config
 
 # Served logprobs of a float32 server against a local float32 forward pass of the same checkpoint.
 LOGPROB_MATCH = 1e-3
@@ -110,25 +111,16 @@ def evolved(vllm_python, prefect_api, tmp_path_factory):
     from flows.evolve import coevolve_evolve
 
     state = tmp_path_factory.mktemp("managed")
-    config = load_config(
-        data={
-            "state_dir": str(state),
-            "run_id": "managed",
-            "seed": 3,
-            "policy": {"sft_tasks": 16, "sft_steps": 40, "hidden_size": 32, "num_layers": 1, "vocab_size": 600, "sft_batch_size": 8},
-            "pool": {"seed_size": 12},
-            # No held-out split: only the rollout stages start servers, one start each (30-60 s on two cores).
-            "rollout": {
-                "engine": "openai", "managed_servers": 1, "managed_port": free_port(), "vllm_dtype": "float32",
-                "tasks_per_round": 4, "group_size": 2, "max_new_tokens": 40, "heldout_tasks": 0, "temperature": TEMPERATURE,
-            },  # fmt: skip
-            "environment": {"max_steps": 6},
-            "signals": {"rare_min_total": 1, "rare_theta": 60, "max_signals_per_round": 4},
-            "synthesis": {"explorations_per_signal": 2},
-            # A large rate, so that a round whose groups have reward variance moves checkpoint 1 far from checkpoint 0.
-            "training": {"use_lora": False, "steps_per_round": 1, "learning_rate": 2e-2, "beta": 0.0},
-        },
-        environ={},
+    config = make_tiny_config(
+        state,
+        run_id="managed",
+        # No held-out split: only the rollout stages start servers, one start each (30-60 s on two cores).
+        rollout={
+            "engine": "openai", "managed_servers": 1, "managed_port": free_port(), "vllm_dtype": "float32",
+            "heldout_tasks": 0, "temperature": TEMPERATURE,
+        },  # fmt: skip
+        # A large rate, so that a round whose groups have reward variance moves checkpoint 1 far from checkpoint 0.
+        training={"use_lora": False, "learning_rate": 2e-2, "beta": 0.0},
     )
     summaries = coevolve_evolve(rounds=2, config=config.model_dump(mode="json"))
     return config, summaries

@@ -57,6 +57,15 @@ def test_the_report_is_markdown_with_its_figures(tmp_path):
         assert figure.endswith(".png") and (tmp_path / figure.split("/")[-1]).stat().st_size > 1000
 
 
+def test_a_left_out_signal_is_reported_as_the_cost_of_leaving_it_out(tmp_path):
+    without_rare = [run("no-rare", seed, [0.1, 0.25]) for seed in (1, 2, 3)]
+    write_report(RESULTS + without_rare, tmp_path, "Ablation test")
+    text = (tmp_path / "report.md").read_text()
+    assert "what leaving that signal out costs" in text and "| no-rare | 3 | +0.073 |" in text
+    write_report(RESULTS, tmp_path, "Ablation test")
+    assert "leaving that signal out" not in (tmp_path / "report.md").read_text()
+
+
 def test_task_level_test_counts_discordant_pairs_over_seeds():
     full = {1: {"a": True, "b": True, "c": False}, 2: {"a": True, "b": False, "c": False}}
     other = {1: {"a": False, "b": True, "c": False}, 2: {"a": False, "b": False, "c": True}, 3: {"a": True}}
