@@ -102,9 +102,9 @@ def dev_eval_tasks(config: PipelineConfig, wh: Warehouse) -> list[Task]:
         return []
     dev = wh.pool(config.run_id, DEV_ROUND)
     if not dev:
-        dev = build_dev_split(config)
-        wh.write_tasks(dev)
-        wh.set_pool(config.run_id, DEV_ROUND, [t.task_id for t in dev])
+        from tasks.prepare import store_dev_split
+
+        dev = store_dev_split(config)
     return dev[:limit]
 
 

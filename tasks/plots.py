@@ -58,7 +58,6 @@ def ablation_curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     arms = sorted({r["arm"] for r in results})
     paths = []
@@ -75,20 +74,33 @@ def ablation_curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         )
         pool.set(title="pool size after each round", xlabel="round", ylabel="tasks")
         heldout.legend(fontsize=8)
-        for axis in (heldout, pool):
-            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-        fig.tight_layout()
-        paths.append(out_dir / "learning_curves.png")
-        fig.savefig(paths[-1], dpi=110)
+        paths.append(_save_by_round(fig, (heldout, pool), out_dir / "learning_curves.png"))
     finally:
         plt.close(fig)
-    totals = {arm: {k: 0 for k in SIGNAL_KINDS} for arm in arms}
-    for r in results:
-        for s in r["rounds"]:
-            for k in SIGNAL_KINDS:
-                totals[r["arm"]][k] += s["signals"].get(k, 0)
+    totals = _totals_by_arm(results, "signals", SIGNAL_KINDS)
     paths.append(_stacked_bars(totals, list(SIGNAL_KINDS), "signals mined (all seeds and rounds)", "signals", out_dir / "signal_mix.png"))
     return paths
+
+
+def _save_by_round(fig: Any, axes: Any, path: Path) -> Path:
+    """Whole-number round ticks on every axis in ``axes``, then the figure written to ``path``."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in axes:
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _totals_by_arm(results: list[dict[str, Any]], field: str, kinds: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Per arm, each round summary's ``field`` (a count per kind) summed over seeds and rounds; ``kinds`` start at 0."""
+    totals: dict[str, dict[str, float]] = {r["arm"]: {k: 0 for k in kinds} for r in sorted(results, key=lambda r: r["arm"])}
+    for r in results:
+        for summary in r["rounds"]:
+            for kind, n in (summary.get(field) or {}).items():
+                totals[r["arm"]][kind] = totals[r["arm"]].get(kind, 0) + n
+    return totals
 
 
 def _stacked_bars(totals: dict[str, dict[str, float]], kinds: list[str], title: str, ylabel: str, path: Path) -> Path:
@@ -122,7 +134,6 @@ def mechanism_figures(results: list[dict[str, Any]], mechanism: dict[str, list[d
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     arms = sorted(mechanism)
     paths = []
@@ -149,18 +160,10 @@ def mechanism_figures(results: list[dict[str, Any]], mechanism: dict[str, list[d
         if not any_dev:
             dev.text(0.5, 0.5, "no dev evaluation\n(rollout.dev_eval_tasks = 0)", ha="center", va="center", transform=dev.transAxes)
         informative.legend(fontsize=8)
-        for axis in axes.flat:
-            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-        fig.tight_layout()
-        paths.append(out_dir / "mechanism.png")
-        fig.savefig(paths[-1], dpi=110)
+        paths.append(_save_by_round(fig, axes.flat, out_dir / "mechanism.png"))
     finally:
         plt.close(fig)
-    totals = {arm: {k: 0 for k in ACCEPTED_KINDS} for arm in arms}
-    for r in results:
-        for s in r["rounds"]:
-            for k, n in (s.get("accepted_by_kind") or {}).items():
-                totals[r["arm"]][k] = totals[r["arm"]].get(k, 0) + n
+    totals = _totals_by_arm(results, "accepted_by_kind", ACCEPTED_KINDS)
     kinds = [*ACCEPTED_KINDS, *sorted({k for t in totals.values() for k in t} - set(ACCEPTED_KINDS))]
     title = "accepted candidates by kind (all seeds and rounds)"
     paths.append(_stacked_bars(totals, kinds, title, "candidates", out_dir / "acceptance_by_kind.png"))

@@ -168,7 +168,7 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
     def compute(wh: Warehouse) -> dict:
         from storage.pool import write_pool_snapshot
         from tasks.common import checkpoint_digest
-        from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, evaluate_splits
+        from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, dev_eval_tasks, evaluate_splits
 
         seed_pool, heldout = build_initial_pools(config)
         wh.ensure_run(config.run_id, config.model_dump(mode="json"))
@@ -185,7 +185,7 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
         checkpoint_sha = checkpoint_digest(checkpoint_folder(checkpoint))
         pool_sha = write_pool_snapshot(seed_pool, config.pool_path(0))
         # Checkpoint 0 on the first rollout.dev_eval_tasks dev tasks (rows under HELDOUT_ROUND, split "dev"), the dev curve's start.
-        scored = dev[: config.rollout.dev_eval_tasks] if config.rollout.dev_eval_tasks > 0 else []
+        scored = dev_eval_tasks(config, wh)
         rates = evaluate_splits(config, checkpoint, {HELDOUT_SPLIT: heldout, DEV_SPLIT: scored}, HELDOUT_ROUND)
         baseline, dev_baseline = rates[HELDOUT_SPLIT], (rates[DEV_SPLIT] if scored else None)
         logger.info("checkpoint 0 at %s: held-out success %.3f", checkpoint, baseline)

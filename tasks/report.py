@@ -222,6 +222,19 @@ def _fmt(pair: tuple[float, float]) -> str:
     return "n/a" if math.isnan(mean) else f"{mean:.3f} +- {sd:.3f}"
 
 
+def _task_level_table(tests: dict[str, dict[str, Any]], intro: str, headers: tuple[str, str, str]) -> list[str]:
+    """Markdown lines of one McNemar table (``task_level_test`` results by row name); none when there are no tests.
+
+    ``headers``: the row-name column, then the two "solved by one side only" columns.
+    """
+    if not tests:
+        return []
+    name, a_only, b_only = headers
+    lines = ["", intro, "", f"| {name} | pairs | {a_only} | {b_only} | p |", "|---|---|---|---|---|"]
+    lines += [f"| {row} | {t['pairs']} | {t['a_only']} | {t['b_only']} | {t['p']:.3f} |" for row, t in tests.items()]
+    return lines
+
+
 def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> dict[str, Any]:
     """Write report.md and its figures into ``out_dir``; return the summary with the file paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -256,17 +269,12 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> di
         t_text = "n/a" if math.isnan(t["t"]) else f"{t['t']:.2f}"
         p_text = "n/a (same gap on every seed)" if math.isnan(t["p"]) and t["n"] >= 2 else ("n/a" if math.isnan(t["p"]) else f"{t['p']:.3f}")
         lines.append(f"| {other} | {t['n']} | {t['mean_diff']:+.3f} | {t_text} | {p_text} |")
-    if summary["task_tests"]:
-        lines += [
-            "",
-            "Task-level paired comparison of the final checkpoints (exact McNemar test over (seed, held-out task) pairs; "
-            "it asks whether these checkpoints differ, not whether another seed would):",
-            "",
-            "| full vs | pairs | solved by full only | solved by the other only | p |",
-            "|---|---|---|---|---|",
-        ]
-        for other, t in summary["task_tests"].items():
-            lines.append(f"| {other} | {t['pairs']} | {t['a_only']} | {t['b_only']} | {t['p']:.3f} |")
+    lines += _task_level_table(
+        summary["task_tests"],
+        "Task-level paired comparison of the final checkpoints (exact McNemar test over (seed, held-out task) pairs; "
+        "it asks whether these checkpoints differ, not whether another seed would):",
+        ("full vs", "solved by full only", "solved by the other only"),
+    )
     lines += [
         "",
         "## Learning at all: each arm against checkpoint 0",
@@ -283,16 +291,11 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> di
             f"| {arm} | {t['kind'] if t['n'] else 'n/a'} | {t['n']} | {_cell(t['ckpt0'])} | {_cell(t['final'])} | "
             f"{_cell(t['mean_diff'], '+.3f')} | {_cell(t['t'], '.2f')} | {p_text} |"
         )
-    if summary["ckpt0_task_tests"]:
-        lines += [
-            "",
-            "Task-level: exact McNemar test over (seed, held-out task) pairs of the final checkpoint against checkpoint 0:",
-            "",
-            "| arm | pairs | solved by final only | solved by ckpt 0 only | p |",
-            "|---|---|---|---|---|",
-        ]
-        for arm, t in summary["ckpt0_task_tests"].items():
-            lines.append(f"| {arm} | {t['pairs']} | {t['a_only']} | {t['b_only']} | {t['p']:.3f} |")
+    lines += _task_level_table(
+        summary["ckpt0_task_tests"],
+        "Task-level: exact McNemar test over (seed, held-out task) pairs of the final checkpoint against checkpoint 0:",
+        ("arm", "solved by final only", "solved by ckpt 0 only"),
+    )
     lines += [
         "",
         "## Mechanism per arm and round (mean over seeds)",
