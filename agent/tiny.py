@@ -2,8 +2,8 @@
 
 No model hub is reachable, so 'builtin:tiny' trains its own byte-level BPE tokenizer on the
 demonstrations' text, initializes a small Qwen3 at random and teaches it the tool-call format by
-supervised fine-tuning on assistant tokens only, with TRL's ``SFTTrainer``. A few hundred steps give partial skill: enough that
-GRPO groups mix successes and failures, which is what makes a round produce signal.
+supervised fine-tuning on assistant tokens only, with TRL's ``SFTTrainer``. A few hundred steps give
+partial skill: enough that GRPO groups mix successes and failures, which is what makes a round produce signal.
 
 The build is idempotent: out_dir holds a marker with a digest of every input, and a second call
 with the same inputs returns at once.
@@ -108,7 +108,9 @@ def build_model(tokenizer: Any, config: PolicyConfig, seed: int) -> Any:
 
 
 def sft(model: Any, tokenizer: Any, examples: list[tuple[list[int], list[int]]], config: PolicyConfig, seed: int) -> list[float]:
-    """Supervised fine-tuning with TRL's ``SFTTrainer`` on assistant tokens only; returns every step's loss.
+    """Supervised fine-tuning with TRL's ``SFTTrainer`` on assistant tokens only; returns the logged losses.
+
+    TRL logs the loss every ``sft_steps // 40`` steps, as the mean over those steps; the list holds them in order.
 
     The examples are already token ids with an assistant mask (``ChatFormat.training_example``), so SFT
     sees exactly the token sequences rollouts later produce; TRL turns the mask into labels and its
@@ -193,7 +195,8 @@ def build_tiny_policy(out_dir: Path, conversations: list[list[Message]], config:
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab": len(tokenizer),
         "sft_steps": config.sft_steps,
-        "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else None,
+        # TRL's last logged loss: the mean over the final sft_steps // 40 steps.
+        "final_loss": losses[-1] if losses else None,
         "duration_s": round(time.perf_counter() - started, 2),
     }
     (staging / MARKER).write_text(json.dumps(summary, indent=2))

@@ -37,8 +37,8 @@ def store_dev_split(config: PipelineConfig) -> list[Task]:
 def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> str:
     """Checkpoint 0: the builtin tiny policy (built once per seed pool and settings) or the configured model.
 
-    The tiny policy is fine-tuned on demonstrations of the seed pool plus more tasks from the same
-    unguided explorer (``policy.sft_tasks`` in all); held-out tasks are excluded by id.
+    The tiny policy is fine-tuned on ``policy.sft_tasks`` short demonstrations from another distribution
+    (tasks/splits.sft_demonstrations); no task of D_0 or the held-out split is among them.
     """
     if config.policy.model != BUILTIN_TINY:
         return config.policy.model

@@ -15,6 +15,7 @@ def test_build_saves_safetensors_weights_tokenizer_and_marker(tiny_dir):
     assert (tiny_dir / "tokenizer.json").is_file()
     summary = json.loads((tiny_dir / MARKER).read_text())
     assert summary["sft_steps"] == 150 and summary["parameters"] > 0
+    assert 0 < summary["final_loss"] < 0.1  # TRL's last logged loss: four demonstrations learned by step 150
 
 
 def test_saved_tokenizer_reloads_with_the_tiny_chat_format(tokenizer):
