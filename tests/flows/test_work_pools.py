@@ -10,11 +10,15 @@ One module-scoped setup runs, in order: the inline round (alongside the rest); t
 of the placed round at once with placement.round_concurrency=fail, then a third with 'wait'; the placed
 round of the same run in a second state folder (its own MLflow store, checkpoints registered by
 URI) whose GPU worker is killed with -9 during rollout, then run again after a new GPU worker
-starts. Everything binds 127.0.0.1 on free ports; every process is stopped by its process id.
+starts. The nightly deployment stays deployed as prefect.yaml defines it: the server's scheduler
+creates its runs, and the first one, given zero rounds in a state folder of its own and made due
+now before any worker starts, runs on the CPU worker. Everything binds 127.0.0.1 on free ports;
+every process is stopped by its process id.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -26,8 +30,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from test_crash_resume import CONTENT, CRASH_OVERRIDES, assert_same_rows
 from test_deployments import PREFECT, REPO, TERMINAL, _env, _flow_run_state, _free_port, _stop, _wait_healthy
+
+from coevolve.config import PipelineConfig
 
 pytestmark = pytest.mark.slow
 
@@ -133,6 +140,35 @@ def _flow_run(api_url: str, flow_run_id: str) -> dict:
     return httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=10).json()
 
 
+def _scheduled_nightly_runs(api_url: str, server: subprocess.Popen, log: Path, timeout_s: float = 180) -> list[dict]:
+    """The flow runs the server's scheduler created for coevolve-evolve/nightly, earliest first."""
+    import httpx
+
+    deployment = httpx.get(f"{api_url}/deployments/name/coevolve-evolve/nightly", timeout=10).json()
+    query = {"deployments": {"id": {"any_": [deployment["id"]]}}, "sort": "EXPECTED_START_TIME_ASC"}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert server.poll() is None, log.read_text()[-3000:]
+        runs = httpx.post(f"{api_url}/flow_runs/filter", json=query, timeout=30).json()
+        if runs:
+            return runs
+        time.sleep(2)
+    raise AssertionError(f"no scheduled run of coevolve-evolve/nightly after {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def _retarget_nightly_run(api_url: str, flow_run_id: str, state_dir: Path) -> str:
+    """Give a scheduled nightly run zero rounds in ``state_dir`` and make it due now; a worker then picks it up."""
+    import httpx
+
+    config = PipelineConfig.model_validate({"run_id": "nightly", "state_dir": str(state_dir)})
+    parameters = {"rounds": 0, "config": config.model_dump(mode="json")}
+    httpx.patch(f"{api_url}/flow_runs/{flow_run_id}", json={"parameters": parameters}, timeout=10).raise_for_status()
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    state = {"type": "SCHEDULED", "name": "Scheduled", "state_details": {"scheduled_time": now}}
+    httpx.post(f"{api_url}/flow_runs/{flow_run_id}/set_state", json={"state": state, "force": True}, timeout=10).raise_for_status()
+    return flow_run_id
+
+
 # --- the setup ----------------------------------------------------------------------------------------
 
 
@@ -175,7 +211,10 @@ def cluster(tmp_path_factory):
         prefect("work-pool", "create", "coevolve-cpu", "--type", "process")
         prefect("work-pool", "create", "coevolve-gpu", "--type", "process")
         prefect("--no-prompt", "deploy", "--all")
-        prefect("deployment", "delete", "coevolve-evolve/nightly")  # its schedule must not start a run here
+        # Before any worker starts: the scheduler's runs of the nightly deployment, the first one moved to now
+        # on a state folder of its own (prefect.yaml's parameters would run three rounds in the checkout).
+        ns.nightly_scheduled = _scheduled_nightly_runs(api_url, processes["server"], logs.server)
+        ns.nightly_run = _retarget_nightly_run(api_url, ns.nightly_scheduled[0]["id"], root / "nightly" / "state")
         processes["cpu-worker"] = _start_worker("coevolve-cpu", "cpu-worker", root / "cpu-box", api_url)
         processes["gpu-worker"] = _start_worker("coevolve-gpu", "gpu-worker", root / "gpu-box", api_url)
         yield ns
@@ -402,3 +441,25 @@ def test_register_uri_points_the_version_at_the_checkpoint_folder_and_copies_not
     client, recorded, version = _version(rounds.resumed)
     assert version.source == Path(recorded["checkpoint"]).resolve().as_uri()
     assert {a.path for a in client.list_artifacts(version.run_id)} == {"figures", "pool"}
+
+
+# --- the nightly deployment ------------------------------------------------------------------------------------
+
+
+def test_the_scheduler_creates_the_nightly_runs_prefect_yaml_defines(cluster) -> None:
+    (nightly,) = [d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"] if d["name"] == "nightly"]
+    assert nightly["schedules"][0]["cron"] == "0 1 * * *"
+    runs = cluster.nightly_scheduled
+    assert len(runs) >= 1 and all(r["auto_scheduled"] for r in runs)
+    starts = [datetime.datetime.fromisoformat(r["expected_start_time"]) for r in runs]
+    assert all((s.astimezone(datetime.timezone.utc).hour, s.minute, s.second) == (1, 0, 0) for s in starts)
+    assert all(r["parameters"] == nightly["parameters"] for r in runs)
+    assert "bulk DML" not in (cluster.root / "server.log").read_text()
+
+
+def test_a_worker_runs_a_scheduled_nightly_run_to_completion(cluster) -> None:
+    state = _wait_terminal(cluster.api_url, cluster.nightly_run, [cluster.root / "cpu-box" / "worker.log"], timeout_s=300)
+    run = _flow_run(cluster.api_url, cluster.nightly_run)
+    assert state == "COMPLETED", run["state"]["message"]
+    assert run["auto_scheduled"] and run["work_pool_name"] == "coevolve-cpu"
+    assert run["labels"]["prefect.worker.name"] == "cpu-worker"
