@@ -181,16 +181,85 @@ def wait_until_ready(process: subprocess.Popen, url: str, log_path: Path, timeou
     raise RuntimeError(f"The vLLM server was not ready after {timeout_s:.0f} s:\n{log_path.read_text()[-4000:]}")
 
 
-def stop_server(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    """Stop a server started by `start_server` and the workers it spawned (its process group)."""
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
+def _group_alive(pgid: int) -> bool:
     try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_server(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Stop a server started by `start_server` and the workers it spawned (its process group).
+
+    SIGTERM to the whole group, then SIGKILL to whatever of it is left after ``timeout_s``: vLLM's
+    engine and worker processes share the group and would otherwise outlive their API server.
+    """
+    pgid = process.pid  # the group leader's pid (start_new_session)
+    if process.poll() is None:
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _group_alive(pgid):
+        os.killpg(pgid, signal.SIGKILL)
+    if process.poll() is None:
         process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=timeout_s)
+
+
+class _Stop(Exception):
+    """Raised in the supervisor by a signal that asks `coevolve serve` to stop."""
+
+
+def _raise_stop(signum: int, _frame: object) -> None:
+    raise _Stop(signum)
+
+
+def _die_with_parent() -> None:
+    """In the server's child process: get SIGTERM when `coevolve serve` dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def serve_foreground(options: ServeOptions, python: str | Path | None = None) -> int:
+    """Run one server in the foreground (``coevolve serve``) until it exits or this process is stopped.
+
+    vLLM runs in its own process group with its engine and worker processes. SIGTERM, SIGINT (Ctrl-C)
+    or SIGHUP to this process stop that whole group (`stop_server`), so nothing it started outlives it;
+    if this process is killed outright, the server gets SIGTERM from the kernel (PR_SET_PDEATHSIG).
+    Returns the server's exit status, or 128 + the signal that stopped it.
+    """
+    env = server_env(options)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in handled}
+    process = None
+    try:
+        process = subprocess.Popen(
+            server_command(options, python), env=env, start_new_session=True, preexec_fn=_die_with_parent
+        )
+        return process.wait()
+    except _Stop as stop:
+        for sig in handled:
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the shutdown
+        if process is not None:
+            stop_server(process)
+        return 128 + int(stop.args[0])
+    finally:
+        if process is not None and process.poll() is None:
+            stop_server(process)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 # --- servers the pipeline starts itself (rollout.managed_servers) ------------------------------------

