@@ -7,7 +7,8 @@ open-table layout (storage/tables.py, storage/catalog.py): its version is kept i
 released: change the layout by appending an entry with the function that converts the previous one.
 
 The analysis views are DuckDB SQL over the table views `Warehouse.connect` defines; their columns
-are documented in storage/VIEWS.md.
+are documented in storage/VIEWS.md. The views that read as curves over rounds (success, signal mix,
+pool growth, acceptance) list their rows by run and round, so `SELECT *` prints them in order.
 """
 
 from __future__ import annotations
@@ -268,7 +269,8 @@ SELECT run_id, round,
        avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS success_rate,
        avg(reward)                               AS mean_reward
 FROM trajectories
-GROUP BY run_id, round;
+GROUP BY run_id, round
+ORDER BY run_id, round;
 
 -- Purpose: which tasks the policy masters or never solves, over all rounds of a run.
 -- Trajectories are counted per task before the join, so the join sees one row per task, not per rollout.
@@ -307,7 +309,8 @@ SELECT run_id, round, kind,
        count(*) AS signals,
        count(*) / sum(count(*)) OVER (PARTITION BY run_id, round) AS share
 FROM signals
-GROUP BY run_id, round, kind;
+GROUP BY run_id, round, kind
+ORDER BY run_id, round, kind;
 
 -- Purpose: pool size per round and which origins the newly added tasks have.
 -- A task is new in a round when no earlier round of the same run had it in its pool.
@@ -326,7 +329,8 @@ SELECT run_id, round,
        count(*) FILTER (WHERE round = first_round AND origin = 'rare')       AS new_rare,
        count(*) FILTER (WHERE round = first_round AND origin = 'random')     AS new_random
 FROM member
-GROUP BY run_id, round;
+GROUP BY run_id, round
+ORDER BY run_id, round;
 
 -- Purpose: tasks the policy could solve in an earlier round and fails now, measured on
 -- per-round success rates (score >= 0.5 before, < 0.5 now), with whether the miner flagged it.
@@ -359,5 +363,6 @@ SELECT run_id, round,
        count(*) FILTER (WHERE accepted)
            / nullif(count(*) FILTER (WHERE accepted IS NOT NULL), 0) AS acceptance_rate
 FROM candidates
-GROUP BY run_id, round;
+GROUP BY run_id, round
+ORDER BY run_id, round;
 """

@@ -121,3 +121,16 @@ def test_ad_hoc_sql_shows_intervals_as_text_and_answers_statements_without_rows(
     assert frame["spread"].dtype == pl.String
     assert frame.row(0) == ("1 day 00:00:05", 1)
     assert history.sql("SET threads = 1").is_empty()
+
+
+@pytest.mark.parametrize("view", ["v_success_by_round", "v_signal_mix", "v_pool_growth", "v_acceptance_rates"])
+def test_views_that_read_as_curves_list_rounds_in_order(warehouse: Warehouse, make_task, make_trajectory, view) -> None:
+    task = make_task(0)
+    warehouse.write_tasks([task])
+    for round_ in (2, 0, 1):  # written out of order, one file per round, as resumed and re-run rounds leave them
+        warehouse.write_trajectories([make_trajectory(task.task_id, 0, round_ != 1, round=round_)])
+        warehouse.set_pool(RUN, round_, [task.task_id])
+        warehouse.write_signals([Signal(RUN, round_, "rare", f"traj-{round_}", task.task_id, {})])
+        warehouse.write_candidates(RUN, round_, [Candidate(make_task(10 + round_), f"rare:{round_}", Verdict(True, "ok"))])
+    rounds = warehouse.sql(f"SELECT round FROM {view}").to_series().to_list()
+    assert rounds == [0, 1, 2]
