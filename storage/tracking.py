@@ -345,15 +345,21 @@ class Tracker:
         return digest
 
     def version_tags(self, name: str, version: str) -> dict[str, str]:
-        """The lineage tags of one model version; DataError when it does not exist."""
+        """The lineage tags of one model version, given by number or alias (``current``, ``best``); DataError when missing."""
         try:
-            found = self.client.get_model_version(name, str(version))
+            if str(version).isdigit():
+                found = self.client.get_model_version(name, str(version))
+            else:
+                found = self.client.get_model_version_by_alias(name, str(version))
         except MlflowException as exc:
-            raise DataError(f"Model {name!r} has no version {version}: {exc}") from exc
+            raise DataError(
+                f"Model {name!r} has no version {version}: give a version number or an alias "
+                f"({CURRENT_ALIAS!r}, {BEST_ALIAS!r}). {exc.message}"
+            ) from exc
         return {"version": str(found.version), **{k: found.tags.get(k, "") for k in LINEAGE_TAGS}}
 
     def lineage(self, name: str, version: str) -> list[dict[str, str]]:
-        """``version`` and each parent in turn, newest first, down to the version trained from checkpoint 0.
+        """``version`` (a number or an alias) and each parent in turn, newest first, down to the version trained from checkpoint 0.
 
         The last entry's ``parent_checkpoint`` / ``parent_checkpoint_digest`` are checkpoint 0 and its
         ``pool_digest`` is D_0. Raises DataError when a parent is missing or the chain loops.

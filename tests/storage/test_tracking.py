@@ -76,6 +76,17 @@ def test_lineage_links_pool_digests_and_versions_both_ways(tracker, tmp_path, ma
     assert tracker.version_for_alias("policy-two", CURRENT_ALIAS) == "2"
 
 
+def test_lineage_accepts_an_alias_for_the_version(tracker, tmp_path, make_task) -> None:
+    logged = [(_round(tmp_path, make_task, r, 2 + r)) for r in range(2)]
+    for r in range(2):
+        _log(tracker, f"run-g/round-{r}", "policy-seven", *logged[r], r)
+    tracker.set_alias("policy-seven", "1", "best")
+    assert tracker.lineage("policy-seven", CURRENT_ALIAS) == tracker.lineage("policy-seven", "2")
+    assert [entry["version"] for entry in tracker.lineage("policy-seven", "best")] == ["1"]
+    with pytest.raises(DataError, match="give a version number or an alias"):
+        tracker.lineage("policy-seven", "newest")
+
+
 def test_logging_a_round_again_returns_the_first_result(tracker, tmp_path, make_task) -> None:
     pool, digest, ckpt = _round(tmp_path, make_task, 0, 2)
     first = _log(tracker, "run-c/round-0", "policy-three", pool, digest, ckpt, 0)
