@@ -1,5 +1,7 @@
 """The command line: readable errors with exit code 2, never a traceback, for bad input."""
 
+import json
+
 import yaml
 
 from coevolve.cli import format_row, main, summary_row
@@ -86,3 +88,20 @@ def test_sql_on_a_damaged_warehouse_says_how_to_recover(tmp_path, capsys):
     assert main(["sql", "SELECT 1", "--set", f"state_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert str(tmp_path / "warehouse") in err and "from a backup" in err and err.count("\n") == 1
+
+
+def test_sql_on_an_unreachable_object_store_names_the_endpoint_and_the_setting_on_one_line(tmp_path, capsys, monkeypatch):
+    from agent.serve import free_port
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    options = {"endpoint_url": endpoint, "config_kwargs": {"retries": {"max_attempts": 1}}}
+    code = main([
+        "sql", "SELECT 1", "--set", f"state_dir={tmp_path}", "--set", "warehouse.uri=s3://bucket/prefix",
+        "--set", f"warehouse.storage_options={json.dumps(options)}",
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"cannot reach the warehouse s3://bucket/prefix at endpoint {endpoint}" in err
+    assert "warehouse.storage_options" in err and "AWS_ENDPOINT_URL" in err
