@@ -18,6 +18,7 @@ that rank's error and the last lines of its log.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -30,6 +31,8 @@ from typing import Any
 from coevolve.config import PipelineConfig
 from coevolve.errors import ConfigError, PipelineError
 from coevolve.records import Trajectory
+
+logger = logging.getLogger(__name__)
 
 # Lines of a failing rank's log quoted in the error.
 LOG_TAIL_LINES = 40
@@ -105,7 +108,12 @@ def launch_update(
     groups, _ = group_trajectories(trajectories, config.rollout.group_size)
     if not groups:
         return grpo_update(checkpoint_in, trajectories, config, out_dir, reference_checkpoint=reference_checkpoint)
-    processes = processes_for(len(groups), config.training.num_processes)
+    wanted = config.training.num_processes
+    processes = processes_for(len(groups), wanted)
+    ranks_line = f"round {round_}: update on {processes} of {wanted} requested ranks ({len(groups)} informative groups"
+    ranks_line += ")" if processes == wanted else f" cannot be shared evenly by more; the ranks take whole groups)"
+    if processes < wanted:
+        logger.warning(ranks_line)
     work = launch_dir(config, round_)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -125,6 +133,9 @@ def launch_update(
     command = launch_command(config, processes, spec)
     started = time.perf_counter()
     with (work / "launcher.log").open("w") as log:
+        # The launcher itself prints little when all goes well; this says what was started and why.
+        log.write(f"{ranks_line}\n$ {' '.join(command)}\n")
+        log.flush()
         returncode = subprocess.run(
             command, stdout=log, stderr=subprocess.STDOUT, env=_environment(config), cwd=_ROOT, check=False
         ).returncode

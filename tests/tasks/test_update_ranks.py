@@ -150,6 +150,9 @@ def test_two_ranks_leave_one_complete_checkpoint_and_a_log_per_rank_in_the_run_f
     work = launch_dir(config, 0)
     assert (work / "rank-0.log").is_file() and (work / "rank-1.log").is_file()
     assert not list(work.glob("*.error.json"))
+    launcher_log = (work / "launcher.log").read_text().splitlines()
+    assert launcher_log[0] == "round 0: update on 2 of 2 requested ranks (4 informative groups)"
+    assert launcher_log[1].startswith("$ ") and "--nproc_per_node 2" in launcher_log[1]
 
 
 @pytest.mark.slow
