@@ -280,6 +280,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     Stopping this process (SIGTERM, SIGINT, SIGHUP) stops the server and every process it started.
     """
+    # Imported here, like the other commands' modules: the agent package loads torch, which a module-level
+    # import would load before any command applies its settings.
     from agent.serve import ServeOptions, serve_foreground, server_command
 
     config = load_config(args.config, args.set)
