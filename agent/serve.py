@@ -182,6 +182,18 @@ def wait_until_ready(process: subprocess.Popen, url: str, log_path: Path, timeou
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs. Zombies do not count: where no init reaps orphans (a
+    container without one), an exited engine process stays a zombie that signals cannot remove."""
+    proc = Path("/proc")
+    if proc.is_dir():
+        for stat in proc.glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+        return False
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
