@@ -11,7 +11,9 @@ tested way. What the pipeline needs from a server:
 - with LoRA training (``training.use_lora``): ``--enable-lora --max-lora-rank R --max-loras K`` and
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, so each round's adapter is loaded at runtime;
 - ``VLLM_SERVER_DEV_MODE=1``: the ``/pause``, ``/collective_rpc`` and ``/resume`` endpoints through
-  which full fine-tuning runs reload each round's weights without a restart;
+  which full fine-tuning runs reload each round's weights without a restart, and
+  ``--worker-extension-cls`` (`agent.vllm_worker`), whose ``refresh_tied_output`` makes that reload
+  exact for models with tied input/output embeddings;
 - on a CPU build: ``--no-enable-chunked-prefill --max-num-batched-tokens N`` (seeded requests crash
   chunked prefill there: "CPU Generator does not use offset");
 - bound to 127.0.0.1 unless another host is given.
@@ -36,6 +38,8 @@ from agent.weights import served_name
 REPO = Path(__file__).resolve().parents[1]
 # The separate environment `make setup-vllm` builds with the CPU build of vLLM.
 VLLM_VENV_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+# The class vLLM's workers are extended with (agent/vllm_worker.py), by its import path.
+WORKER_EXTENSION = "agent.vllm_worker.CoevolveWorkerExtension"
 # vLLM accepts only these LoRA ranks as --max-lora-rank.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
@@ -100,6 +104,8 @@ def server_command(options: ServeOptions, python: str | Path | None = None) -> l
         "--seed", str(options.seed),
         "--logprobs-mode", "processed_logprobs",  # behaviour logprobs after temperature
         "--enable-prefix-caching",
+        # refresh_tied_output, which the weight reload of a model with tied embeddings calls (agent/weights.py)
+        "--worker-extension-cls", WORKER_EXTENSION,
     ]  # fmt: skip
     if options.max_model_len is not None:
         command += ["--max-model-len", str(options.max_model_len)]

