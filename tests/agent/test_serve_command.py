@@ -68,7 +68,7 @@ def _readme_fleet_block() -> list[str]:
     return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
-def test_the_readme_fleet_example_serves_checkpoint_0_with_lora_and_its_round_loads(capsys, tmp_path):
+def test_the_readme_fleet_example_serves_checkpoint_0_for_weight_reloads_and_its_run_loads(capsys, tmp_path):
     checkpoint = tmp_path / ".coevolve" / "models" / "tiny-0123456789ab"  # what round 0 leaves (tasks/prepare.py)
     checkpoint.mkdir(parents=True)
     lines = _readme_fleet_block()
@@ -82,10 +82,11 @@ def test_the_readme_fleet_example_serves_checkpoint_0_with_lora_and_its_round_lo
         args = [ckpt if a == "$CKPT" else a for a in line[1:] if a != "&"]
         assert main([*args, "--cpu", "--dry-run"]) == 0
         flags = _flags(capsys.readouterr().out.split())
-        assert flags["--model"] == ckpt and flags["--port"] == port and "--enable-lora" in flags
+        assert flags["--model"] == ckpt and flags["--port"] == port
+        assert flags["--worker-extension-cls"] == "agent.vllm_worker.CoevolveWorkerExtension"  # tied-output refresh
     (evolve,) = [shlex.split(line, comments=True) for line in lines if ".venv/bin/coevolve evolve" in line]
     config = load_config(overrides=[evolve[i + 1] for i, a in enumerate(evolve) if a == "--set"])
-    assert config.training.use_lora and config.rollout.engine == "openai"
+    assert config.rollout.engine == "openai" and config.rollout.weight_sync == "auto" and not config.training.use_lora
     assert config.rollout.base_urls == ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8002/v1"]
 
 
