@@ -18,7 +18,7 @@ from pathlib import Path
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from coevolve.records import Task, digest
-from tasks.splits import BUILTIN_TINY, build_dev_split, build_initial_pools, sft_demonstrations  # noqa: F401 - stage API
+from tasks.splits import BUILTIN_TINY, build_dev_split, build_final_heldout, build_initial_pools, sft_demonstrations  # noqa: F401 - stage API
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -32,6 +32,19 @@ def store_dev_split(config: PipelineConfig) -> list[Task]:
         wh.write_tasks(dev)
         wh.set_pool(config.run_id, DEV_ROUND, [t.task_id for t in dev])
     return dev
+
+
+def store_final_heldout(config: PipelineConfig) -> list[Task]:
+    """Build the final held-out split (empty when ``rollout.final_heldout_tasks`` is 0) and store it under FINAL_HELDOUT_ROUND.
+
+    Stored at round 0, before any round trains, so validation refuses its tasks from the first round on.
+    """
+    final = build_final_heldout(config)
+    if final:
+        with open_warehouse(config) as wh:
+            wh.write_tasks(final)
+            wh.set_pool(config.run_id, FINAL_HELDOUT_ROUND, [t.task_id for t in final])
+    return final
 
 
 def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> str:
@@ -155,7 +168,7 @@ from prefect import get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import HELDOUT_ROUND, open_warehouse, resumable  # noqa: E402
+from tasks.common import FINAL_HELDOUT_ROUND, HELDOUT_ROUND, open_warehouse, resumable  # noqa: E402
 
 
 @task(name="prepare", retries=1, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
@@ -166,7 +179,7 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
         return {"checkpoint": verify_round_inputs(config, round_)}
 
     def compute(wh: Warehouse) -> dict:
-        from storage.pool import write_pool_snapshot
+        from storage.pool import pool_digest, write_pool_snapshot
         from tasks.common import checkpoint_digest
         from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, dev_eval_tasks, evaluate_splits
 
@@ -180,6 +193,9 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
         # After checkpoint 0: the builtin policy's SFT set, which the dev split avoids, is built by then.
         dev = store_dev_split(config)
         logger.info("dev split %d tasks", len(dev))
+        final = store_final_heldout(config)
+        if final:
+            logger.info("final held-out split %d tasks", len(final))
         # Checkpoint 0 and D_0 are digested like every later checkpoint and pool, so lineage starts
         # from recorded files and a resumed round 0 checks them before using them.
         checkpoint_sha = checkpoint_digest(checkpoint_folder(checkpoint))
@@ -194,7 +210,8 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
         return {
             "checkpoint": checkpoint, "checkpoint_digest": checkpoint_sha, "pool_digest": pool_sha,
             "pool_size": len(seed_pool), "heldout": len(heldout), "baseline_heldout_success": baseline,
-            "baseline_dev_success": dev_baseline,
+            "baseline_dev_success": dev_baseline, "final_heldout": len(final),
+            "final_heldout_digest": pool_digest(final) if final else None,
         }
 
     prepared = resumable(config, round_, "prepare", compute)

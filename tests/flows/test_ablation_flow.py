@@ -21,7 +21,7 @@ def test_arms_share_checkpoint_zero_but_not_their_runs(tiny_config, tmp_path):
 def ablation_run(prefect_api, tiny_config, tmp_path_factory):
     from flows.ablation import coevolve_ablation
 
-    config = tiny_config(tmp_path_factory.mktemp("ablation"), rollout={"dev_eval_tasks": 2})
+    config = tiny_config(tmp_path_factory.mktemp("ablation"), rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6})
     out = coevolve_ablation(arms=["static", "random"], seeds=[1, 2], rounds=1, official_limit=2, name="t", config=config.model_dump(mode="json"))
     return config, out
 
@@ -58,15 +58,34 @@ def test_the_report_shows_the_mechanism_per_arm_and_round_and_each_arm_against_c
 
     _, out = ablation_run
     text = open(out["report"]).read()
-    assert "## Learning at all: each arm against checkpoint 0" in text
-    assert set(out["ckpt0_tests"]) == set(out["ckpt0_task_tests"]) == {"static", "random"}
-    assert all(t["kind"] == "one-sample" and t["n"] == 2 for t in out["ckpt0_tests"].values())  # one shared checkpoint 0
-    assert out["ckpt0_task_tests"]["static"]["pairs"] == 2 * 4  # two seeds of four held-out tasks
+    assert "### Family 2: each arm against checkpoint 0 (2 comparisons, Holm)" in text
+    assert set(out["ckpt0_tests"]) == {"static", "random"}
+    assert all(t["seeds"] == 2 and t["tasks"] == 6 and "p_holm" in t for t in out["ckpt0_tests"].values())  # two seeds x the final split
     assert "| static | 0 |" in text and "| random | 0 |" in text
     assert {Path(f).name for f in out["figures"]} >= {"mechanism.png", "acceptance_by_kind.png"}
     rows = out["mechanism"]["static"]
     assert 0.0 <= rows[0]["informative"] <= 1.0 and 0.0 <= rows[0]["coverage"] <= 1.0 and 0.0 <= rows[0]["dev"] <= 1.0
     assert rows[0]["accepted"] == {"forgetting": 0, "boundary": 0, "rare": 0, "random": 0}  # the static arm synthesizes nothing
+
+
+def test_the_final_held_out_split_is_frozen_at_round_0_and_checkpoint_0_is_scored_on_it_once(ablation_run):
+    from storage.pool import pool_digest
+    from storage.warehouse import Warehouse
+    from tasks.common import FINAL_HELDOUT_ROUND
+    from tasks.splits import build_final_heldout
+
+    config, out = ablation_run
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        rows = wh.sql("SELECT run_id, round, count(*) AS n FROM evaluations WHERE split = 'final-heldout' GROUP BY ALL ORDER BY ALL").rows()
+        stored = wh.pool("t-static-s1", FINAL_HELDOUT_ROUND)
+        prepared = wh.stage_output("t-random-s2", 0, "prepare")
+    expected = build_final_heldout(config.with_overrides({"run_id": "t-static-s1", "pool": {"seed": config.start_seed}}))
+    assert [t.task_id for t in stored] == [t.task_id for t in expected] and len(stored) == 6
+    assert prepared["final_heldout_digest"] == pool_digest(stored) == out["heldout_split"]["digest"]
+    # Checkpoint 0 once for the whole ablation, every run's final checkpoint once.
+    assert rows == [("t-checkpoint-0", -1, 6), *((run_id, 0, 6) for run_id in ("t-random-s1", "t-random-s2", "t-static-s1", "t-static-s2"))]
+    text = open(out["report"]).read()
+    assert f"final held-out split: 6 tasks, pool digest `{pool_digest(stored)}`" in text and "detects with 80% power" in text
 
 
 def test_dev_tasks_are_scored_for_checkpoint_0_and_every_round(ablation_run):
@@ -90,7 +109,7 @@ def test_each_round_logs_its_mechanism_and_the_report_its_checkpoint_0_tests_to_
     (round_run,) = client.search_runs([experiment.experiment_id], "tags.`coevolve.run_name` = 't-random-s1-round-000'")
     assert {"mechanism.informative_groups", "mechanism.heldout_coverage", "accepted.random", "accepted.boundary", "dev_success"} <= set(round_run.data.metrics)
     report = client.get_run(out["mlflow_run_id"])
-    assert {"p_tasks.static_vs_ckpt0", "p_tasks.random_vs_ckpt0"} <= set(report.data.metrics)
+    assert report.data.params["heldout_split.size"] == "6" and len(report.data.params["heldout_split.digest"]) == 64
     artifacts = {a.path for a in client.list_artifacts(out["mlflow_run_id"], "report")}
     assert {"report/mechanism.png", "report/acceptance_by_kind.png"} <= artifacts
 
