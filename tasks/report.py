@@ -21,7 +21,9 @@ from typing import Any
 
 from coevolve.config import PipelineConfig
 from coevolve.records import SIGNAL_KINDS
-from tasks.inference import detectable_effect, holm, two_way_test
+import numpy as np
+
+from tasks.inference import detectable_effect, holm, seed_level_array_test, two_way_test
 
 # Evaluation split of the final held-out split's rows (tasks/splits.build_final_heldout), scored by the ablation flow.
 FINAL_SPLIT = "final-heldout"
@@ -325,6 +327,49 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str, power
     return {**summary, "report": str(report), "figures": [str(p) for p in figures]}
 
 
+# --- recheck of a report written before per-task outcomes were tested ------------------------------
+
+
+def read_per_run_table(text: str) -> dict[tuple[str, int], tuple[float, float]]:
+    """(arm, seed) -> (checkpoint 0's, the final round's held-out success) from a report's per-run table."""
+    runs = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or "-s" not in cells[0] or cells[1] in ("ckpt 0", "n/a"):
+            continue
+        name, _, seed = cells[0].rpartition("-s")
+        try:
+            runs[(name.split("-", 1)[1], int(seed))] = (float(cells[1]), float(cells[-1]))
+        except (ValueError, IndexError):
+            continue
+    return runs
+
+
+def seed_level_recheck(runs: dict[tuple[str, int], tuple[float, float]]) -> list[str]:
+    """Markdown tables of the seed-level t-tests (tasks and checkpoint 0 held fixed) of both families, Holm per family.
+
+    For reports whose runs lack stored per-task outcomes: these tests hold the held-out tasks and
+    checkpoint 0's one draw fixed, so they say nothing about other tasks (tasks/inference.py).
+    """
+    arms = sorted({arm for arm, _ in runs}, key=lambda a: (a != "full", a))
+    seeds = sorted({seed for _, seed in runs})
+    final = {arm: np.array([[runs[(arm, s)][1]] for s in seeds]) for arm in arms}
+    ckpt0 = np.array([[runs[(arms[0], s)][0]] for s in seeds])
+    families = {
+        "full vs": {arm: seed_level_array_test(final["full"], final[arm]) for arm in arms if arm != "full"},
+        "arm vs ckpt 0": {arm: seed_level_array_test(final[arm], ckpt0) for arm in arms},
+    }
+    lines = []
+    for title, tests in families.items():
+        adjusted = holm({k: t["p"] for k, t in tests.items()})
+        lines += ["", f"| {title} | seeds | mean difference | t | p | p (Holm, {len(tests)}) |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"| {k} | {t['n']} | {t['mean_diff']:+.3f} | {_cell(t['t'], '.2f')} | {_cell(t['p'])} | {_cell(adjusted[k])} |"
+            for k, t in tests.items()
+        ]
+    return lines
+
+
 # --- Prefect task -------------------------------------------------------------------------------
 from prefect import get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
@@ -386,3 +431,10 @@ def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]
         tracker.attach_artifact(run_id, path, "report")
     get_run_logger().info("ablation report at %s", out["report"])
     return {**out, "mlflow_run_id": run_id}
+
+
+if __name__ == "__main__":
+    # python -m tasks.report REPORT.md: the seed-level recheck of an existing report's per-run table.
+    import sys
+
+    print("\n".join(seed_level_recheck(read_per_run_table(Path(sys.argv[1]).read_text()))))

@@ -186,3 +186,17 @@ def test_runs_without_a_checkpoint_0_score_are_not_compared_with_it(tmp_path):
     assert test["seeds"] == 0 and math.isnan(test["p"])
     write_report(RESULTS, tmp_path, "No baseline")
     assert "| full | 0 | 0 | n/a | n/a | n/a | n/a | n/a | n/a (no per-task outcomes) |" in (tmp_path / "report.md").read_text()
+
+
+def test_the_seed_level_recheck_of_the_30_run_report_holm_corrects_both_families():
+    from pathlib import Path
+
+    from tasks.report import read_per_run_table, seed_level_recheck
+
+    text = (Path(__file__).parents[2] / "docs" / "ablation_report.md").read_text()
+    runs = read_per_run_table(text)
+    assert len(runs) == 30 and runs[("no-boundary", 4)] == (0.19, 0.25)
+    lines = seed_level_recheck(runs)
+    assert "| static | 5 | +0.036 | 3.67 | 0.021 | 0.107 |" in lines  # against checkpoint 0, Holm over six arms
+    assert "| no-boundary | 5 | +0.040 | 5.66 | 0.005 | 0.029 |" in lines
+    assert "| no-boundary | 5 | -0.022 | -3.32 | 0.029 | 0.147 |" in lines  # full against it, Holm over five
