@@ -41,13 +41,18 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def arm_config(base: PipelineConfig, arm: str, seed: int, name: str) -> PipelineConfig:
-    """The configuration of one (arm, seed) run: the arm's overrides, its own run id and loop seed."""
+def arm_config(base: PipelineConfig, arm: str, seed: int, name: str, checkpoint0_scores_from: str | None = None) -> PipelineConfig:
+    """The configuration of one (arm, seed) run: the arm's overrides, its own run id and loop seed.
+
+    ``checkpoint0_scores_from``: the run whose scores of the shared checkpoint 0 this run copies.
+    """
     if arm not in ARMS:
         raise ValueError(f"unknown ablation arm {arm!r}; choose from {', '.join(ARMS)}")
     overrides = copy.deepcopy(ARMS[arm])
     overrides.update({"run_id": f"{name}-{arm}-s{seed}", "seed": seed})
     overrides.setdefault("pool", {})["seed"] = base.start_seed
+    if checkpoint0_scores_from:
+        overrides.setdefault("rollout", {})["checkpoint0_scores_from"] = checkpoint0_scores_from
     return base.with_overrides(overrides)
 
 
@@ -59,12 +64,18 @@ def arm_configs(base: PipelineConfig, arms: list[str], seeds: list[int], name: s
     resolve to the same settings (e.g. ``signals.enabled`` already leaves out what a leave-one-out arm
     removes), which would make the comparison empty.
     """
-    runs = [(arm, seed, arm_config(base, arm, seed, name)) for seed in seeds for arm in arms]
+    # Every run shares checkpoint 0 (pool.seed) and its evaluation settings: the first run scores it, the others copy.
+    first = f"{name}-{arms[0]}-s{seeds[0]}" if arms and seeds else None
+    runs = [
+        (arm, seed, arm_config(base, arm, seed, name, None if (arm, seed) == (arms[0], seeds[0]) else first))
+        for seed in seeds
+        for arm in arms
+    ]
     by_run_id: dict[str, list[str]] = {}
     by_settings: dict[tuple[int, str], list[str]] = {}
     for arm, seed, cfg in runs:
         by_run_id.setdefault(cfg.run_id, []).append(f"{arm} (seed {seed})")
-        settings = cfg.model_dump(mode="json", exclude={"run_id"})
+        settings = cfg.model_dump(mode="json", exclude={"run_id": True, "rollout": {"checkpoint0_scores_from": True}})
         by_settings.setdefault((seed, canonical_json(settings)), []).append(arm)
     for run_id, names in by_run_id.items():
         if len(names) > 1:

@@ -54,15 +54,14 @@ def outcome_matrix(a: Outcomes, b: Outcomes | Mapping[str, bool]) -> tuple[np.nd
 
 
 def two_way_array_test(left: np.ndarray, right: np.ndarray) -> dict[str, float]:
-    """``two_way_test`` on (seeds x tasks) arrays; what the simulation calls."""
+    """``two_way_test`` on (seeds x tasks) arrays; what the simulation calls. Also returns each side's mean (a_mean, b_mean)."""
     seeds, tasks = left.shape if left.ndim == 2 else (0, 0)
     result = {"seeds": seeds, "tasks": tasks, "mean_diff": math.nan, "se": math.nan, "t": math.nan, "p": math.nan}
+    if left.size:
+        result.update(a_mean=float(left.mean()), b_mean=float(right.mean()), mean_diff=float((left - right).mean()))
     if seeds < 2 or tasks < 2:
-        if left.size:
-            result["mean_diff"] = float((left - right).mean())
         return result
     diff = (left - right).ravel()
-    result["mean_diff"] = float(diff.mean())
     if np.all(diff == diff[0]):
         # No variation at all: identical outcomes are no evidence (p = 1); the same nonzero gap in
         # every cell has no variance to test against (p undefined).

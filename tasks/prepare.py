@@ -47,6 +47,24 @@ def store_final_heldout(config: PipelineConfig) -> list[Task]:
     return final
 
 
+def copied_baseline(wh: Warehouse, config: PipelineConfig, checkpoint_sha: str, splits: dict[str, list[Task]]) -> dict[str, float] | None:
+    """Checkpoint 0's rates per split copied from ``rollout.checkpoint0_scores_from``'s round-0 rows; None to score it here.
+
+    Copies only when that run recorded the same checkpoint 0 (digest) and scored exactly these tasks on
+    every split; the rows are written under this run's HELDOUT_ROUND as if scored here.
+    """
+    source = config.rollout.checkpoint0_scores_from
+    prepared = wh.stage_output(source, 0, "prepare") if source else None
+    if not prepared or prepared.get("checkpoint_digest") != checkpoint_sha:
+        return None
+    rows = {split: wh.evaluation_rows(source, HELDOUT_ROUND, split) for split, tasks in splits.items() if tasks}
+    if any({r[0] for r in rows[split]} != {t.task_id for t in splits[split]} for split in rows):
+        return None
+    for split, split_rows in rows.items():
+        wh.write_evaluations(config.run_id, HELDOUT_ROUND, split, split_rows)
+    return {split: (sum(r[1] for r in rows[split]) / len(rows[split]) if split in rows else 0.0) for split in splits}
+
+
 def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> str:
     """Checkpoint 0: the builtin tiny policy (built once per seed pool and settings) or the configured model.
 
@@ -202,7 +220,13 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
         pool_sha = write_pool_snapshot(seed_pool, config.pool_path(0))
         # Checkpoint 0 on the first rollout.dev_eval_tasks dev tasks (rows under HELDOUT_ROUND, split "dev"), the dev curve's start.
         scored = dev_eval_tasks(config, wh)
-        rates = evaluate_splits(config, checkpoint, {HELDOUT_SPLIT: heldout, DEV_SPLIT: scored}, HELDOUT_ROUND)
+        splits = {HELDOUT_SPLIT: heldout, DEV_SPLIT: scored}
+        rates = copied_baseline(wh, config, checkpoint_sha, splits)
+        scored_by = config.rollout.checkpoint0_scores_from if rates is not None else config.run_id
+        if rates is None:
+            rates = evaluate_splits(config, checkpoint, splits, HELDOUT_ROUND)
+        else:
+            logger.info("checkpoint 0's scores copied from run %s (same checkpoint digest, same tasks)", scored_by)
         baseline, dev_baseline = rates[HELDOUT_SPLIT], (rates[DEV_SPLIT] if scored else None)
         logger.info("checkpoint 0 at %s: held-out success %.3f", checkpoint, baseline)
         if scored:
@@ -210,7 +234,7 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
         return {
             "checkpoint": checkpoint, "checkpoint_digest": checkpoint_sha, "pool_digest": pool_sha,
             "pool_size": len(seed_pool), "heldout": len(heldout), "baseline_heldout_success": baseline,
-            "baseline_dev_success": dev_baseline, "final_heldout": len(final),
+            "baseline_dev_success": dev_baseline, "checkpoint0_scored_by": scored_by, "final_heldout": len(final),
             "final_heldout_digest": pool_digest(final) if final else None,
         }
 

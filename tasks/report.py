@@ -81,11 +81,17 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
                 tests[other] = _comparison(outcomes["full"], outcomes[other], by_seed["full"], by_seed[other])
     ckpt0_tests = {}
     for arm, runs in arms.items():
-        baseline = next((r["baseline_outcomes"] for r in runs if r.get("baseline_outcomes")), None)
+        # Checkpoint 0 shared by every seed: one outcome per task; else each seed against its own.
+        by_seed_baseline = {r["seed"]: r["baseline_outcomes"] for r in runs if r.get("baseline_outcomes")}
+        shared = len({tuple(sorted(b.items())) for b in by_seed_baseline.values()}) == 1
+        baseline = next(iter(by_seed_baseline.values())) if shared else by_seed_baseline
         base_by_seed = {r["seed"]: baseline_of(r) for r in runs if baseline_of(r) is not None}
-        result = _comparison(outcomes[arm] if baseline else {}, baseline or {}, by_seed[arm], base_by_seed)
-        result["ckpt0"] = statistics.fmean(base_by_seed.values()) if base_by_seed else math.nan
-        result["final"] = statistics.fmean(by_seed[arm][s] for s in base_by_seed) if base_by_seed else math.nan
+        result = _comparison(outcomes[arm] if baseline else {}, baseline, by_seed[arm], base_by_seed)
+        if result["tasks"]:  # the rates on the tested split
+            result["ckpt0"], result["final"] = result["b_mean"], result["a_mean"]
+        else:
+            result["ckpt0"] = statistics.fmean(base_by_seed.values()) if base_by_seed else math.nan
+            result["final"] = statistics.fmean(by_seed[arm][s] for s in base_by_seed) if base_by_seed else math.nan
         ckpt0_tests[arm] = result
     for family in (tests, ckpt0_tests):
         for name, p_holm in holm({k: t["p"] for k, t in family.items()}).items():

@@ -88,6 +88,18 @@ def test_the_final_held_out_split_is_frozen_at_round_0_and_checkpoint_0_is_score
     assert f"final held-out split: 6 tasks, pool digest `{pool_digest(stored)}`" in text and "detects with 80% power" in text
 
 
+def test_checkpoint_0_is_scored_by_the_first_run_and_its_rows_copied_by_the_others(ablation_run):
+    from storage.warehouse import Warehouse
+
+    config, _ = ablation_run
+    runs = ("t-static-s1", "t-random-s1", "t-static-s2", "t-random-s2")
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        scored_by = [wh.stage_output(run_id, 0, "prepare")["checkpoint0_scored_by"] for run_id in runs]
+        rows = [sorted(wh.evaluation_rows(run_id, -1, split)) for run_id in runs for split in ("heldout", "dev")]
+    assert scored_by == ["t-static-s1"] * 4
+    assert rows[0::2] == [rows[0]] * 4 and rows[1::2] == [rows[1]] * 4 and len(rows[0]) == 4 and len(rows[1]) == 2
+
+
 def test_dev_tasks_are_scored_for_checkpoint_0_and_every_round(ablation_run):
     from storage.warehouse import Warehouse
 

@@ -153,3 +153,22 @@ def test_validation_also_seals_the_final_heldout_split(tmp_path):
     dev = store_dev_split(config)
     final = store_final_heldout(config)
     assert len(final) == 7 and sealed_splits(config) == (heldout + final, dev)
+
+
+def test_checkpoint_0s_scores_are_copied_only_from_a_run_with_the_same_checkpoint_and_tasks(tmp_path):
+    from tasks.common import HELDOUT_ROUND, open_warehouse
+    from tasks.prepare import copied_baseline
+
+    config = _config(tmp_path).with_overrides({"rollout": {"checkpoint0_scores_from": "first"}})
+    _, heldout = build_initial_pools(config)
+    rows = [(t.task_id, i % 2 == 0, float(i % 2 == 0), f"traj-{i}") for i, t in enumerate(heldout)]
+    with open_warehouse(config) as wh:
+        wh.mark_stage("first", 0, "prepare", {"checkpoint_digest": "abc"})
+        wh.write_evaluations("first", HELDOUT_ROUND, "heldout", rows)
+        assert copied_baseline(wh, config, "other digest", {"heldout": heldout}) is None
+        assert copied_baseline(wh, config, "abc", {"heldout": heldout[:-1]}) is None  # other tasks
+        assert wh.evaluation_outcomes(config.run_id, HELDOUT_ROUND, "heldout") == {}
+        rates = copied_baseline(wh, config, "abc", {"heldout": heldout, "dev": []})
+        copied = wh.evaluation_rows(config.run_id, HELDOUT_ROUND, "heldout")
+    assert rates == {"heldout": 3 / 5, "dev": 0.0}
+    assert sorted(copied) == sorted(rows)
