@@ -111,7 +111,7 @@ def test_the_default_heldout_split_is_frozen(tmp_path):
 
 
 # The ablation's final held-out split (configs/ablation.yaml: 500 tasks), defined before any arm ran
-# (README, "The held-out splits"). A change to the explorer, the templates, the split's seed or what
+# (README, "The embedded default and why"). A change to the explorer, the templates, the split's seed or what
 # it excludes changes this digest: earlier ablation reports then no longer compare, and the README must say so.
 FROZEN_FINAL_HELDOUT_DIGEST = "5d09ccbe3042779bc39a8b5cf2898a11129410c2ac4ceb0eab2120037b00d61f"
 
