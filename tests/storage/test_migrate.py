@@ -241,3 +241,16 @@ def test_files_that_are_not_single_file_warehouses_are_refused(tmp_path: Path) -
     with pytest.raises(DataError, match="version 3"):
         migrate(newer)
     assert not (tmp_path / "warehouse").exists()
+
+
+def test_an_interrupted_migration_leaves_no_warehouse_and_the_next_one_starts_over(old_warehouse, tmp_path: Path) -> None:
+    source = old_warehouse["path"]
+    target = default_target(source)
+    staging = target.parent / ".warehouse.migrating"
+    staging.mkdir()
+    (staging / "leftover.parquet").write_bytes(b"from a killed migrate")
+    with pytest.raises(DataError, match="coevolve warehouse migrate"):
+        Warehouse(target)  # the pipeline refuses to start beside the unconverted file
+    report = migrate(source)
+    assert report.ok and not staging.exists()
+    assert not (target / "leftover.parquet").exists()
