@@ -146,6 +146,14 @@ class TableFiles:
             return []
         return sorted(p for p in found if not posixpath.basename(p).startswith("."))
 
+    def age_s(self, path: str) -> float:
+        """Seconds since a file was last written; 0 when it is gone or the store does not say."""
+        try:
+            modified = self.fs.modified(path)
+        except (FileNotFoundError, NotImplementedError, OSError):
+            return 0.0
+        return max(0.0, time.time() - modified.timestamp())
+
     def exists(self, path: str) -> bool:
         return bool(self.fs.exists(path))
 

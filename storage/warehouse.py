@@ -40,7 +40,7 @@ from coevolve.records import Candidate, RoundSummary, Signal, Step, Task, Trajec
 from storage.catalog import PLACEHOLDER_RUN, Catalog
 from storage.columns import SCHEMAS, read_calls, tool_call_counts, trajectory_tables
 from storage.migrations import LATEST_VERSION, VIEWS
-from storage.tables import TableFiles
+from storage.tables import STALE_PARTIAL_S, TableFiles
 
 # The file the single-file layout kept beside today's warehouse folder (``<state_dir>/warehouse.duckdb``).
 SINGLE_FILE_NAME = "warehouse.duckdb"
@@ -57,6 +57,8 @@ _STAGE_TABLES: dict[str, tuple[str, ...]] = {
 }
 
 PARTITIONED = tuple(t for t in SCHEMAS if t != "tasks")
+# The files of a trajectory batch besides its trajectories file, which write_batch writes last.
+_BATCH_PARTS: tuple[str, ...] = ("steps", "tool_call_counts")
 # Keys a write to a small table merges by: a row written again replaces the stored one.
 _MERGE_KEYS: dict[str, tuple[str, ...]] = {
     "signals": ("signal_id",),
@@ -255,6 +257,16 @@ class Warehouse:
                 f"SELECT * FROM read_parquet(['{empty}', '{pattern}']) "
                 "QUALIFY row_number() OVER (PARTITION BY task_id) = 1"
             )
+        if table in _BATCH_PARTS:
+            # A batch's trajectories file is its commit record (write_batch writes it last): steps and
+            # counts of a batch without one (a writer killed, or still writing, between the files) are not rows yet.
+            heads = self.glob("trajectories").replace("'", "''")
+            return (
+                f"SELECT * EXCLUDE (filename) FROM read_parquet(['{empty}', '{pattern}'], hive_partitioning = true, "
+                f"hive_types = {{'run_id': VARCHAR, 'round': INTEGER}}, filename = true) WHERE run_id <> '{PLACEHOLDER_RUN}' "
+                f"AND regexp_extract(filename, '[^/]+/[^/]+/[^/]+$') IN "
+                f"(SELECT regexp_extract(file, '[^/]+/[^/]+/[^/]+$') FROM glob('{heads}'))"
+            )
         return (
             f"SELECT * FROM read_parquet(['{empty}', '{pattern}'], hive_partitioning = true, "
             f"hive_types = {{'run_id': VARCHAR, 'round': INTEGER}}) WHERE run_id <> '{PLACEHOLDER_RUN}'"
@@ -357,6 +369,9 @@ class Warehouse:
     def _partition(self, table: str, run_id: str, round_: int, columns: list[str] | None = None) -> pa.Table:
         """The rows of one partition of a table, straight from its files."""
         paths = self.files.files(table, run_id, round_)
+        if table in _BATCH_PARTS:
+            committed = {os.path.basename(p) for p in self.files.files("trajectories", run_id, round_)}
+            paths = [p for p in paths if os.path.basename(p) in committed]
         schema = SCHEMAS[table] if columns is None else pa.schema([SCHEMAS[table].field(c) for c in columns])
         tables = []
         for path in paths:
@@ -487,16 +502,17 @@ class Warehouse:
             self.files.write(f"{self.files.partition_dir(table, run_id, round_)}/{file}.parquet", rows)
 
     def stored_episodes(self, run_id: str, round_: int) -> set[tuple[str, int]]:
-        """(task_id, sample) of the round's stored trajectories; steps a killed writer orphaned are removed.
+        """(task_id, sample) of the round's stored trajectories: a rollout that resumes plays only the others.
 
-        A rollout that resumes plays only the episodes missing here.
+        Steps and counts of a batch without its trajectories file are invisible to every reader (see
+        `scan`); they are removed here only once abandoned (older than STALE_PARTIAL_S), since another
+        live writer of the round (a stage re-run on another worker) may be about to commit them.
         """
         heads = {os.path.basename(p) for p in self.files.files("trajectories", run_id, round_)}
-        parts = ("steps", "tool_call_counts")
-        orphans = [p for t in parts for p in self.files.files(t, run_id, round_) if os.path.basename(p) not in heads]
+        orphans = [p for t in _BATCH_PARTS for p in self.files.files(t, run_id, round_) if os.path.basename(p) not in heads]
         if not self.read_only:
-            self.files.delete(orphans)
-            for table in ("trajectories", *parts):
+            self.files.delete([p for p in orphans if self.files.age_s(p) > STALE_PARTIAL_S])
+            for table in ("trajectories", *_BATCH_PARTS):
                 self.files.sweep_partials(table)
         stored = self._partition("trajectories", run_id, round_, ["task_id", "sample"])
         return set(zip(stored.column("task_id").to_pylist(), stored.column("sample").to_pylist()))

@@ -85,3 +85,19 @@ def test_a_written_file_is_followed_by_an_fsync_of_its_folder(tmp_path: Path, mo
     files = tables.TableFiles.open(tmp_path / "root")
     files.write_bytes(f"{files.path}/catalog/x.json", b"{}")
     assert synced[-1] == f"{files.path}/catalog"
+
+
+def test_a_batch_another_writer_is_committing_keeps_its_steps(warehouse, make_task, make_trajectory) -> None:
+    """Writer A has written a batch's steps, not yet its trajectories; writer B resumes the same round meanwhile."""
+    from storage.columns import tool_call_counts, trajectory_tables
+
+    task = make_task(0)
+    trajectories, steps = trajectory_tables([make_trajectory(task.task_id, s, True) for s in range(2)])
+    for table, rows in (("tool_call_counts", tool_call_counts(steps)), ("steps", steps)):
+        warehouse.files.write(f"{warehouse.files.partition_dir(table, RUN, 0)}/batch-a.parquet", rows)
+    assert warehouse.stored_episodes(RUN, 0) == set()  # writer B: nothing committed yet
+    assert warehouse.sql("SELECT count(*) FROM steps").item() == 0  # uncommitted steps are no rows
+    warehouse.write_batch(RUN, 0, trajectories, steps, "batch-a")  # writer A commits
+    stored = warehouse.trajectories(RUN, 0)
+    assert [len(t.steps) for t in stored] == [2, 2]
+    assert warehouse.sql("SELECT count(*) FROM steps").item() == 4
