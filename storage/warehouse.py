@@ -17,6 +17,10 @@ session held open sees rows written after it opened.
 Re-running a stage replaces its rows: bulk rows (trajectories, steps) go to files named after the
 episodes they hold; the small tables (pool, signals, candidates, evaluations) keep one file per
 partition that a write merges into by key.
+
+Every multi-file write ends with one record, written last, that readers and resume trust: a batch's
+trajectories file (its steps and counts are rows only once it exists), a stage's record, a round's
+``finished`` record, a migrated layout (storage/README.md, "Commit points").
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ reward, tool_sequence), as a frame or as a lazy scan of the warehouse's files (t
 - boundary: this round's samples of a task include a reward > 0.5 and one < 0.5. All of them
   are marked.
 - rare: an action pattern p (the tool sequence, or its tool bigrams) with cumulative count c_p
-  out of N trajectories; once N >= N_min, p is rare when 0 < c_p / N < theta / 100 (compared
-  exactly, in integers). Every
-  trajectory of this round containing p is marked.
+  out of N trajectories; once N >= N_min, p is rare when 0 < c_p / N < theta / 100, compared
+  exactly (in integers). Every trajectory of this round containing p is marked.
 """
 
 from __future__ import annotations

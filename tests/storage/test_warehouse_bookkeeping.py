@@ -97,7 +97,8 @@ def test_a_batch_another_writer_is_committing_keeps_its_steps(warehouse, make_ta
         warehouse.files.write(f"{warehouse.files.partition_dir(table, RUN, 0)}/batch-a.parquet", rows)
     assert warehouse.stored_episodes(RUN, 0) == set()  # writer B: nothing committed yet
     assert warehouse.sql("SELECT count(*) FROM steps").item() == 0  # uncommitted steps are no rows
-    warehouse.write_batch(RUN, 0, trajectories, steps, "batch-a")  # writer A commits
+    # Writer A commits: the trajectories file is the last of write_batch's three.
+    warehouse.files.write(f"{warehouse.files.partition_dir('trajectories', RUN, 0)}/batch-a.parquet", trajectories)
     stored = warehouse.trajectories(RUN, 0)
     assert [len(t.steps) for t in stored] == [2, 2]
     assert warehouse.sql("SELECT count(*) FROM steps").item() == 4
