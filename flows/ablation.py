@@ -10,25 +10,40 @@ final held-out split once per ablation (rows under run ``<name>-checkpoint-0``) 
 checkpoint once, after its last round; the per-round evaluation keeps the 100-task split, so the
 larger split costs two evaluations per run's worth of time instead of one per round.
 
+Every arm of a seed plays the same round-0 rollout, update and evaluation: they read checkpoint 0, D_0,
+the held-out and dev splits and the loop seed, never the settings arms change (``ARM_SECTIONS``). So
+the first arm of a seed computes them, and every later arm of that seed copies their rows, checkpoint 1
+and stage records (``copy_round0``), each record naming the run it was copied from (``copied_from``;
+MLflow tag ``trajectories.copied_from`` on checkpoint 1's version). Mining, synthesis and validation,
+which arms do change, and the version stage run in every arm, so pool 1 is the arm's own.
+
 Run: ``coevolve ablation --config configs/ablation.yaml [--arms static,random,full] [--seeds 1,2,3,4,5] [--rounds 5]``.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import shutil
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
 
 from coevolve.config import PipelineConfig
 from coevolve.settings import apply_settings
 from coevolve.errors import ConfigError, DataError
-from coevolve.records import Task, canonical_json
+from coevolve.records import Task, canonical_json, digest
 from flows.evaluate import coevolve_evaluate
 from flows.round import coevolve_round
-from tasks.common import FINAL_HELDOUT_ROUND, HELDOUT_ROUND, open_warehouse
-from tasks.evaluate import evaluate_checkpoint
+from flows.stage import run_slot
+from storage.pool import pool_digest
+from tasks.common import DEV_ROUND, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, checkpoint_digest, open_warehouse, round_lock
+from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, evaluate_checkpoint
+from tasks.prepare import prepare_task
 from tasks.report import FINAL_SPLIT, report_task
+from tasks.update import trained_on
+from tasks.version import round_settings
 
 # Arm name -> configuration overrides. "full" is the configuration as given.
 ARMS: dict[str, dict[str, Any]] = {
@@ -87,6 +102,94 @@ def arm_configs(base: PipelineConfig, arms: list[str], seeds: list[int], name: s
                 "measures nothing; check the base configuration's synthesis.mode and signals.enabled, or drop one arm."
             )
     return runs
+
+
+# Sections only mining, synthesis and validation read (ARMS overrides two of them): round 0's rollout,
+# update and evaluation never do, so runs that differ only here share them.
+ARM_SECTIONS: tuple[str, ...] = ("signals", "synthesis", "validation")
+# Round 0's stages whose results every arm of a seed shares, in the order they are copied and committed.
+SHARED_ROUND0_STAGES: tuple[str, ...] = ("rollout", "update", "evaluate")
+
+
+def round0_key(config: PipelineConfig) -> str | None:
+    """Digest of what decides round 0's rollout, update and evaluation of a run; None before its prepare stage is recorded.
+
+    Every setting except the run id and ARM_SECTIONS, with checkpoint 0's and D_0's recorded digests
+    and the held-out and dev splits' digests: two runs with the same key compute the same round 0 there.
+    """
+    settings = config.model_dump(
+        mode="json", exclude={"run_id": True, "rollout": {"checkpoint0_scores_from": True}, **dict.fromkeys(ARM_SECTIONS, True)}
+    )
+    with open_warehouse(config) as wh:
+        prepared = wh.stage_output(config.run_id, 0, "prepare")
+        if prepared is None:
+            return None
+        splits = {name: pool_digest(wh.pool(config.run_id, r)) for name, r in (("heldout", HELDOUT_ROUND), ("dev", DEV_ROUND))}
+    return digest({"settings": settings, "checkpoint0": prepared["checkpoint_digest"], "pool0": prepared["pool_digest"], **splits})
+
+
+def _copy_checkpoint(source: str, target: str, expected: str) -> None:
+    """Copy a checkpoint folder beside ``target`` and swap it in whole; DataError if the copy's digest is not ``expected``."""
+    staging = f"{target}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging)
+    if checkpoint_digest(staging) != expected:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise DataError(f"Checkpoint {source} no longer matches its recorded digest {expected[:16]}; re-run round 0 of its run.")
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.move(staging, target)
+
+
+def copy_round0(source: PipelineConfig, target: PipelineConfig) -> str | None:
+    """Give ``target`` round 0's rollout, update and evaluation of ``source`` (another arm, same seed); the source's run id, or None.
+
+    Copies only when the source's round 0 finished and both runs have the same ``round0_key``; None
+    (nothing copied, the round computes them) otherwise, or when ``target`` already computed its own
+    rollout. Each stage's rows are written first and its stage record last, the record being the
+    stage's commit: an interrupted copy leaves the stage unrecorded and is redone (rows replaced by
+    key or file name) the next time. Trajectories and evaluation rows are stored under the target's
+    run id, so mining and every query read them as the target's own.
+    """
+    with open_warehouse(target) as wh:
+        done = {stage: wh.stage_output(target.run_id, 0, stage) for stage in SHARED_ROUND0_STAGES}
+        finished = wh.round_status(source.run_id, 0) == "finished"
+    if any(out is not None and "copied_from" not in out for out in done.values()):
+        return None  # this run computed (part of) its own round 0; the round finishes it
+    if all(out is not None for out in done.values()):
+        return str(done["rollout"]["copied_from"])
+    key = round0_key(target)
+    if not finished or key is None or key != round0_key(source):
+        return None
+    with open_warehouse(target) as wh:
+        # Running with its settings first, like every round (Warehouse.start_round), then each stage's rows and record.
+        wh.start_round(target.run_id, 0, str(flow_run.get_id() or ""), round_settings(target))
+        source_out = {stage: wh.stage_output(source.run_id, 0, stage) for stage in (*SHARED_ROUND0_STAGES, "version")}
+        lineage = {"copied_from": source.run_id, "round0_key": key}
+        if done["rollout"] is None:
+            wh.clear_round(target.run_id, 0, "rollout")  # a copy or rollout stopped midway leaves no rows of its own
+            episodes = [dataclasses.replace(t, run_id=target.run_id) for t in wh.trajectories(source.run_id, 0)]
+            wh.write_trajectories(episodes)
+            wh.mark_stage(target.run_id, 0, "rollout", {**source_out["rollout"], **lineage})
+        if done["update"] is None:
+            checkpoint = str(target.checkpoint_dir(1))
+            _copy_checkpoint(source_out["update"]["checkpoint"], checkpoint, source_out["version"]["checkpoint_digest"])
+            groups = trained_on(wh.trajectories(target.run_id, 0), target.rollout.group_size)
+            wh.mark_stage(
+                target.run_id, 0, "update",
+                {**source_out["update"], "checkpoint": checkpoint, "trained_on": {**groups, "copied_from": source.run_id}, **lineage},
+            )  # fmt: skip
+        if done["evaluate"] is None:
+            for split in (HELDOUT_SPLIT, DEV_SPLIT):
+                rows = [(task_id, success, reward, _own_id(trajectory_id, source.run_id, target.run_id))
+                        for task_id, success, reward, trajectory_id in wh.evaluation_rows(source.run_id, 0, split)]  # fmt: skip
+                wh.write_evaluations(target.run_id, 0, split, rows)
+            wh.mark_stage(target.run_id, 0, "evaluate", {**source_out["evaluate"], **lineage})
+    return source.run_id
+
+
+def _own_id(trajectory_id: str, source: str, target: str) -> str:
+    """An episode id of ``source`` as ``target`` would have named the same episode (ids start with the run id)."""
+    return target + trajectory_id[len(source):] if trajectory_id.startswith(f"{source}/") else trajectory_id
 
 
 def checkpoint0_run_id(name: str) -> str:
@@ -149,14 +252,25 @@ def coevolve_ablation(
     name: str = "ablation",
     config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run every arm for every seed, score the final checkpoints, and write the report."""
+    """Run every arm for every seed, score the final checkpoints, and write the report.
+
+    The first arm of each seed computes round 0; the others copy its rollout, update and evaluation (copy_round0).
+    """
     base = PipelineConfig.model_validate(config or {})
     apply_settings(base)  # a worker started anywhere runs like the CLI
     arms = list(arms or ARMS)
     seeds = list(seeds or [1, 2, 3, 4, 5])
     results: list[dict[str, Any]] = []
     baseline: dict[str, Any] = {}
+    first_of_seed: dict[int, PipelineConfig] = {}
     for arm, seed, cfg in arm_configs(base, arms, seeds, name):
+        source = first_of_seed.setdefault(seed, cfg)
+        if source is not cfg and rounds > 0:
+            with run_slot(cfg, 0), round_lock(cfg, 0):
+                prepare_task(cfg, 0)  # recorded, so the round resumes after it
+                copied = copy_round0(source, cfg)
+            shared = f"copied from {copied}" if copied else "computed here"
+            get_run_logger().info("%s: round 0's rollout, update and evaluation %s", cfg.run_id, shared)
         summaries = [coevolve_round(round_=r, config=cfg.model_dump(mode="json")) for r in range(rounds)]
         official = coevolve_evaluate(
             checkpoint=summaries[-1]["checkpoint"],

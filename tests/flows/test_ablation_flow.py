@@ -133,3 +133,93 @@ def test_accepted_candidates_by_kind_add_up_to_the_accepted_count(ablation_run):
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         summaries = [s for run_id in ("t-random-s1", "t-random-s2") for s in wh.rounds(run_id)]
     assert all(sum(s.accepted_by_kind.values()) == s.accepted and set(s.accepted_by_kind) <= {"random"} for s in summaries)
+
+
+def test_later_arms_of_a_seed_copy_round_0s_rollout_update_and_evaluation_from_the_first(ablation_run):
+    import dataclasses
+
+    from storage.warehouse import STAGES, Warehouse
+    from tasks.common import checkpoint_digest
+
+    config, _ = ablation_run
+    for first, later in (("t-static-s1", "t-random-s1"), ("t-static-s2", "t-random-s2")):
+        with Warehouse(config.warehouse_path, read_only=True) as wh:
+            copied = {stage: wh.stage_output(later, 0, stage).get("copied_from") for stage in ("prepare", *STAGES)}
+            own = [wh.stage_output(first, 0, stage).get("copied_from") for stage in ("prepare", *STAGES)]
+            episodes = [wh.trajectories(run_id, 0) for run_id in (first, later)]
+            scores = [sorted((t, s, r, i.removeprefix(run_id)) for t, s, r, i in wh.evaluation_rows(run_id, 0, split))
+                      for split in ("heldout", "dev") for run_id in (first, later)]  # fmt: skip
+            versions = [wh.stage_output(run_id, 0, "version") for run_id in (first, later)]
+            prepared = [wh.stage_output(run_id, 0, "prepare") for run_id in (first, later)]
+        # Mining, synthesis and validation read the settings the arms change, so the later arm runs them itself.
+        assert copied == {"prepare": None, "rollout": first, "mine": None, "synthesize": None, "validate": None,
+                          "update": first, "evaluate": first, "version": None} and own == [None] * 8  # fmt: skip
+        assert [dataclasses.replace(t, run_id=later) for t in episodes[0]] == episodes[1] and len(episodes[1]) == 8
+        assert scores[0] == scores[1] and scores[2] == scores[3] and len(scores[1]) == 4 and len(scores[3]) == 2
+        assert prepared[0]["pool_digest"] == prepared[1]["pool_digest"]
+        assert versions[1]["checkpoint"] != versions[0]["checkpoint"]  # the later run's own copy of checkpoint 1
+        assert versions[0]["checkpoint_digest"] == versions[1]["checkpoint_digest"] == checkpoint_digest(versions[1]["checkpoint"])
+        assert versions[0]["heldout_success"] == versions[1]["heldout_success"]
+
+
+def test_a_copied_round_0_names_its_source_in_checkpoint_1s_lineage(ablation_run):
+    from storage.tracking import Tracker
+
+    config, _ = ablation_run
+    tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
+    (copied,) = tracker.lineage(config.with_overrides({"run_id": "t-random-s1"}).registered_model_name, "1")
+    (own,) = tracker.lineage(config.with_overrides({"run_id": "t-static-s1"}).registered_model_name, "1")
+    assert copied["trajectories.copied_from"] == "t-static-s1" and copied["trajectories.run_id"] == "t-random-s1"
+    assert own["trajectories.copied_from"] == ""
+
+
+def test_a_round_0_copy_killed_midway_is_finished_by_the_next_attempt(ablation_run, tmp_path):
+    """The copy dies (os._exit) just before the update stage's record; the next attempt finishes it, no row twice."""
+    import shutil
+    import subprocess
+    import sys
+
+    from flows.ablation import copy_round0
+    from storage.warehouse import Warehouse
+    from tasks.common import checkpoint_digest
+    from tasks.prepare import prepare_task
+    from tests.crash_at import CRASH_EXIT
+    from tests.flows.conftest import REPO, cli_env
+
+    config, _ = ablation_run
+    state = tmp_path / "state"
+    shutil.copytree(config.state_dir, state, ignore=shutil.ignore_patterns("prefect", "*.lock"))
+    base = config.with_overrides({"state_dir": str(state)})
+    source = arm_config(base, "static", 1, "t")
+    target = arm_config(base, "full", 1, "t", checkpoint0_scores_from="t-static-s1")
+    prepare_task(target, 0)
+    script = (
+        "import sys; from tests.crash_at import arm; arm(sys.argv[1]); from coevolve.config import PipelineConfig as C; "
+        "from flows.ablation import copy_round0; copy_round0(C.model_validate_json(sys.argv[2]), C.model_validate_json(sys.argv[3]))"
+    )
+    point = "before:stage_runs/run_id=t-full-s1/round=0/update.json"
+    died = subprocess.run([sys.executable, "-c", script, point, source.model_dump_json(), target.model_dump_json()],
+                          cwd=REPO, env=cli_env(state), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert died.returncode == CRASH_EXIT, died.stderr[-2000:]
+    with Warehouse(target.warehouse_path, read_only=True) as wh:
+        assert wh.stage_output("t-full-s1", 0, "rollout")["copied_from"] == "t-static-s1"
+        assert wh.stage_output("t-full-s1", 0, "update") is None
+
+    assert copy_round0(source, target) == "t-static-s1"
+    with Warehouse(target.warehouse_path, read_only=True) as wh:
+        stages = [wh.stage_output("t-full-s1", 0, stage) for stage in ("rollout", "update", "evaluate")]
+        stored = wh.sql("SELECT count(*) AS n FROM trajectories WHERE run_id = 't-full-s1' AND round = 0")["n"][0]
+        expected = wh.stage_output("t-static-s1", 0, "version")["checkpoint_digest"]
+    assert [s["copied_from"] for s in stages] == ["t-static-s1"] * 3 and stored == 8
+    assert checkpoint_digest(stages[1]["checkpoint"]) == expected and not list(target.checkpoint_dir(1).parent.glob("*.partial"))
+
+
+def test_round_0_is_shared_only_by_runs_whose_round_0_settings_and_inputs_match(ablation_run):
+    from flows.ablation import round0_key
+
+    config, _ = ablation_run
+    static, random = arm_config(config, "static", 1, "t"), arm_config(config, "random", 1, "t")
+    assert round0_key(static) == round0_key(random) is not None  # the arms differ in synthesis only
+    assert round0_key(random.with_overrides({"rollout": {"temperature": 0.5}})) != round0_key(static)
+    assert round0_key(random.with_overrides({"seed": 2})) != round0_key(static)
+    assert round0_key(arm_config(config, "static", 9, "t")) is None  # no prepared round 0 to compare
