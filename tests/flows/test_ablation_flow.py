@@ -138,14 +138,16 @@ def test_accepted_candidates_by_kind_add_up_to_the_accepted_count(ablation_run):
 def test_later_arms_of_a_seed_copy_round_0s_rollout_update_and_evaluation_from_the_first(ablation_run):
     import dataclasses
 
-    from storage.warehouse import STAGES, Warehouse
+    from storage.warehouse import Warehouse
     from tasks.common import checkpoint_digest
 
     config, _ = ablation_run
     for first, later in (("t-static-s1", "t-random-s1"), ("t-static-s2", "t-random-s2")):
         with Warehouse(config.warehouse_path, read_only=True) as wh:
-            copied = {stage: wh.stage_output(later, 0, stage).get("copied_from") for stage in ("prepare", *STAGES)}
-            own = [wh.stage_output(first, 0, stage).get("copied_from") for stage in ("prepare", *STAGES)]
+            # What an analyst's query sees: every round-0 stage record, and the run it was copied from.
+            query = "SELECT run_id, stage, output->>'copied_from' AS copied_from FROM stage_runs WHERE round = 0 AND run_id = '{}'"
+            copied = dict(wh.sql(query.format(later)).select("stage", "copied_from").rows())
+            own = wh.sql(query.format(first))["copied_from"].to_list()
             episodes = [wh.trajectories(run_id, 0) for run_id in (first, later)]
             scores = [sorted((t, s, r, i.removeprefix(run_id)) for t, s, r, i in wh.evaluation_rows(run_id, 0, split))
                       for split in ("heldout", "dev") for run_id in (first, later)]  # fmt: skip
