@@ -132,7 +132,6 @@ class TransformersEngine(ClosedOnExit):
         uniforms = self._uniforms(seeds, batch, max_new_tokens) if temperature > 0 else None
 
         chosen_steps: list[Any] = []
-        logprob_steps: list[Any] = []
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         past = None
         step_ids, step_pos = input_ids, positions
@@ -156,11 +155,9 @@ class TransformersEngine(ClosedOnExit):
                     target = uniforms[:, position : position + 1] * cdf[:, -1:]
                     chosen = torch.searchsorted(cdf, target).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
                 else:
-                    logprobs = torch.log_softmax(logits, dim=-1)
                     chosen = logits.argmax(dim=-1)
                 chosen = torch.where(done, torch.full_like(chosen, pad), chosen)
                 chosen_steps.append(chosen)
-                logprob_steps.append(logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1))
                 done = done | (chosen == eos)
                 if bool(done.all()):
                     break
@@ -169,18 +166,36 @@ class TransformersEngine(ClosedOnExit):
                 attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=self.device)], -1)
         # One transfer at the end instead of per-token Python work inside the loop.
         all_tokens = torch.stack(chosen_steps, dim=1).tolist()
-        all_logprobs = torch.stack(logprob_steps, dim=1).tolist()
         generations = []
-        for row_tokens, row_logprobs in zip(all_tokens, all_logprobs):
+        for prompt, row_tokens in zip(prompts, all_tokens):
             length = row_tokens.index(eos) + 1 if eos in row_tokens else len(row_tokens)
             generations.append(
                 Generation(
                     token_ids=row_tokens[:length],
-                    logprobs=row_logprobs[:length],
+                    logprobs=self._behaviour_logprobs(prompt, row_tokens[:length], temperature),
                     finish_reason="stop" if row_tokens[length - 1] == eos else "length",
                 )
             )
         return generations
+
+    def _behaviour_logprobs(self, prompt: list[int], tokens: list[int], temperature: float) -> list[float]:
+        """The logprobs of ``tokens`` after ``prompt``, from one forward pass over this episode alone.
+
+        The batched decoding loop's own logprobs depend on which other prompts shared its batch (on CPU a
+        matrix product over another batch shape rounds its last bits differently), so an episode replayed
+        after a crash in a smaller batch would store other bits. Scored alone, without padding, they are
+        a function of the checkpoint, the prompt and the tokens only: GRPO's "old" logprobs, and so the
+        checkpoint an update writes, then do not depend on how the rollout was batched.
+        """
+        import torch
+
+        ids = torch.tensor([prompt + tokens], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, logits_to_keep=len(tokens) + 1).logits[0, :-1].float()
+        if temperature > 0:
+            logits = logits / temperature
+        picked = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
+        return torch.log_softmax(logits, dim=-1).gather(-1, picked).squeeze(-1).tolist()
 
     def _uniforms(self, seeds: list[int] | None, batch: int, max_new_tokens: int) -> Any:
         """One uniform in (0, 1] per (row, token position): from each row's own seed, else from the engine's generator."""

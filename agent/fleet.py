@@ -149,9 +149,13 @@ class Fleet:
                 server.healthy = self.is_healthy(server)
         raise ServerFailed("no rollout server is healthy: " + ", ".join(s.url for s in self.servers), server_down=False)
 
-    def _failed(self, server: Server, reason: str) -> ServerFailed:
-        """A failed attempt: the server leaves the rotation if its health check fails too."""
-        down = not self.is_healthy(server)
+    def _failed(self, server: Server, reason: str, transport: bool = False) -> ServerFailed:
+        """A failed attempt: the server leaves the rotation if its health check fails too.
+
+        Once weights were pushed (``readmit`` off), a broken connection (``transport``) takes it out even
+        when it answers ``/health`` again: a server that restarted meanwhile serves its start-up weights.
+        """
+        down = not self.is_healthy(server) or (transport and not self.readmit)
         if down and server.healthy:
             server.healthy = False
             log.warning("Rollout server %s is down (%s); its requests go to the other servers.", server.url, reason)
@@ -169,7 +173,7 @@ class Fleet:
             extra = {} if timeout is None else {"timeout": timeout}
             response = server.client.request(method, url, json=body, **extra)
         except httpx.HTTPError as exc:  # connection refused, reset, timeout
-            raise self._failed(server, f"{type(exc).__name__}: {exc}") from exc
+            raise self._failed(server, f"{type(exc).__name__}: {exc}", transport=True) from exc
         if response.status_code in RETRYABLE_STATUS:
             raise self._failed(server, f"HTTP {response.status_code}: {response.text[:300]}")
         if response.status_code in (400, 422):

@@ -244,15 +244,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     config = _load(args)
     from storage.warehouse import Warehouse
 
+    from datetime import datetime
+
     root = config.warehouse_path
     if _no_local_warehouse(root):
-        summaries = []
+        records = []
     else:
         with _store_errors(config, root), Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
-            summaries = wh.rounds(config.run_id)
+            records = wh.round_records(config.run_id)
     print(format_row(COLUMNS))
-    for s in summaries:
-        print(summary_row(s.to_dict(), 0.0))
+    for r in records:
+        started = datetime.fromisoformat(r["started_at"]) if r.get("started_at") else None
+        if r.get("status") == "finished" and r.get("summary"):
+            ended = datetime.fromisoformat(r["finished_at"]) if r.get("finished_at") else started
+            seconds = (ended - started).total_seconds() if started and ended else 0.0
+            print(summary_row(r["summary"], seconds))
+        else:
+            since = f"since {started:%Y-%m-%d %H:%M:%S} UTC" if started else ""
+            print(f"{r['round']:>{WIDTHS[0]}}  {r.get('status') or 'unknown'} {since}".rstrip())
     return 0
 
 
@@ -391,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="Print the command line instead of starting the server.")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("status", help="Print the finished rounds of a run.")
+    p = sub.add_parser("status", help="Print a run's rounds: finished ones with their duration, and a running one.")
     common(p)
     p.set_defaults(func=cmd_status)
     return parser

@@ -3,7 +3,19 @@
 Every arm runs the same rounds with the same batch size, group size and update steps (equal
 compute), from the same seed pool and checkpoint 0 (``pool.seed``); the random arm explores as many
 targets as the signal arms select (equal task volume). Each (arm, seed) pair is its own run in the
-warehouse, so everything is queryable afterwards; the report compares arms paired by seed.
+warehouse, so everything is queryable afterwards; the report compares arms paired by seed and task.
+
+With ``rollout.final_heldout_tasks`` > 0 (configs/ablation.yaml: 500), checkpoint 0 is scored on the
+final held-out split once per ablation (rows under run ``<name>-checkpoint-0``) and every run's final
+checkpoint once, after its last round; the per-round evaluation keeps the 100-task split, so the
+larger split costs two evaluations per run's worth of time instead of one per round.
+
+Every arm of a seed plays the same round-0 rollout, update and evaluation: they read checkpoint 0, D_0,
+the held-out and dev splits and the loop seed, never the settings arms change (``ARM_SECTIONS``). So
+the first arm of a seed computes them, and every later arm of that seed copies their rows, checkpoint 1
+and stage records (``copy_round0``), each record naming the run it was copied from (``copied_from``;
+MLflow tag ``trajectories.copied_from`` on checkpoint 1's version). Mining, synthesis and validation,
+which arms do change, and the version stage run in every arm, so pool 1 is the arm's own.
 
 Run: ``coevolve ablation --config configs/ablation.yaml [--arms static,random,full] [--seeds 1,2,3,4,5] [--rounds 5]``.
 """
@@ -11,17 +23,27 @@ Run: ``coevolve ablation --config configs/ablation.yaml [--arms static,random,fu
 from __future__ import annotations
 
 import copy
+import dataclasses
+import shutil
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
 
 from coevolve.config import PipelineConfig
 from coevolve.settings import apply_settings
-from coevolve.errors import ConfigError
-from coevolve.records import canonical_json
+from coevolve.errors import ConfigError, DataError
+from coevolve.records import Task, canonical_json, digest
 from flows.evaluate import coevolve_evaluate
 from flows.round import coevolve_round
-from tasks.report import report_task
+from flows.stage import run_slot
+from storage.pool import pool_digest
+from tasks.common import DEV_ROUND, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, checkpoint_digest, open_warehouse, round_lock
+from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, evaluate_checkpoint
+from tasks.prepare import prepare_task
+from tasks.report import FINAL_SPLIT, report_task
+from tasks.update import trained_on
+from tasks.version import round_settings
 
 # Arm name -> configuration overrides. "full" is the configuration as given.
 ARMS: dict[str, dict[str, Any]] = {
@@ -34,13 +56,18 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def arm_config(base: PipelineConfig, arm: str, seed: int, name: str) -> PipelineConfig:
-    """The configuration of one (arm, seed) run: the arm's overrides, its own run id and loop seed."""
+def arm_config(base: PipelineConfig, arm: str, seed: int, name: str, checkpoint0_scores_from: str | None = None) -> PipelineConfig:
+    """The configuration of one (arm, seed) run: the arm's overrides, its own run id and loop seed.
+
+    ``checkpoint0_scores_from``: the run whose scores of the shared checkpoint 0 this run copies.
+    """
     if arm not in ARMS:
         raise ValueError(f"unknown ablation arm {arm!r}; choose from {', '.join(ARMS)}")
     overrides = copy.deepcopy(ARMS[arm])
     overrides.update({"run_id": f"{name}-{arm}-s{seed}", "seed": seed})
     overrides.setdefault("pool", {})["seed"] = base.start_seed
+    if checkpoint0_scores_from:
+        overrides.setdefault("rollout", {})["checkpoint0_scores_from"] = checkpoint0_scores_from
     return base.with_overrides(overrides)
 
 
@@ -52,12 +79,18 @@ def arm_configs(base: PipelineConfig, arms: list[str], seeds: list[int], name: s
     resolve to the same settings (e.g. ``signals.enabled`` already leaves out what a leave-one-out arm
     removes), which would make the comparison empty.
     """
-    runs = [(arm, seed, arm_config(base, arm, seed, name)) for seed in seeds for arm in arms]
+    # Every run shares checkpoint 0 (pool.seed) and its evaluation settings: the first run scores it, the others copy.
+    first = f"{name}-{arms[0]}-s{seeds[0]}" if arms and seeds else None
+    runs = [
+        (arm, seed, arm_config(base, arm, seed, name, None if (arm, seed) == (arms[0], seeds[0]) else first))
+        for seed in seeds
+        for arm in arms
+    ]
     by_run_id: dict[str, list[str]] = {}
     by_settings: dict[tuple[int, str], list[str]] = {}
     for arm, seed, cfg in runs:
         by_run_id.setdefault(cfg.run_id, []).append(f"{arm} (seed {seed})")
-        settings = cfg.model_dump(mode="json", exclude={"run_id"})
+        settings = cfg.model_dump(mode="json", exclude={"run_id": True, "rollout": {"checkpoint0_scores_from": True}})
         by_settings.setdefault((seed, canonical_json(settings)), []).append(arm)
     for run_id, names in by_run_id.items():
         if len(names) > 1:
@@ -71,6 +104,145 @@ def arm_configs(base: PipelineConfig, arms: list[str], seeds: list[int], name: s
     return runs
 
 
+# Sections only mining, synthesis and validation read (ARMS overrides two of them): round 0's rollout,
+# update and evaluation never do, so runs that differ only here share them.
+ARM_SECTIONS: tuple[str, ...] = ("signals", "synthesis", "validation")
+# Round 0's stages whose results every arm of a seed shares, in the order they are copied and committed.
+SHARED_ROUND0_STAGES: tuple[str, ...] = ("rollout", "update", "evaluate")
+
+
+def round0_key(config: PipelineConfig) -> str | None:
+    """Digest of what decides round 0's rollout, update and evaluation of a run; None before its prepare stage is recorded.
+
+    Every setting except the run id and ARM_SECTIONS, with checkpoint 0's and D_0's recorded digests
+    and the held-out and dev splits' digests: two runs with the same key compute the same round 0 there.
+    """
+    settings = config.model_dump(
+        mode="json", exclude={"run_id": True, "rollout": {"checkpoint0_scores_from": True}, **dict.fromkeys(ARM_SECTIONS, True)}
+    )
+    with open_warehouse(config) as wh:
+        prepared = wh.stage_output(config.run_id, 0, "prepare")
+        if prepared is None:
+            return None
+        splits = {name: pool_digest(wh.pool(config.run_id, r)) for name, r in (("heldout", HELDOUT_ROUND), ("dev", DEV_ROUND))}
+    return digest({"settings": settings, "checkpoint0": prepared["checkpoint_digest"], "pool0": prepared["pool_digest"], **splits})
+
+
+def _copy_checkpoint(source: str, target: str, expected: str) -> None:
+    """Copy a checkpoint folder beside ``target`` and swap it in whole; DataError if the copy's digest is not ``expected``."""
+    staging = f"{target}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging)
+    if checkpoint_digest(staging) != expected:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise DataError(f"Checkpoint {source} no longer matches its recorded digest {expected[:16]}; re-run round 0 of its run.")
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.move(staging, target)
+
+
+def copy_round0(source: PipelineConfig, target: PipelineConfig) -> str | None:
+    """Give ``target`` round 0's rollout, update and evaluation of ``source`` (another arm, same seed); the source's run id, or None.
+
+    Copies only when the source's round 0 finished and both runs have the same ``round0_key``; None
+    (nothing copied, the round computes them) otherwise, or when ``target`` already computed its own
+    rollout. Each stage's rows are written first and its stage record last, the record being the
+    stage's commit: an interrupted copy leaves the stage unrecorded and is redone (rows replaced by
+    key or file name) the next time. Trajectories and evaluation rows are stored under the target's
+    run id, so mining and every query read them as the target's own.
+    """
+    with open_warehouse(target) as wh:
+        done = {stage: wh.stage_output(target.run_id, 0, stage) for stage in SHARED_ROUND0_STAGES}
+        finished = wh.round_status(source.run_id, 0) == "finished"
+    if any(out is not None and "copied_from" not in out for out in done.values()):
+        return None  # this run computed (part of) its own round 0; the round finishes it
+    if all(out is not None for out in done.values()):
+        return str(done["rollout"]["copied_from"])
+    key = round0_key(target)
+    if not finished or key is None or key != round0_key(source):
+        return None
+    with open_warehouse(target) as wh:
+        # Running with its settings first, like every round (Warehouse.start_round), then each stage's rows and record.
+        wh.start_round(target.run_id, 0, str(flow_run.get_id() or ""), round_settings(target))
+        source_out = {stage: wh.stage_output(source.run_id, 0, stage) for stage in (*SHARED_ROUND0_STAGES, "version")}
+        lineage = {"copied_from": source.run_id, "round0_key": key}
+        if done["rollout"] is None:
+            wh.clear_round(target.run_id, 0, "rollout")  # a copy or rollout stopped midway leaves no rows of its own
+            episodes = [dataclasses.replace(t, run_id=target.run_id) for t in wh.trajectories(source.run_id, 0)]
+            wh.write_trajectories(episodes)
+            wh.mark_stage(target.run_id, 0, "rollout", {**source_out["rollout"], **lineage})
+        if done["update"] is None:
+            checkpoint = str(target.checkpoint_dir(1))
+            _copy_checkpoint(source_out["update"]["checkpoint"], checkpoint, source_out["version"]["checkpoint_digest"])
+            groups = trained_on(wh.trajectories(target.run_id, 0), target.rollout.group_size)
+            wh.mark_stage(
+                target.run_id, 0, "update",
+                {**source_out["update"], "checkpoint": checkpoint, "trained_on": {**groups, "copied_from": source.run_id}, **lineage},
+            )  # fmt: skip
+        if done["evaluate"] is None:
+            for split in (HELDOUT_SPLIT, DEV_SPLIT):
+                rows = [(task_id, success, reward, _own_id(trajectory_id, source.run_id, target.run_id))
+                        for task_id, success, reward, trajectory_id in wh.evaluation_rows(source.run_id, 0, split)]  # fmt: skip
+                wh.write_evaluations(target.run_id, 0, split, rows)
+            wh.mark_stage(target.run_id, 0, "evaluate", {**source_out["evaluate"], **lineage})
+    return source.run_id
+
+
+def _own_id(trajectory_id: str, source: str, target: str) -> str:
+    """An episode id of ``source`` as ``target`` would have named the same episode (ids start with the run id)."""
+    return target + trajectory_id[len(source):] if trajectory_id.startswith(f"{source}/") else trajectory_id
+
+
+def checkpoint0_run_id(name: str) -> str:
+    """The run id under which an ablation stores checkpoint 0's scores on the final held-out split (one per ablation)."""
+    return f"{name}-checkpoint-0"
+
+
+def score_once(config: PipelineConfig, checkpoint: str, tasks: list[Task], round_: int) -> dict[str, bool]:
+    """``checkpoint``'s outcomes on the final held-out split under (config.run_id, round_), scored only if not stored yet."""
+    with open_warehouse(config) as wh:
+        stored = wh.evaluation_outcomes(config.run_id, round_, FINAL_SPLIT)
+    if len(stored) < len(tasks):
+        evaluate_checkpoint(config, checkpoint, tasks, round_, FINAL_SPLIT)
+        with open_warehouse(config) as wh:
+            stored = wh.evaluation_outcomes(config.run_id, round_, FINAL_SPLIT)
+    return stored
+
+
+def final_heldout_of(config: PipelineConfig) -> tuple[list[Task], dict]:
+    """A run's stored final held-out split and its round-0 prepare output (checkpoint 0, its digest, the split's digest)."""
+    with open_warehouse(config) as wh:
+        return wh.pool(config.run_id, FINAL_HELDOUT_ROUND), wh.stage_output(config.run_id, 0, "prepare") or {}
+
+
+def score_final_heldout(base: PipelineConfig, name: str, cfg: PipelineConfig, summaries: list[dict], baseline: dict) -> dict[str, Any]:
+    """Score one run's final checkpoint on the final held-out split, and checkpoint 0 the first time only.
+
+    ``baseline`` holds the split's digest, checkpoint 0's digest and its outcomes, filled by the first
+    run, so an ablation scores its shared checkpoint 0 once. Every run must hold the same split and
+    start from the same checkpoint 0: both come from ``pool.seed``, which every arm shares.
+    """
+    tasks, prepared = final_heldout_of(cfg)
+    if not tasks:
+        return {}
+    shared = {"split_digest": prepared.get("final_heldout_digest"), "checkpoint_digest": prepared.get("checkpoint_digest")}
+    for key, value in shared.items():
+        if baseline.setdefault(key, value) != value:
+            raise DataError(
+                f"Run {cfg.run_id!r} has {key.replace('_', ' ')} {str(value)[:16]}, not {str(baseline[key])[:16]} like the "
+                "ablation's other runs: its arms must share pool.seed and the policy settings. Give them the same, or a new name."
+            )
+    if "outcomes" not in baseline:
+        ckpt0_config = base.with_overrides({"run_id": checkpoint0_run_id(name)})
+        baseline["outcomes"] = score_once(ckpt0_config, prepared["checkpoint"], tasks, HELDOUT_ROUND)
+    final = score_once(cfg, summaries[-1]["checkpoint"], tasks, summaries[-1]["round"])
+    return {
+        "final_heldout_outcomes": final,
+        "final_baseline_outcomes": baseline["outcomes"],
+        "final_heldout_size": len(tasks),
+        "final_heldout_digest": shared["split_digest"],
+    }
+
+
 @flow(name="coevolve-ablation")
 def coevolve_ablation(
     arms: list[str] | None = None,
@@ -80,13 +252,25 @@ def coevolve_ablation(
     name: str = "ablation",
     config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run every arm for every seed, score the final checkpoints, and write the report."""
+    """Run every arm for every seed, score the final checkpoints, and write the report.
+
+    The first arm of each seed computes round 0; the others copy its rollout, update and evaluation (copy_round0).
+    """
     base = PipelineConfig.model_validate(config or {})
     apply_settings(base)  # a worker started anywhere runs like the CLI
     arms = list(arms or ARMS)
     seeds = list(seeds or [1, 2, 3, 4, 5])
     results: list[dict[str, Any]] = []
+    baseline: dict[str, Any] = {}
+    first_of_seed: dict[int, PipelineConfig] = {}
     for arm, seed, cfg in arm_configs(base, arms, seeds, name):
+        source = first_of_seed.setdefault(seed, cfg)
+        if source is not cfg and rounds > 0:
+            with run_slot(cfg, 0), round_lock(cfg, 0):
+                prepare_task(cfg, 0)  # recorded, so the round resumes after it
+                copied = copy_round0(source, cfg)
+            shared = f"copied from {copied}" if copied else "computed here"
+            get_run_logger().info("%s: round 0's rollout, update and evaluation %s", cfg.run_id, shared)
         summaries = [coevolve_round(round_=r, config=cfg.model_dump(mode="json")) for r in range(rounds)]
         official = coevolve_evaluate(
             checkpoint=summaries[-1]["checkpoint"],
@@ -95,5 +279,6 @@ def coevolve_ablation(
             config=cfg.model_dump(mode="json"),
             limit=official_limit,
         )
-        results.append({"arm": arm, "seed": seed, "run_id": cfg.run_id, "rounds": summaries, "official": official})
+        final = score_final_heldout(base, name, cfg, summaries, baseline)
+        results.append({"arm": arm, "seed": seed, "run_id": cfg.run_id, "rounds": summaries, "official": official, **final})
     return report_task(base, name, results)

@@ -2,7 +2,9 @@
 
 Run one round: ``coevolve round --round 0`` (or ``prefect deployment run coevolve-round/per-round``).
 Each stage is a retryable Prefect task that records its output in the warehouse, so running a
-failed round again resumes after the last finished stage. ``placement`` in the configuration puts
+failed round again resumes after the last finished stage. The round record says "running" (with the
+settings that decide its results) from after prepare until the version stage is recorded, then
+"finished": every commit comes after the one it depends on, so a crash anywhere resumes. ``placement`` in the configuration puts
 rollout, mine, synthesize, validate, update and evaluate inline or on a work pool (flows/stage.py);
 their inputs and outputs are the typed models of coevolve/stages.py either way.
 """
@@ -12,13 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
+from prefect.runtime import flow_run
 
 from coevolve.config import PipelineConfig
 from coevolve.settings import apply_settings
 from flows.stage import run_slot, run_stage
-from tasks.common import round_lock
+from tasks.common import open_warehouse, round_lock
 from tasks.prepare import prepare_task
-from tasks.version import version_task
+from tasks.version import finish_round, round_settings, version_task
 
 
 @flow(name="coevolve-round", flow_run_name="round-{round_}")
@@ -28,6 +31,9 @@ def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dic
     apply_settings(cfg)  # a worker started anywhere runs like the CLI
     with run_slot(cfg, round_), round_lock(cfg, round_):
         prepared = prepare_task(cfg, round_)
+        # Running from here (started_at kept when the round resumes); a resume with other settings stops here.
+        with open_warehouse(cfg) as wh:
+            wh.start_round(cfg.run_id, round_, str(flow_run.get_id() or ""), round_settings(cfg))
         rollout = run_stage(cfg, "rollout", round_=round_, checkpoint=prepared["checkpoint"])
         mined = run_stage(cfg, "mine", round_=round_)
         synthesized = run_stage(cfg, "synthesize", round_=round_, selected=mined.selected)
@@ -39,4 +45,6 @@ def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dic
             for name, output in (("rollout", rollout), ("mine", mined), ("validate", validated), ("update", updated), ("evaluate", evaluated))
         }
         summary = version_task(cfg, round_, outputs)
+        # After the version stage's record: a crash in between re-runs this step only (see finish_round).
+        finish_round(cfg, round_, summary)
     return {**summary, "baseline_heldout_success": prepared.get("baseline_heldout_success")}

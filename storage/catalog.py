@@ -10,9 +10,9 @@ Layout under the warehouse root::
 Each record is written whole in one atomic step (rename on a filesystem, one PUT on an object store)
 and read without any lock, so a reader can never hold up the pipeline and never sees half a record.
 A record has one writer at a time: the stages of a round run one after another, under the run's lock.
-Operations that touch several records order them so that an interruption leaves a state the next
-run repairs: `Warehouse.clear_round` forgets stages last-first before deleting their rows, so a
-stage is never marked finished without its rows.
+A record commits what was written before it: a stage's record follows its rows, the round's
+``finished`` record follows the version stage's record, and `Warehouse.clear_round` forgets stages
+last-first before deleting their rows, so a stage is never marked finished without its rows.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 ``coevolve warehouse migrate [PATH] [--to ROOT]`` calls `migrate`: it reads the old file read-only,
 writes every table as the Parquet files and catalog records a fresh warehouse holds (storage/tables.py,
-storage/catalog.py), then `compare`s both sides table by table. The old file is never changed, and
+storage/catalog.py), then `compare`s both sides table by table. A local target is written as a hidden
+staging folder and renamed into place in one step, so it exists whole or not at all; on an object
+store the layout record is written after every table file and record. The old file is never changed, and
 nothing is deleted when the comparison fails: the report says which table differs.
 
 The comparison runs in one DuckDB session on both sides: the old file attached read-only, the new
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -27,7 +30,7 @@ import pyarrow as pa
 
 from coevolve.errors import DataError
 from storage.migrations import SINGLE_FILE_VERSION
-from storage.tables import TableFiles
+from storage.tables import TableFiles, fsync_dir
 from storage.columns import CALL_TYPE, SCHEMAS
 from storage.warehouse import Warehouse, part_name
 
@@ -36,6 +39,8 @@ TABLES: tuple[str, ...] = (
     "runs", "rounds", "stage_runs", "tasks", "pool_membership", "trajectories", "steps", "signals", "candidates",
     "evaluations",
 )  # fmt: skip
+# The hidden folder beside the target that a local migration writes before renaming it onto the target.
+STAGING_SUFFIX = ".migrating"
 # Rows per written file of the bulk tables (trajectories with their steps, tasks).
 BATCH_ROWS = 4096
 
@@ -131,9 +136,29 @@ def migrate(
         raise DataError(
             f"{files.root} already holds a warehouse; migrate into a new place (--to), or compare the two with --check."
         )
+    if not files.is_local:
+        # An object store has no rename: the layout record goes last, so until then the pipeline refuses the
+        # prefix (Warehouse refuses files without a layout) and a re-run rewrites the same deterministic names.
+        _copy_all(path, root, storage_options, batch_rows)
+        return compare(path, root, storage_options)
+    if os.path.isdir(files.path) and os.listdir(files.path):
+        raise DataError(f"{files.root} is not empty; migrate into a new or empty folder (--to), nothing was written.")
+    # Written in a hidden folder beside the target and renamed onto it in one step: an interrupted
+    # migrate leaves no target at all (the pipeline refuses to start beside the old file), and the
+    # next migrate starts over in a fresh staging folder.
+    staging = os.path.join(os.path.dirname(files.path), f".{os.path.basename(files.path)}{STAGING_SUFFIX}")
+    shutil.rmtree(staging, ignore_errors=True)
+    _copy_all(path, staging, None, batch_rows)
+    os.rename(staging, files.path)
+    fsync_dir(os.path.dirname(files.path))
+    return compare(path, root, storage_options)
+
+
+def _copy_all(path: Path, root: str, storage_options: dict[str, Any] | None, batch_rows: int) -> None:
+    """Every table of the old file into the warehouse at ``root``; its layout record is written last."""
     old = duckdb.connect(str(path), read_only=True)
     try:
-        with Warehouse(root, storage_options=storage_options) as wh:
+        with Warehouse(root, storage_options=storage_options, publish_layout=False) as wh:
             _copy_catalog(old, wh)
             _copy_tasks(old, wh, batch_rows)
             _copy_pool(old, wh)
@@ -142,9 +167,9 @@ def migrate(
             _copy_small(old, wh, "candidates",
                         ["task_id", "signal_key", "signal_id", "origin", "accepted", "reason", "task::VARCHAR"])  # fmt: skip
             _copy_evaluations(old, wh)
+            wh.publish_layout()
     finally:
         old.close()
-    return compare(path, root, storage_options)
 
 
 # -- copying ---------------------------------------------------------------------------------------

@@ -332,27 +332,35 @@ FROM member
 GROUP BY run_id, round
 ORDER BY run_id, round;
 
--- Purpose: tasks the policy could solve in an earlier round and fails now, measured on
--- per-round success rates (score >= 0.5 before, < 0.5 now), with whether the miner flagged it.
+-- Purpose: the forgetting signal's rule (tasks/mine.py) over the stored trajectories: a trajectory
+-- of round r with reward < 0.5 whose task had a reward >= 0.5 among its last W rewards before
+-- round r (W = signals.forgetting_window of the run's recorded configuration; every earlier reward
+-- for a run without a record), with whether the miner stored that forgetting signal.
 CREATE VIEW v_forgetting_events AS
-WITH per_round AS (
-    SELECT run_id, task_id, round,
-           avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS score
+WITH ordered AS (
+    SELECT run_id, task_id, round, sample, reward, trajectory_id,
+           row_number() OVER (PARTITION BY run_id, task_id ORDER BY round, sample) AS position
     FROM trajectories
-    GROUP BY run_id, task_id, round
-), history AS (
-    SELECT *,
-           max(score) OVER (PARTITION BY run_id, task_id ORDER BY round
-                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS best_before
-    FROM per_round
+), played AS (
+    SELECT run_id, task_id, round, min(position) - 1 AS before
+    FROM ordered GROUP BY run_id, task_id, round
+), windows AS (
+    SELECT p.run_id, p.task_id, p.round, max(o.reward) AS best_before, count(*) AS window_size
+    FROM played p
+    LEFT JOIN (SELECT run_id, TRY_CAST(json_extract(config, '$.signals.forgetting_window') AS INTEGER) AS w
+               FROM runs) c ON c.run_id = p.run_id
+    JOIN ordered o ON o.run_id = p.run_id AND o.task_id = p.task_id AND o.position <= p.before
+                  AND (c.w IS NULL OR o.position > p.before - c.w)
+    GROUP BY p.run_id, p.task_id, p.round
 ), flagged AS (
-    SELECT DISTINCT run_id, round, task_id FROM signals WHERE kind = 'forgetting'
+    SELECT DISTINCT run_id, round, trajectory_id FROM signals WHERE kind = 'forgetting'
 )
-SELECT h.run_id, h.task_id, h.round, h.score, h.best_before,
-       f.task_id IS NOT NULL AS signalled
-FROM history h
-LEFT JOIN flagged f USING (run_id, round, task_id)
-WHERE h.best_before >= 0.5 AND h.score < 0.5;
+SELECT o.run_id, o.task_id, o.round, o.trajectory_id, o.sample, o.reward, w.best_before, w.window_size,
+       f.trajectory_id IS NOT NULL AS signalled
+FROM ordered o
+JOIN windows w ON w.run_id = o.run_id AND w.task_id = o.task_id AND w.round = o.round
+LEFT JOIN flagged f ON f.run_id = o.run_id AND f.round = o.round AND f.trajectory_id = o.trajectory_id
+WHERE w.best_before >= 0.5 AND o.reward < 0.5;
 
 -- Purpose: how many synthesized candidates validation accepts, per round (pending = not yet judged).
 CREATE VIEW v_acceptance_rates AS

@@ -105,6 +105,7 @@ class TableFiles:
                 handle.flush()
                 os.fsync(handle.fileno())  # the bytes are on disk before the name points at them
             os.replace(partial, target)
+            fsync_dir(parent)  # the new name itself is on disk: a power loss cannot undo the rename
         else:
             # One PUT: the object is visible whole or not at all.
             self.fs.pipe_file(target, data)
@@ -144,6 +145,14 @@ class TableFiles:
         except FileNotFoundError:
             return []
         return sorted(p for p in found if not posixpath.basename(p).startswith("."))
+
+    def age_s(self, path: str) -> float:
+        """Seconds since a file was last written; 0 when it is gone or the store does not say."""
+        try:
+            modified = self.fs.modified(path)
+        except (FileNotFoundError, NotImplementedError, OSError):
+            return 0.0
+        return max(0.0, time.time() - modified.timestamp())
 
     def exists(self, path: str) -> bool:
         return bool(self.fs.exists(path))
@@ -204,6 +213,20 @@ def _abandoned(path: str) -> bool:
     except PermissionError:
         return False
     return False
+
+
+def fsync_dir(path: str) -> None:
+    """Flush a folder's entries (a rename into it) to disk; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems (e.g. network mounts) refuse fsync on folders
+    finally:
+        os.close(fd)
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

@@ -53,6 +53,8 @@ LINEAGE_TAGS = (
     "coevolve.run_id", "coevolve.round", "checkpoint_digest", POOL_DIGEST_TAG, PRODUCED_POOL_TAG,
     PARENT_VERSION_TAG, "parent_checkpoint", "parent_checkpoint_digest", FLOW_RUN_TAG,
     "trajectories.run_id", "trajectories.round", "trajectories.count", "trajectories.ids_digest",
+    # Set when the run's round-0 trajectories and checkpoint 1 were copied from another arm of its seed (flows/ablation.py).
+    "trajectories.copied_from",
 )
 
 # The dataset digest column of MLflow's store holds at most 36 characters; the full digest goes

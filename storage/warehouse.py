@@ -17,6 +17,10 @@ session held open sees rows written after it opened.
 Re-running a stage replaces its rows: bulk rows (trajectories, steps) go to files named after the
 episodes they hold; the small tables (pool, signals, candidates, evaluations) keep one file per
 partition that a write merges into by key.
+
+Every multi-file write ends with one record, written last, that readers and resume trust: a batch's
+trajectories file (its steps and counts are rows only once it exists), a stage's record, a round's
+``finished`` record, a migrated layout (storage/README.md, "Commit points").
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import re
 from collections.abc import Iterable
 from datetime import datetime, timezone
@@ -39,7 +44,10 @@ from coevolve.records import Candidate, RoundSummary, Signal, Step, Task, Trajec
 from storage.catalog import PLACEHOLDER_RUN, Catalog
 from storage.columns import SCHEMAS, read_calls, tool_call_counts, trajectory_tables
 from storage.migrations import LATEST_VERSION, VIEWS
-from storage.tables import TableFiles
+from storage.tables import STALE_PARTIAL_S, TableFiles
+
+# The file the single-file layout kept beside today's warehouse folder (``<state_dir>/warehouse.duckdb``).
+SINGLE_FILE_NAME = "warehouse.duckdb"
 
 # Stage order of one round; clear_round drops a stage and every stage after it.
 STAGES: tuple[str, ...] = ("rollout", "mine", "synthesize", "validate", "update", "evaluate", "version")
@@ -53,6 +61,8 @@ _STAGE_TABLES: dict[str, tuple[str, ...]] = {
 }
 
 PARTITIONED = tuple(t for t in SCHEMAS if t != "tasks")
+# The files of a trajectory batch besides its trajectories file, which write_batch writes last.
+_BATCH_PARTS: tuple[str, ...] = ("steps", "tool_call_counts")
 # Keys a write to a small table merges by: a row written again replaces the stored one.
 _MERGE_KEYS: dict[str, tuple[str, ...]] = {
     "signals": ("signal_id",),
@@ -82,8 +92,20 @@ class Warehouse:
     """The warehouse under one root: table files, bookkeeping records, and DuckDB views over them."""
 
     def __init__(
-        self, root: Path | str, read_only: bool = False, storage_options: dict[str, Any] | None = None
+        self,
+        root: Path | str,
+        read_only: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        publish_layout: bool = True,
     ) -> None:
+        """Open the warehouse at ``root``, creating a new one where nothing is yet.
+
+        A root that holds anything but a new warehouse's own files and no layout record (an interrupted
+        migration, another program's files), and a new root beside an unconverted single-file
+        ``warehouse.duckdb``, are refused: a run never silently starts again from round 0.
+        ``publish_layout=False`` (storage/migrate.py) opens a root without a layout record and
+        without writing one: its writer fills the tables first and calls `publish_layout` last.
+        """
         self.files = TableFiles.open(root, storage_options)
         self.root = self.files.root
         self.read_only = read_only
@@ -94,7 +116,10 @@ class Warehouse:
         if layout is None:
             if read_only:
                 raise DataError(f"Warehouse {self.root} does not exist; run a round (or open it read-write) first.")
-            self._create()
+            if publish_layout:
+                self._refuse_unmigrated()
+                self._refuse_foreign_files()
+                self._create()
         else:
             self._check_version(int(layout.get("version", 0)))
 
@@ -140,6 +165,35 @@ class Warehouse:
             "again from round 0. Pool snapshots, checkpoints and the MLflow store are separate files and are untouched."
         )
 
+    def _refuse_unmigrated(self) -> None:
+        """A new warehouse beside the single-file one it replaces would restart the run from round 0."""
+        if not self.files.is_local:
+            return
+        old = os.path.join(os.path.dirname(self.files.path), SINGLE_FILE_NAME)
+        if os.path.isfile(old):
+            raise DataError(
+                f"{old} is a warehouse of the single-file layout and {self.root} holds no warehouse yet; convert it "
+                f"once with `coevolve warehouse migrate {old}` (it writes {self.root} and compares every row). Starting "
+                "a new warehouse here would restart the run from round 0 and overwrite its pool snapshots and "
+                f"checkpoints; to really start anew, move {old} aside first."
+            )
+
+    def _refuse_foreign_files(self) -> None:
+        """Only a new warehouse's own files (placeholders, partial files) may be in a root without a layout."""
+        try:
+            found = [p for p in self.files.fs.find(self.files.path) if not p.endswith(".partial")]
+        except FileNotFoundError:
+            return
+        foreign = [p for p in found if posixpath.basename(p) not in (f"{PLACEHOLDER_RUN}.parquet", f"{PLACEHOLDER_RUN}.json", "0.json")
+                   or "/run_id=" in p and f"/run_id={PLACEHOLDER_RUN}/" not in p]  # fmt: skip
+        if foreign:
+            raise DataError(
+                f"{self.root} holds {len(foreign)} file(s) (e.g. {self.files.url(foreign[0])}) but no layout record "
+                f"({self.files.url(self.catalog.layout_path())}): it is not a warehouse this code wrote, or a "
+                "`coevolve warehouse migrate` into it was interrupted. Run that migrate again (it starts over), or "
+                "point warehouse.uri / state_dir at an empty place; nothing here was changed."
+            )
+
     def _create(self) -> None:
         for table, schema in SCHEMAS.items():
             target = self._empty_file(table)
@@ -148,6 +202,11 @@ class Warehouse:
         for kind in CATALOG_COLUMNS:
             self.catalog.put_placeholder(kind)
         self.catalog.put(self.catalog.layout_path(), {"version": LATEST_VERSION, "created_at": _now()})
+
+    def publish_layout(self) -> None:
+        """Write the placeholders and, last, the layout record: from then on the root opens as a warehouse."""
+        self._writable()
+        self._create()
 
     def _check_version(self, version: int) -> None:
         if version > LATEST_VERSION:
@@ -201,6 +260,16 @@ class Warehouse:
             return (
                 f"SELECT * FROM read_parquet(['{empty}', '{pattern}']) "
                 "QUALIFY row_number() OVER (PARTITION BY task_id) = 1"
+            )
+        if table in _BATCH_PARTS:
+            # A batch's trajectories file is its commit record (write_batch writes it last): steps and
+            # counts of a batch without one (a writer killed, or still writing, between the files) are not rows yet.
+            heads = self.glob("trajectories").replace("'", "''")
+            return (
+                f"SELECT * EXCLUDE (filename) FROM read_parquet(['{empty}', '{pattern}'], hive_partitioning = true, "
+                f"hive_types = {{'run_id': VARCHAR, 'round': INTEGER}}, filename = true) WHERE run_id <> '{PLACEHOLDER_RUN}' "
+                f"AND regexp_extract(filename, '[^/]+/[^/]+/[^/]+$') IN "
+                f"(SELECT regexp_extract(file, '[^/]+/[^/]+/[^/]+$') FROM glob('{heads}'))"
             )
         return (
             f"SELECT * FROM read_parquet(['{empty}', '{pattern}'], hive_partitioning = true, "
@@ -304,6 +373,9 @@ class Warehouse:
     def _partition(self, table: str, run_id: str, round_: int, columns: list[str] | None = None) -> pa.Table:
         """The rows of one partition of a table, straight from its files."""
         paths = self.files.files(table, run_id, round_)
+        if table in _BATCH_PARTS:
+            committed = {os.path.basename(p) for p in self.files.files("trajectories", run_id, round_)}
+            paths = [p for p in paths if os.path.basename(p) in committed]
         schema = SCHEMAS[table] if columns is None else pa.schema([SCHEMAS[table].field(c) for c in columns])
         tables = []
         for path in paths:
@@ -322,16 +394,37 @@ class Warehouse:
         record = {"run_id": run_id, "created_at": existing.get("created_at", _now()), "config": config}
         self.catalog.put(self.catalog.run_path(run_id), record)
 
-    def start_round(self, run_id: str, round: int, flow_run_id: str) -> None:
-        """Marks a round running; restarting a round keeps its earlier stage bookkeeping."""
+    def start_round(self, run_id: str, round: int, flow_run_id: str, settings: dict[str, Any] | None = None) -> None:
+        """Marks a round running, with the settings that decide its results (``settings``).
+
+        A round started before keeps its ``started_at`` and its stage records; one started with other
+        ``settings`` is refused, naming the fields, since its recorded stages would mix with the new
+        ones. A finished round is left as it is (running it again only reads its records back).
+        """
         self._writable()
+        path = self.catalog.round_path(run_id, round)
+        existing = self.catalog.get(path) or {}
+        if existing.get("status") == "finished":
+            return
+        recorded = existing.get("settings")
+        if settings is not None and recorded is not None:
+            changed = sorted(k for k in set(settings) | set(recorded) if settings.get(k) != recorded.get(k))
+            if changed:
+                shown = ", ".join(f"{k}: {recorded.get(k)!r} -> {settings.get(k)!r}" for k in changed[:6])
+                raise DataError(
+                    f"Round {round} of run {run_id!r} was started with other settings ({shown}); its recorded stages "
+                    "would mix with this configuration's. Run it with the settings it was started with, or use a new "
+                    f"run_id (or state_dir) for the new settings."
+                )
         self.catalog.put(
-            self.catalog.round_path(run_id, round),
+            path,
             {"run_id": run_id, "round": round, "status": "running", "summary": None, "flow_run_id": flow_run_id,
-             "started_at": _now(), "finished_at": None},
+             "started_at": existing.get("started_at") or _now(), "finished_at": None,
+             "settings": settings if settings is not None else recorded},
         )  # fmt: skip
 
     def finish_round(self, run_id: str, round: int, summary: RoundSummary) -> None:
+        """Marks a round finished with its summary; written after the version stage's record."""
         self._writable()
         path = self.catalog.round_path(run_id, round)
         existing = self.catalog.get(path) or {}
@@ -339,8 +432,13 @@ class Warehouse:
             path,
             {"run_id": run_id, "round": round, "status": "finished", "summary": summary.to_dict(),
              "flow_run_id": summary.flow_run_id or existing.get("flow_run_id"),
-             "started_at": existing.get("started_at") or _now(), "finished_at": _now()},
+             "started_at": existing.get("started_at") or _now(), "finished_at": _now(),
+             "settings": existing.get("settings")},
         )  # fmt: skip
+
+    def round_records(self, run_id: str) -> list[dict[str, Any]]:
+        """The round records of a run (status, summary, started_at, finished_at), in round order."""
+        return sorted(self.catalog.records("rounds", run_id), key=lambda r: r["round"])
 
     def mark_stage(self, run_id: str, round: int, stage: str, output: dict[str, Any]) -> None:
         """Records that a stage of a round finished, with the output a resumed round reuses."""
@@ -408,16 +506,17 @@ class Warehouse:
             self.files.write(f"{self.files.partition_dir(table, run_id, round_)}/{file}.parquet", rows)
 
     def stored_episodes(self, run_id: str, round_: int) -> set[tuple[str, int]]:
-        """(task_id, sample) of the round's stored trajectories; steps a killed writer orphaned are removed.
+        """(task_id, sample) of the round's stored trajectories: a rollout that resumes plays only the others.
 
-        A rollout that resumes plays only the episodes missing here.
+        Steps and counts of a batch without its trajectories file are invisible to every reader (see
+        `scan`); they are removed here only once abandoned (older than STALE_PARTIAL_S), since another
+        live writer of the round (a stage re-run on another worker) may be about to commit them.
         """
         heads = {os.path.basename(p) for p in self.files.files("trajectories", run_id, round_)}
-        parts = ("steps", "tool_call_counts")
-        orphans = [p for t in parts for p in self.files.files(t, run_id, round_) if os.path.basename(p) not in heads]
+        orphans = [p for t in _BATCH_PARTS for p in self.files.files(t, run_id, round_) if os.path.basename(p) not in heads]
         if not self.read_only:
-            self.files.delete(orphans)
-            for table in ("trajectories", *parts):
+            self.files.delete([p for p in orphans if self.files.age_s(p) > STALE_PARTIAL_S])
+            for table in ("trajectories", *_BATCH_PARTS):
                 self.files.sweep_partials(table)
         stored = self._partition("trajectories", run_id, round_, ["task_id", "sample"])
         return set(zip(stored.column("task_id").to_pylist(), stored.column("sample").to_pylist()))
@@ -558,10 +657,17 @@ class Warehouse:
             self._merge("signals", run_id, round_, rows)
 
     def write_candidates(self, run_id: str, round: int, candidates: list[Candidate]) -> None:
-        """Writes candidates (with verdicts once validated), keyed by (task, signal) within the round."""
+        """Writes candidates (with verdicts once validated), keyed by (task, signal) within the round.
+
+        When one signal produced the same task twice, the first copy's row is kept: validation judges
+        candidates in order, so the first copy holds the verdict that decided whether the task entered
+        the pool (a later copy is only rejected as its duplicate).
+        """
         if not candidates:
             return
-        latest = {(c.task.task_id, c.signal_id or ""): c for c in candidates}
+        latest: dict[tuple[str, str], Candidate] = {}
+        for c in candidates:
+            latest.setdefault((c.task.task_id, c.signal_id or ""), c)
         rows = pa.Table.from_pylist(
             [{"task_id": key[0], "signal_key": key[1], "signal_id": c.signal_id, "origin": c.task.provenance.origin,
               "accepted": None if c.verdict is None else c.verdict.accepted,
@@ -582,6 +688,11 @@ class Warehouse:
             schema=SCHEMAS["evaluations"],
         )  # fmt: skip
         self._merge("evaluations", run_id, round, table, file=f"split-{split}")
+
+    def evaluation_rows(self, run_id: str, round: int, split: str) -> list[tuple[str, bool, float, str]]:
+        """(task_id, success, reward, trajectory_id) rows of one evaluation split of (run, round), as write_evaluations takes them."""
+        rows = self._partition("evaluations", run_id, round, ["split", "task_id", "success", "reward", "trajectory_id"]).to_pylist()
+        return [(r["task_id"], bool(r["success"]), float(r["reward"]), r["trajectory_id"]) for r in rows if r["split"] == split]
 
     def evaluation_outcomes(self, run_id: str, round: int, split: str) -> dict[str, bool]:
         """task_id -> success of one evaluation split of (run, round)."""

@@ -21,6 +21,9 @@ HELDOUT_ROUND = -1
 # Pool membership round that holds the run's dev split (tasks/prepare.build_dev_split): never drawn
 # for training either. Not -2, which the evaluations table uses for checkpoints from outside the run.
 DEV_ROUND = -3
+# Pool membership round of the final held-out split (tasks/splits.build_final_heldout): never drawn for
+# training and refused by validation; the ablation scores checkpoint 0 and final checkpoints on it.
+FINAL_HELDOUT_ROUND = -4
 
 
 @contextlib.contextmanager

@@ -9,14 +9,15 @@ reward, tool_sequence), as a frame or as a lazy scan of the warehouse's files (t
 - boundary: this round's samples of a task include a reward > 0.5 and one < 0.5. All of them
   are marked.
 - rare: an action pattern p (the tool sequence, or its tool bigrams) with cumulative count c_p
-  out of N trajectories; once N >= N_min, p is rare when 0 < c_p / N < theta / 100. Every
-  trajectory of this round containing p is marked.
+  out of N trajectories; once N >= N_min, p is rare when 0 < c_p / N < theta / 100, compared
+  exactly (in integers). Every trajectory of this round containing p is marked.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -226,7 +227,10 @@ def _rare(current: pl.DataFrame, history_counts: pl.DataFrame, config: SignalCon
     patterns played this round can fire.
     """
     keyed = _keyed(current.lazy().select("trajectory_id", "task_id", "tool_sequence"), config.pattern)
-    rare = pl.col("count") / total < config.rare_theta / 100
+    # c_p / N < theta / 100 in integers: theta as written (1.1 is 11/10), so a pattern at exactly
+    # theta percent never fires, whatever the last bit of a float division would say.
+    theta = Fraction(str(config.rare_theta))
+    rare = pl.col("count").cast(pl.Int64) * (100 * theta.denominator) < total * theta.numerator
     pattern = pl.col("key")
     if config.pattern == "tool_sequence":
         rare, pattern = rare & (pl.col("key").list.len() > 0), pattern.list.join(">")

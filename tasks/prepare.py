@@ -18,7 +18,7 @@ from pathlib import Path
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from coevolve.records import Task, digest
-from tasks.splits import BUILTIN_TINY, build_dev_split, build_initial_pools, sft_demonstrations  # noqa: F401 - stage API
+from tasks.splits import BUILTIN_TINY, build_dev_split, build_final_heldout, build_initial_pools, sft_demonstrations  # noqa: F401 - stage API
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -32,6 +32,37 @@ def store_dev_split(config: PipelineConfig) -> list[Task]:
         wh.write_tasks(dev)
         wh.set_pool(config.run_id, DEV_ROUND, [t.task_id for t in dev])
     return dev
+
+
+def store_final_heldout(config: PipelineConfig) -> list[Task]:
+    """Build the final held-out split (empty when ``rollout.final_heldout_tasks`` is 0) and store it under FINAL_HELDOUT_ROUND.
+
+    Stored at round 0, before any round trains, so validation refuses its tasks from the first round on.
+    """
+    final = build_final_heldout(config)
+    if final:
+        with open_warehouse(config) as wh:
+            wh.write_tasks(final)
+            wh.set_pool(config.run_id, FINAL_HELDOUT_ROUND, [t.task_id for t in final])
+    return final
+
+
+def copied_baseline(wh: Warehouse, config: PipelineConfig, checkpoint_sha: str, splits: dict[str, list[Task]]) -> dict[str, float] | None:
+    """Checkpoint 0's rates per split copied from ``rollout.checkpoint0_scores_from``'s round-0 rows; None to score it here.
+
+    Copies only when that run recorded the same checkpoint 0 (digest) and scored exactly these tasks on
+    every split; the rows are written under this run's HELDOUT_ROUND as if scored here.
+    """
+    source = config.rollout.checkpoint0_scores_from
+    prepared = wh.stage_output(source, 0, "prepare") if source else None
+    if not prepared or prepared.get("checkpoint_digest") != checkpoint_sha:
+        return None
+    rows = {split: wh.evaluation_rows(source, HELDOUT_ROUND, split) for split, tasks in splits.items() if tasks}
+    if any({r[0] for r in rows[split]} != {t.task_id for t in splits[split]} for split in rows):
+        return None
+    for split, split_rows in rows.items():
+        wh.write_evaluations(config.run_id, HELDOUT_ROUND, split, split_rows)
+    return {split: (sum(r[1] for r in rows[split]) / len(rows[split]) if split in rows else 0.0) for split in splits}
 
 
 def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> str:
@@ -155,7 +186,7 @@ from prefect import get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import HELDOUT_ROUND, open_warehouse, resumable  # noqa: E402
+from tasks.common import FINAL_HELDOUT_ROUND, HELDOUT_ROUND, open_warehouse, resumable  # noqa: E402
 
 
 @task(name="prepare", retries=1, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
@@ -166,7 +197,7 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
         return {"checkpoint": verify_round_inputs(config, round_)}
 
     def compute(wh: Warehouse) -> dict:
-        from storage.pool import write_pool_snapshot
+        from storage.pool import pool_digest, write_pool_snapshot
         from tasks.common import checkpoint_digest
         from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, dev_eval_tasks, evaluate_splits
 
@@ -180,13 +211,22 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
         # After checkpoint 0: the builtin policy's SFT set, which the dev split avoids, is built by then.
         dev = store_dev_split(config)
         logger.info("dev split %d tasks", len(dev))
+        final = store_final_heldout(config)
+        if final:
+            logger.info("final held-out split %d tasks", len(final))
         # Checkpoint 0 and D_0 are digested like every later checkpoint and pool, so lineage starts
         # from recorded files and a resumed round 0 checks them before using them.
         checkpoint_sha = checkpoint_digest(checkpoint_folder(checkpoint))
         pool_sha = write_pool_snapshot(seed_pool, config.pool_path(0))
         # Checkpoint 0 on the first rollout.dev_eval_tasks dev tasks (rows under HELDOUT_ROUND, split "dev"), the dev curve's start.
         scored = dev_eval_tasks(config, wh)
-        rates = evaluate_splits(config, checkpoint, {HELDOUT_SPLIT: heldout, DEV_SPLIT: scored}, HELDOUT_ROUND)
+        splits = {HELDOUT_SPLIT: heldout, DEV_SPLIT: scored}
+        rates = copied_baseline(wh, config, checkpoint_sha, splits)
+        scored_by = config.rollout.checkpoint0_scores_from if rates is not None else config.run_id
+        if rates is None:
+            rates = evaluate_splits(config, checkpoint, splits, HELDOUT_ROUND)
+        else:
+            logger.info("checkpoint 0's scores copied from run %s (same checkpoint digest, same tasks)", scored_by)
         baseline, dev_baseline = rates[HELDOUT_SPLIT], (rates[DEV_SPLIT] if scored else None)
         logger.info("checkpoint 0 at %s: held-out success %.3f", checkpoint, baseline)
         if scored:
@@ -194,7 +234,8 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
         return {
             "checkpoint": checkpoint, "checkpoint_digest": checkpoint_sha, "pool_digest": pool_sha,
             "pool_size": len(seed_pool), "heldout": len(heldout), "baseline_heldout_success": baseline,
-            "baseline_dev_success": dev_baseline,
+            "baseline_dev_success": dev_baseline, "checkpoint0_scored_by": scored_by, "final_heldout": len(final),
+            "final_heldout_digest": pool_digest(final) if final else None,
         }
 
     prepared = resumable(config, round_, "prepare", compute)

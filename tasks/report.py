@@ -1,7 +1,9 @@
-"""Ablation report: mean +- sd per arm, paired tests between arms, learning curves, signal mix, pool growth.
+"""Ablation report: mean +- sd per arm, tested comparisons, learning curves, signal mix, pool growth.
 
-Also each arm against checkpoint 0 ("learning at all": t-test over seeds of the final held-out gain
-and McNemar over (seed, task)), and the mechanism per arm and round, mean over seeds: informative
+Two families of comparisons, each Holm-corrected: `full` against every other arm, and every arm
+against checkpoint 0 ("learning at all"), each tested with seed and held-out task as units
+(tasks/inference.py), with the held-out split's size and digest and the smallest effect the
+experiment detects with 80% power. Also the mechanism per arm and round, mean over seeds: informative
 GRPO groups, held-out tool-pattern coverage of the training pool, signals and accepted candidates by
 kind, dev and held-out success (table, mechanism.png, acceptance_by_kind.png).
 
@@ -19,6 +21,18 @@ from typing import Any
 
 from coevolve.config import PipelineConfig
 from coevolve.records import SIGNAL_KINDS
+import numpy as np
+
+from tasks.inference import detectable_effect, holm, seed_level_array_test, two_way_test
+
+# Evaluation split of the final held-out split's rows (tasks/splits.build_final_heldout), scored by the ablation flow.
+FINAL_SPLIT = "final-heldout"
+
+# Simulated experiments per effect size when the report finds its detectable effect: 400 puts a
+# power of 0.8 within about +-0.02 (binomial sd), and the search over effects takes seconds.
+POWER_DRAWS = 400
+# The largest effect the search tries (in held-out success): beyond it the report says "n/a".
+POWER_LARGEST = 0.3
 
 
 
@@ -32,48 +46,13 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def paired_test(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
-    """Paired t-test of arm a against arm b over the seeds both ran (scipy's ttest_rel).
-
-    Identical scores on every seed give no evidence either way: p is reported as 1. The same
-    nonzero gap on every seed has no variance to test against: t and p are undefined (nan).
-    """
-    from scipy import stats
-
-    seeds = sorted(set(a) & set(b))
-    diffs = [a[s] - b[s] for s in seeds]
-    if len(seeds) < 2:
-        return {"n": len(seeds), "mean_diff": diffs[0] if diffs else math.nan, "t": math.nan, "p": math.nan}
-    # Scores are shares of a task count, so equal gaps can differ in the last bits (0.06 - 0.04 vs
-    # 0.08 - 0.06); compared exactly, they would give a t of 1e16 and a p of 0.
-    if all(math.isclose(d, diffs[0], abs_tol=1e-9) for d in diffs):
-        return {"n": len(seeds), "mean_diff": diffs[0], "t": math.nan, "p": 1.0 if abs(diffs[0]) < 1e-9 else math.nan}
-    result = stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds])
-    return {"n": len(seeds), "mean_diff": statistics.fmean(diffs), "t": float(result.statistic), "p": float(result.pvalue)}
-
-
-def task_level_test(a: dict[int, dict[str, bool]], b: dict[int, dict[str, bool]]) -> dict[str, float]:
-    """Exact McNemar test of arm a against arm b on the same held-out tasks, pooled over the seeds both ran.
-
-    Pairs are (seed, task): ``a_only`` counts tasks that a's final checkpoint solved and b's did not,
-    ``b_only`` the reverse; p is the two-sided binomial test of a_only among the discordant pairs.
-    It asks whether these trained checkpoints differ, not whether a new seed would: the seed-level
-    t-test answers that.
-    """
-    from scipy import stats
-
-    pairs = [(a[s][t], b[s][t]) for s in sorted(set(a) & set(b)) for t in sorted(set(a[s]) & set(b[s]))]
-    a_only = sum(1 for x, y in pairs if x and not y)
-    b_only = sum(1 for x, y in pairs if y and not x)
-    p = float(stats.binomtest(a_only, a_only + b_only, 0.5).pvalue) if a_only + b_only else 1.0
-    return {"pairs": len(pairs), "a_only": a_only, "b_only": b_only, "p": p}
-
-
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-arm figures and paired tests of 'full' against every other arm.
+    """Per-arm figures and the report's two families of comparisons, each tested with seed and task as units.
 
-    Runs that carry ``heldout_outcomes`` (task_id -> success of the final checkpoint) also get the
-    task-level test.
+    Family "full vs arm": `full` against every other arm. Family "arm vs checkpoint 0": every arm's final
+    checkpoint against checkpoint 0. Each comparison is ``two_way_test`` on the runs' per-task held-out
+    outcomes (``heldout_outcomes``, and ``baseline_outcomes`` for checkpoint 0), Holm-adjusted within its
+    family (``p_holm``). Runs without per-task outcomes get the mean difference over seeds and no p-value.
     """
     arms: dict[str, list[dict[str, Any]]] = {}
     for run in results:
@@ -94,27 +73,44 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             "signals": signals,
         }
     by_seed = {arm: {r["seed"]: final_heldout(r) for r in runs} for arm, runs in arms.items()}
-    tests = {other: paired_test(by_seed["full"], by_seed[other]) for other in by_seed if other != "full" and "full" in by_seed}
     outcomes = {arm: {r["seed"]: r["heldout_outcomes"] for r in runs if r.get("heldout_outcomes")} for arm, runs in arms.items()}
-    task_tests = {
-        other: task_level_test(outcomes["full"], outcomes[other])
-        for other in outcomes
-        if other != "full" and outcomes.get("full") and outcomes[other]
-    }
-    ckpt0_tests = {arm: checkpoint0_test(runs) for arm, runs in arms.items()}
-    ckpt0_task_tests = {}
+    tests = {}
+    if "full" in arms:
+        for other in arms:
+            if other != "full":
+                tests[other] = _comparison(outcomes["full"], outcomes[other], by_seed["full"], by_seed[other])
+    ckpt0_tests = {}
     for arm, runs in arms.items():
-        final = {r["seed"]: r["heldout_outcomes"] for r in runs if r.get("heldout_outcomes") and r.get("baseline_outcomes")}
-        if final:
-            ckpt0_task_tests[arm] = task_level_test(final, {r["seed"]: r["baseline_outcomes"] for r in runs if r["seed"] in final})
+        # Checkpoint 0 shared by every seed: one outcome per task; else each seed against its own.
+        by_seed_baseline = {r["seed"]: r["baseline_outcomes"] for r in runs if r.get("baseline_outcomes")}
+        shared = len({tuple(sorted(b.items())) for b in by_seed_baseline.values()}) == 1
+        baseline = next(iter(by_seed_baseline.values())) if shared else by_seed_baseline
+        base_by_seed = {r["seed"]: baseline_of(r) for r in runs if baseline_of(r) is not None}
+        result = _comparison(outcomes[arm] if baseline else {}, baseline, by_seed[arm], base_by_seed)
+        if result["tasks"]:  # the rates on the tested split
+            result["ckpt0"], result["final"] = result["b_mean"], result["a_mean"]
+        else:
+            result["ckpt0"] = statistics.fmean(base_by_seed.values()) if base_by_seed else math.nan
+            result["final"] = statistics.fmean(by_seed[arm][s] for s in base_by_seed) if base_by_seed else math.nan
+        ckpt0_tests[arm] = result
+    for family in (tests, ckpt0_tests):
+        for name, p_holm in holm({k: t["p"] for k, t in family.items()}).items():
+            family[name]["p_holm"] = p_holm
     return {
         "arms": table,
         "tests": tests,
-        "task_tests": task_tests,
         "mechanism": {arm: mechanism_rows(runs) for arm, runs in arms.items()},
         "ckpt0_tests": ckpt0_tests,
-        "ckpt0_task_tests": ckpt0_task_tests,
     }
+
+
+def _comparison(a: dict[int, Any], b: Any, a_by_seed: dict[int, float], b_by_seed: dict[int, float]) -> dict[str, Any]:
+    """``two_way_test`` of a against b when both have per-task outcomes; else the seed-level mean difference, untested."""
+    if a and b:
+        return dict(two_way_test(a, b))
+    seeds = sorted(set(a_by_seed) & set(b_by_seed))
+    diff = statistics.fmean(a_by_seed[s] - b_by_seed[s] for s in seeds) if seeds else math.nan
+    return {"seeds": len(seeds), "tasks": 0, "mean_diff": diff, "se": math.nan, "t": math.nan, "p": math.nan}
 
 
 # --- mechanism: per arm and round, mean over seeds --------------------------------------------------
@@ -168,22 +164,6 @@ def mechanism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def checkpoint0_test(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Final held-out success of one arm against checkpoint 0's, over the seeds that recorded both.
-
-    Paired t-test of (final - ckpt0) by seed; when checkpoint 0 scored the same on every seed (the
-    arms share it) that is the one-sample t-test of the gains against 0, and ``kind`` says which.
-    """
-    final = {r["seed"]: final_heldout(r) for r in runs if baseline_of(r) is not None}
-    base = {r["seed"]: baseline_of(r) for r in runs if baseline_of(r) is not None}
-    result: dict[str, Any] = dict(paired_test(final, base))
-    same = all(math.isclose(b, next(iter(base.values())), abs_tol=1e-9) for b in base.values())
-    result["kind"] = "one-sample" if same else "paired"
-    result["ckpt0"] = statistics.fmean(base.values()) if base else math.nan
-    result["final"] = statistics.fmean(final.values()) if final else math.nan
-    return result
-
-
 def heldout_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
     """Mean held-out success over ``runs`` by round: x = 0 is checkpoint 0 (when recorded), x = r + 1 follows round r."""
     rounds = len(runs[0]["rounds"])
@@ -222,21 +202,51 @@ def _fmt(pair: tuple[float, float]) -> str:
     return "n/a" if math.isnan(mean) else f"{mean:.3f} +- {sd:.3f}"
 
 
-def _task_level_table(tests: dict[str, dict[str, Any]], intro: str, headers: tuple[str, str, str]) -> list[str]:
-    """Markdown lines of one McNemar table (``task_level_test`` results by row name); none when there are no tests.
+def _p_text(t: dict[str, Any], key: str = "p") -> str:
+    """A p-value cell: the value, or why there is none."""
+    if not math.isnan(t[key]):
+        return f"{t[key]:.3f}"
+    if not t["tasks"]:
+        return "n/a (no per-task outcomes)"
+    return "n/a (same gap everywhere)" if t["seeds"] >= 2 else "n/a (one seed)"
 
-    ``headers``: the row-name column, then the two "solved by one side only" columns.
+
+def _design_lines(heldout: dict[str, Any], power: dict[str, float], seeds: int, draws: int) -> list[str]:
+    """The held-out split, the tests, the families and the detectable effect, as the report states them."""
+    size, split_digest = heldout.get("size"), heldout.get("digest")
+    return [
+        "",
+        "## How the comparisons are tested",
+        "",
+        f"Tested on the {'final held-out split' if heldout.get('split') == FINAL_SPLIT else 'held-out split'}: "
+        f"{size if size is not None else 'n/a'} tasks, pool digest `{split_digest or 'n/a'}`. Every run's final checkpoint "
+        "and checkpoint 0 are scored on the same tasks; the tables and curves above and below use the per-round held-out split.",
+        "",
+        "Two things vary between repetitions of this experiment: the loop's seed and which tasks the held-out split drew. "
+        "Each comparison is a two-way test with both as units: the per-(seed, task) difference in success, regressed on a "
+        "constant with its standard error clustered by seed and by task at once (statsmodels OLS, two-way cluster-robust "
+        "covariance; t reference with seeds - 1 degrees of freedom). A test over pooled (seed, task) pairs (the exact McNemar "
+        "test this report used before) or over seeds with the tasks held fixed (a paired t-test) reads a lucky seed or a "
+        "lucky draw of tasks as an effect: simulated under the null with this experiment's structure (tasks/inference.py), "
+        "they reject in about 20-30% and 10-20% of experiments at alpha 0.05, the two-way test in at most 4% "
+        "(tests/tasks/test_inference.py).",
+        "",
+        "Two families of comparisons, each Holm-corrected on its own: `full` against every other arm, and every arm against "
+        "checkpoint 0. Both the raw and the adjusted p-value are printed; a claim stands on the adjusted one.",
+        "",
+        f"Power at this size ({seeds} seeds x {size if size is not None else 'n/a'} held-out tasks), simulated with the same "
+        f"structure ({draws} experiments per effect, alpha 0.05 before correction): the smallest difference in held-out "
+        f"success the two-way test detects with 80% power is {_cell(power['arm'], '.2f')} between two arms and "
+        f"{_cell(power['ckpt0'], '.2f')} between an arm and checkpoint 0 (n/a: not even "
+        f"{POWER_LARGEST:.2f}). Smaller true differences are likely to be missed.",
+    ]
+
+
+def write_report(results: list[dict[str, Any]], out_dir: Path, title: str, power_draws: int = POWER_DRAWS) -> dict[str, Any]:
+    """Write report.md and its figures into ``out_dir``; return the summary with the file paths.
+
+    ``power_draws``: simulated experiments per effect size in the search for the detectable effect.
     """
-    if not tests:
-        return []
-    name, a_only, b_only = headers
-    lines = ["", intro, "", f"| {name} | pairs | {a_only} | {b_only} | p |", "|---|---|---|---|---|"]
-    lines += [f"| {row} | {t['pairs']} | {t['a_only']} | {t['b_only']} | {t['p']:.3f} |" for row, t in tests.items()]
-    return lines
-
-
-def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> dict[str, Any]:
-    """Write report.md and its figures into ``out_dir``; return the summary with the file paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(results)
     from tasks.plots import ablation_curves, mechanism_figures
@@ -257,45 +267,40 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> di
             f"| {arm} | {_fmt(row['heldout'])} | {_fmt(row['official'])} | {row['final_pool'][0]:.0f} | "
             f"{'n/a' if math.isnan(row['acceptance']) else format(row['acceptance'], '.2f')} | {s['forgetting']}/{s['boundary']}/{s['rare']} |"
         )
-    lines += ["", "Paired t-tests of `full` against each arm, final held-out success, paired by seed:", ""]
+    seeds = len({r["seed"] for r in results})
+    tested = [t["tasks"] for t in (*summary["tests"].values(), *summary["ckpt0_tests"].values())]
+    heldout = {"size": results[0].get("heldout_size") or max(tested, default=0) or None, "digest": results[0].get("heldout_digest"), "split": results[0].get("tested_split")}
+    tasks = heldout["size"] or 0
+    power = detectable_effect(seeds, tasks, draws=power_draws, largest=POWER_LARGEST) if seeds >= 2 and tasks >= 2 else {"arm": math.nan, "ckpt0": math.nan}
+    summary["heldout_split"], summary["detectable_effect"] = heldout, power
+    lines += _design_lines(heldout, power, seeds, power_draws)
+    lines += ["", f"### Family 1: `full` against each arm ({len(summary['tests'])} comparisons, Holm)", ""]
     if any(arm.startswith("no-") for arm in summary["arms"]):
         lines += [
             "Against a `no-<signal>` arm, the mean difference is what leaving that signal out costs "
             "(positive: `full` does better with it).",
             "",
         ]
-    lines += ["| full vs | seeds | mean difference | t | p |", "|---|---|---|---|---|"]
+    lines += ["| full vs | seeds | tasks | mean difference | se | t | p | p (Holm) |", "|---|---|---|---|---|---|---|---|"]
     for other, t in summary["tests"].items():
-        t_text = "n/a" if math.isnan(t["t"]) else f"{t['t']:.2f}"
-        p_text = "n/a (same gap on every seed)" if math.isnan(t["p"]) and t["n"] >= 2 else ("n/a" if math.isnan(t["p"]) else f"{t['p']:.3f}")
-        lines.append(f"| {other} | {t['n']} | {t['mean_diff']:+.3f} | {t_text} | {p_text} |")
-    lines += _task_level_table(
-        summary["task_tests"],
-        "Task-level paired comparison of the final checkpoints (exact McNemar test over (seed, held-out task) pairs; "
-        "it asks whether these checkpoints differ, not whether another seed would):",
-        ("full vs", "solved by full only", "solved by the other only"),
-    )
+        lines.append(
+            f"| {other} | {t['seeds']} | {t['tasks']} | {_cell(t['mean_diff'], '+.3f')} | {_cell(t['se'])} | "
+            f"{_cell(t['t'], '.2f')} | {_p_text(t)} | {_p_text(t, 'p_holm')} |"
+        )
     lines += [
         "",
-        "## Learning at all: each arm against checkpoint 0",
+        f"### Family 2: each arm against checkpoint 0 ({len(summary['ckpt0_tests'])} comparisons, Holm)",
         "",
-        "Final held-out success against checkpoint 0's, t-test over seeds of (final - ckpt 0) (one-sample when "
-        "checkpoint 0 scored the same on every seed, paired otherwise):",
+        "Final held-out success against checkpoint 0's on the same tasks (checkpoint 0 is shared by every seed: one outcome per task).",
         "",
-        "| arm | test | seeds | ckpt 0 | final | mean gain | t | p |",
-        "|---|---|---|---|---|---|---|---|",
+        "| arm | seeds | tasks | ckpt 0 | final | mean gain | se | t | p | p (Holm) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, t in summary["ckpt0_tests"].items():
-        p_text = "n/a (same gain on every seed)" if math.isnan(t["p"]) and t["n"] >= 2 else _cell(t["p"])
         lines.append(
-            f"| {arm} | {t['kind'] if t['n'] else 'n/a'} | {t['n']} | {_cell(t['ckpt0'])} | {_cell(t['final'])} | "
-            f"{_cell(t['mean_diff'], '+.3f')} | {_cell(t['t'], '.2f')} | {p_text} |"
+            f"| {arm} | {t['seeds']} | {t['tasks']} | {_cell(t['ckpt0'])} | {_cell(t['final'])} | {_cell(t['mean_diff'], '+.3f')} | "
+            f"{_cell(t['se'])} | {_cell(t['t'], '.2f')} | {_p_text(t)} | {_p_text(t, 'p_holm')} |"
         )
-    lines += _task_level_table(
-        summary["ckpt0_task_tests"],
-        "Task-level: exact McNemar test over (seed, held-out task) pairs of the final checkpoint against checkpoint 0:",
-        ("arm", "solved by final only", "solved by ckpt 0 only"),
-    )
     lines += [
         "",
         "## Mechanism per arm and round (mean over seeds)",
@@ -328,30 +333,89 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str) -> di
     return {**summary, "report": str(report), "figures": [str(p) for p in figures]}
 
 
+# --- recheck of a report written before per-task outcomes were tested ------------------------------
+
+
+def read_per_run_table(text: str) -> dict[tuple[str, int], tuple[float, float]]:
+    """(arm, seed) -> (checkpoint 0's, the final round's held-out success) from a report's per-run table."""
+    runs = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or "-s" not in cells[0] or cells[1] in ("ckpt 0", "n/a"):
+            continue
+        name, _, seed = cells[0].rpartition("-s")
+        try:
+            runs[(name.split("-", 1)[1], int(seed))] = (float(cells[1]), float(cells[-1]))
+        except (ValueError, IndexError):
+            continue
+    return runs
+
+
+def seed_level_recheck(runs: dict[tuple[str, int], tuple[float, float]]) -> list[str]:
+    """Markdown tables of the seed-level t-tests (tasks and checkpoint 0 held fixed) of both families, Holm per family.
+
+    For reports whose runs lack stored per-task outcomes: these tests hold the held-out tasks and
+    checkpoint 0's one draw fixed, so they say nothing about other tasks (tasks/inference.py).
+    """
+    arms = sorted({arm for arm, _ in runs}, key=lambda a: (a != "full", a))
+    seeds = sorted({seed for _, seed in runs})
+    final = {arm: np.array([[runs[(arm, s)][1]] for s in seeds]) for arm in arms}
+    ckpt0 = np.array([[runs[(arms[0], s)][0]] for s in seeds])
+    families = {
+        "full vs": {arm: seed_level_array_test(final["full"], final[arm]) for arm in arms if arm != "full"},
+        "arm vs ckpt 0": {arm: seed_level_array_test(final[arm], ckpt0) for arm in arms},
+    }
+    lines = []
+    for title, tests in families.items():
+        adjusted = holm({k: t["p"] for k, t in tests.items()})
+        lines += ["", f"| {title} | seeds | mean difference | t | p | p (Holm, {len(tests)}) |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"| {k} | {t['n']} | {t['mean_diff']:+.3f} | {_cell(t['t'], '.2f')} | {_cell(t['p'])} | {_cell(adjusted[k])} |"
+            for k, t in tests.items()
+        ]
+    return lines
+
+
 # --- Prefect task -------------------------------------------------------------------------------
 from prefect import get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from storage.pool import pool_digest  # noqa: E402
+from storage.tracking import Tracker  # noqa: E402
+from tasks.common import HELDOUT_ROUND, open_warehouse  # noqa: E402
+from tasks.evaluate import HELDOUT_SPLIT  # noqa: E402
+
+
+def _tested_outcomes(wh: Any, run: dict[str, Any]) -> dict[str, Any]:
+    """A run with the per-task outcomes its tests use: the final held-out split's when the ablation scored it, else the held-out split's."""
+    prepared = wh.stage_output(run["run_id"], 0, "prepare") or {}
+    tested = {"baseline_dev_success": prepared.get("baseline_dev_success")}
+    if run.get("final_heldout_outcomes"):
+        tested |= {
+            "heldout_outcomes": run["final_heldout_outcomes"],
+            "baseline_outcomes": run["final_baseline_outcomes"],
+            "heldout_size": run["final_heldout_size"],
+            "heldout_digest": run["final_heldout_digest"],
+            "tested_split": FINAL_SPLIT,
+        }
+    else:
+        # Checkpoint 0's held-out rows: the prepare stage stores them under HELDOUT_ROUND.
+        tasks = wh.pool(run["run_id"], HELDOUT_ROUND)
+        tested |= {
+            "heldout_outcomes": wh.evaluation_outcomes(run["run_id"], run["rounds"][-1]["round"], HELDOUT_SPLIT),
+            "baseline_outcomes": wh.evaluation_outcomes(run["run_id"], HELDOUT_ROUND, HELDOUT_SPLIT),
+            "heldout_size": len(tasks),
+            "heldout_digest": pool_digest(tasks) if tasks else None,
+            "tested_split": HELDOUT_SPLIT,
+        }
+    return {**run, **tested}
 
 
 @task(name="report", cache_policy=NO_CACHE)
 def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     """Write the ablation report under the state folder and log it to MLflow as one run."""
-    from storage.tracking import Tracker
-
-    from tasks.common import HELDOUT_ROUND, open_warehouse
-    from tasks.evaluate import HELDOUT_SPLIT
-
     with open_warehouse(config) as wh:
-        results = [
-            {
-                **run,
-                "heldout_outcomes": wh.evaluation_outcomes(run["run_id"], run["rounds"][-1]["round"], HELDOUT_SPLIT),
-                # Checkpoint 0's held-out rows (the prepare stage stores them under HELDOUT_ROUND) and dev score.
-                "baseline_outcomes": wh.evaluation_outcomes(run["run_id"], HELDOUT_ROUND, HELDOUT_SPLIT),
-                "baseline_dev_success": (wh.stage_output(run["run_id"], 0, "prepare") or {}).get("baseline_dev_success"),
-            }
-            for run in results
-        ]
+        results = [_tested_outcomes(wh, run) for run in results]
     out = write_report(results, config.state_dir / "reports" / name, f"Ablation `{name}`")
     tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
     metrics = {}
@@ -359,18 +423,24 @@ def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]
         if not math.isnan(row["heldout"][0]):
             metrics[f"heldout.{arm}.mean"] = row["heldout"][0]
             metrics[f"heldout.{arm}.sd"] = row["heldout"][1]
-    for other, t in out["tests"].items():
-        if not math.isnan(t["p"]):
-            metrics[f"p.full_vs_{other}"] = t["p"]
-    for other, t in out["task_tests"].items():
-        metrics[f"p_tasks.full_vs_{other}"] = t["p"]
-    for arm, t in out["ckpt0_tests"].items():
-        if not math.isnan(t["p"]):
-            metrics[f"p.{arm}_vs_ckpt0"] = t["p"]
-    for arm, t in out["ckpt0_task_tests"].items():
-        metrics[f"p_tasks.{arm}_vs_ckpt0"] = t["p"]
-    run_id = tracker.log_evaluation(f"{name}-report", metrics, {"runs": len(results)}, {"coevolve.kind": "ablation"})
+    for family, label in ((out["tests"], "full_vs_{}"), (out["ckpt0_tests"], "{}_vs_ckpt0")):
+        for name_, t in family.items():
+            for key in ("p", "p_holm"):
+                if not math.isnan(t[key]):
+                    metrics[f"{key}.{label.format(name_)}"] = t[key]
+    for comparison, effect in out["detectable_effect"].items():
+        if not math.isnan(effect):
+            metrics[f"detectable_effect.{comparison}"] = effect
+    params = {"runs": len(results), "heldout_split.size": out["heldout_split"]["size"], "heldout_split.digest": out["heldout_split"]["digest"]}
+    run_id = tracker.log_evaluation(f"{name}-report", metrics, params, {"coevolve.kind": "ablation"})
     for path in [Path(out["report"]), *map(Path, out["figures"])]:
         tracker.attach_artifact(run_id, path, "report")
     get_run_logger().info("ablation report at %s", out["report"])
     return {**out, "mlflow_run_id": run_id}
+
+
+if __name__ == "__main__":
+    # python -m tasks.report REPORT.md: the seed-level recheck of an existing report's per-run table.
+    import sys
+
+    print("\n".join(seed_level_recheck(read_per_run_table(Path(sys.argv[1]).read_text()))))

@@ -1,4 +1,4 @@
-"""The run's task splits, rebuilt from the seed: the seed pool D_0, the held-out split, the dev split, and checkpoint 0's demonstrations.
+"""The run's task splits, rebuilt from the seed: the seed pool D_0, the held-out split, the dev split, the final held-out split, and checkpoint 0's demonstrations.
 
 Every split comes from the unguided explorer (envs/explorer.py) with its own seed offset, and the
 splits are disjoint by task id. D_0, dev and held-out are the target distribution: 3-5 calls spread
@@ -50,6 +50,25 @@ def build_dev_split(config: PipelineConfig, size: int = 200) -> list[Task]:
     if config.policy.model == BUILTIN_TINY:
         exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
     return build_tasks(size, config.start_seed + 31337, origin="dev", exclude=exclude, calls_per_turn=config.pool.calls_per_turn)
+
+
+def build_final_heldout(config: PipelineConfig) -> list[Task]:
+    """The final held-out split: ``rollout.final_heldout_tasks`` tasks of the target distribution, for the ablation's tests.
+
+    Its own explorer seed (``pool.seed + 65537``) and disjoint from D_0, the per-round held-out split,
+    the dev split and (for the builtin policy) checkpoint 0's demonstrations, which are built first and
+    not changed by it. Empty when the size is 0.
+    """
+    from envs.explorer import build_tasks
+
+    size = config.rollout.final_heldout_tasks
+    if size <= 0:
+        return []
+    seed_pool, heldout = build_initial_pools(config)
+    exclude = {t.task_id for t in seed_pool + heldout + build_dev_split(config)}
+    if config.policy.model == BUILTIN_TINY:
+        exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
+    return build_tasks(size, config.start_seed + 65537, origin="heldout", exclude=exclude, calls_per_turn=config.pool.calls_per_turn)
 
 
 # Every run of an ablation starts from the same checkpoint 0 and must rebuild its demonstrations to

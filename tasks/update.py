@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from agent.engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError, is_retryable
 from coevolve.records import Trajectory, digest
@@ -226,6 +227,22 @@ def _summarize_logs(log_history: list[dict[str, Any]]) -> dict[str, float]:
     return {key: sum(values) / len(values) for key, values in sums.items()}
 
 
+def _copy_checkpoint(checkpoint_in: Path, staging: Path, config: PipelineConfig) -> None:
+    """A skipped update's checkpoint: the input's files, and with LoRA an adapter chain that reaches its base.
+
+    An input with an ``adapter/`` folder carries its chain in the copy. An input without one (the
+    served base itself) gets a LoRA adapter on it whose B matrices are zero (peft's initialisation),
+    so the copy loads as the same weights and LoRA weight sync (agent/weights.py) finds its chain.
+    """
+    shutil.copytree(checkpoint_in, staging)
+    if config.training.use_lora and not (staging / "adapter").is_dir():
+        from peft import LoraConfig, get_peft_model
+
+        model, _ = load_policy(checkpoint_in)
+        lora = LoraConfig(r=config.training.lora_rank, lora_alpha=2 * config.training.lora_rank, target_modules="all-linear", task_type="CAUSAL_LM")
+        get_peft_model(model, lora).save_pretrained(staging / "adapter", safe_serialization=True)
+
+
 def grpo_update(
     checkpoint_in: Path,
     trajectories: list[Trajectory],
@@ -247,7 +264,7 @@ def grpo_update(
     groups, dropped = group_trajectories(trajectories, group_size)
     base_stats = {"groups_flat": dropped["flat"], "groups_malformed": dropped["malformed"], "trajectories": len(trajectories)}
     if not groups:
-        _save_atomically(out_dir, lambda staging: shutil.copytree(checkpoint_in, staging))
+        _save_atomically(out_dir, lambda staging: _copy_checkpoint(checkpoint_in, staging, config))
         return {
             **base_stats,
             "skipped": True,

@@ -118,17 +118,17 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from coevolve.config import PipelineConfig  # noqa: E402
 from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import DEV_ROUND, HELDOUT_ROUND, open_warehouse, resumable  # noqa: E402
+from tasks.common import DEV_ROUND, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, open_warehouse, resumable  # noqa: E402
 
 
 def sealed_splits(config: PipelineConfig) -> tuple[list[Task], list[Task]]:
-    """The run's held-out and dev splits, which no candidate may repeat.
+    """The run's held-out splits (per-round and final) and dev split, which no candidate may repeat.
 
     A run prepared before its dev split was stored gets the split ``coevolve evaluate --dev``
     builds (the same tasks for the same seed), stored under DEV_ROUND for the next rounds.
     """
     with open_warehouse(config) as wh:
-        heldout = wh.pool(config.run_id, HELDOUT_ROUND)
+        heldout = wh.pool(config.run_id, HELDOUT_ROUND) + wh.pool(config.run_id, FINAL_HELDOUT_ROUND)
         dev = wh.pool(config.run_id, DEV_ROUND)
     if not dev:
         from tasks.prepare import store_dev_split

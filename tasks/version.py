@@ -18,6 +18,7 @@ success when the evaluate stage scored the dev split; they are logged as metrics
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -142,13 +143,35 @@ def lineage_tags(run_id: str, round_: int, checkpoint_digest: str, parent: dict[
     }
 
 
+# The configuration that decides a round's results: a round resumed with other values would mix
+# episodes, signals or updates made under both (Warehouse.start_round refuses it). Endpoints, timeouts,
+# placement, tracking and storage do not change what a round computes and may change between attempts.
+RESULT_SECTIONS: tuple[str, ...] = ("environment", "policy", "signals", "synthesis", "validation", "pool")
+RESULT_FIELDS: dict[str, tuple[str, ...]] = {
+    "rollout": ("tasks_per_round", "group_size", "temperature", "eval_temperature", "max_new_tokens", "heldout_tasks",
+                "dev_eval_tasks"),
+    "training": ("learning_rate", "steps_per_round", "epsilon_low", "epsilon_high", "beta", "kl_reference", "use_lora",
+                 "lora_rank"),
+}  # fmt: skip
+
+
+def round_settings(config: PipelineConfig) -> dict[str, Any]:
+    """The flattened settings a round records when it starts (RESULT_SECTIONS, RESULT_FIELDS and the seed)."""
+    data = config.model_dump(mode="json")
+    chosen: dict[str, Any] = {"seed": data["seed"]}
+    chosen.update(flatten({k: data[k] for k in RESULT_SECTIONS}))
+    for section, names in RESULT_FIELDS.items():
+        chosen.update({f"{section}.{n}": data[section][n] for n in names})
+    return chosen
+
+
 # --- Prefect task -------------------------------------------------------------------------------
 from prefect import get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
 from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import resumable  # noqa: E402
+from tasks.common import open_warehouse, resumable  # noqa: E402
 
 
 @task(name="version", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
@@ -200,9 +223,19 @@ def version_task(config: PipelineConfig, round_: int, outputs: dict[str, dict[st
         earlier = [s for s in wh.rounds(config.run_id) if s.round < round_]
         figure = learning_curve(earlier + [summary], config.run_dir() / "figures" / f"learning-curve-{round_:03d}.png")
         tracker.attach_artifact(info["mlflow_run_id"], figure)
-        # Closing the round comes last: a crash before it re-runs this stage, and every call above is idempotent.
-        wh.finish_round(config.run_id, round_, summary)
         get_run_logger().info("round %d: model version %s (best %s), pool digest %s", round_, summary.model_version, best, summary.pool_digest[:12])
         return {**summary.to_dict(), "mlflow_run_id": info["mlflow_run_id"], "checkpoint_digest": weights_digest, "best_version": best}
 
     return resumable(config, round_, "version", compute)
+
+
+def finish_round(config: PipelineConfig, round_: int, output: dict[str, Any]) -> None:
+    """Mark the round finished from the version stage's recorded output: the round's last commit.
+
+    It follows the version stage's record, so a crash between the two leaves a round that is not
+    finished and whose stages are all recorded; running it again (or `coevolve evolve`) only writes this.
+    """
+    fields = {f.name for f in dataclasses.fields(RoundSummary)}
+    summary = RoundSummary(**{k: v for k, v in output.items() if k in fields})
+    with open_warehouse(config) as wh:
+        wh.finish_round(config.run_id, round_, summary)

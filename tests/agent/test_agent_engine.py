@@ -41,6 +41,16 @@ def test_sampled_logprobs_match_a_full_forward_pass_at_the_temperature(engine, p
     assert torch.allclose(expected, torch.tensor(generation.logprobs), atol=1e-4)
 
 
+def test_behaviour_logprobs_do_not_depend_on_the_batch_an_episode_was_sampled_in(engine, prompts):
+    """A replayed episode (a resumed rollout samples it in a smaller batch) stores the same bits."""
+    seeds = [11, 12, 13, 14][: len(prompts)]
+    batched = engine.generate(prompts, temperature=0.9, max_new_tokens=16, seeds=seeds)
+    for i, prompt in enumerate(prompts):
+        (alone,) = engine.generate([prompt], temperature=0.9, max_new_tokens=16, seeds=[seeds[i]])
+        assert alone.token_ids == batched[i].token_ids
+        assert alone.logprobs == batched[i].logprobs
+
+
 def test_reload_switches_checkpoints(tmp_path, tiny_dir, prompts):
     import torch
     from transformers import AutoModelForCausalLM

@@ -106,8 +106,29 @@ def test_pool_growth_counts_new_tasks_by_origin(history: Warehouse) -> None:
 
 
 def test_forgetting_events_find_a_solved_task_failing_later(history: Warehouse, make_task) -> None:
-    rows = history.sql("SELECT task_id, round, score, best_before, signalled FROM v_forgetting_events")
-    assert rows.rows() == [(make_task(0).task_id, 1, 0.0, 1.0, True)]
+    rows = history.sql("SELECT task_id, round, sample, reward, best_before, window_size, signalled FROM v_forgetting_events ORDER BY sample")
+    assert rows.rows() == [(make_task(0).task_id, 1, 0, 0.0, 1.0, 2, True), (make_task(0).task_id, 1, 1, 0.0, 1.0, 2, False)]
+
+
+def test_forgetting_events_are_the_miners_forgetting_signals(warehouse: Warehouse, make_task, make_trajectory) -> None:
+    """A task solved by one of three samples (success rate 1/3) and failed later is forgotten by the miner's
+    rule; one whose only success fell out of the last W rewards is not."""
+    from coevolve.config import PipelineConfig
+    from tasks.mine import mine_signals
+
+    config = PipelineConfig(run_id=RUN, signals={"forgetting_window": 3, "enabled": ["forgetting"]})
+    warehouse.ensure_run(RUN, config.model_dump(mode="json"))
+    once, long_ago = make_task(0), make_task(1)
+    trajs = [make_trajectory(once.task_id, s, s == 0) for s in range(3)]
+    trajs += [make_trajectory(long_ago.task_id, 0, True)] + [make_trajectory(long_ago.task_id, s, False, round=1) for s in range(3)]
+    trajs += [make_trajectory(t.task_id, s, False, round=2) for t in (once, long_ago) for s in range(2)]
+    warehouse.write_trajectories(trajs)
+    for round_ in (1, 2):
+        warehouse.write_signals(mine_signals(warehouse.trajectory_frame(RUN), round_, RUN, config.signals))
+    fired = warehouse.sql("SELECT round, trajectory_id FROM signals WHERE kind = 'forgetting' ORDER BY ALL").rows()
+    events = warehouse.sql("SELECT round, trajectory_id FROM v_forgetting_events ORDER BY ALL").rows()
+    assert events == fired and len(fired) == 5  # round 1: long_ago x3; round 2: once x2
+    assert warehouse.sql("SELECT bool_and(signalled) FROM v_forgetting_events").item() is True
 
 
 def test_acceptance_rates_leave_pending_candidates_out_of_the_rate(history: Warehouse) -> None:

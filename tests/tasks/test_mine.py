@@ -206,3 +206,14 @@ def test_a_damaged_trajectory_file_fails_mining_with_a_data_error(tmp_path):
     path.write_bytes(b"not a parquet file" * 10)
     with pytest.raises(DataError, match="damaged"):
         mine_warehouse(wh, "run", 0, SignalConfig())
+
+
+def test_rare_compares_exactly_a_pattern_at_theta_percent_never_fires():
+    """11 of 1000 is exactly 1.1 percent: 11/1000 < 1.1/100 holds in floats (0.011 < 0.011000000000000001)."""
+    rows = [(0, f"t{i}", 0, 0, ["touch"] if i < 11 else ["ls"]) for i in range(1000)]
+    rows.append((0, "u", 0, 0, ["cd"]))  # 1 of 1001: rare either way
+    config = only("rare", rare_theta=1.1, rare_min_total=1)
+    at_theta = mine_signals(frame(rows[:1000]), 0, "run", config)
+    assert [s.evidence["pattern"] for s in at_theta] == []
+    below = mine_signals(frame(rows), 0, "run", config)
+    assert {s.evidence["pattern"] for s in below} == {"cd", "touch"}  # 11/1001 is below 1.1 percent

@@ -1,5 +1,7 @@
 """The starting point of a run: seed pool, held-out split, the SFT set of checkpoint 0, and the dev split."""
 
+import pytest
+
 from coevolve.config import load_config
 from tasks.prepare import build_dev_split, build_initial_pools, sft_demonstrations
 
@@ -106,3 +108,67 @@ def test_the_default_heldout_split_is_frozen(tmp_path):
     config = load_config(overrides=[f"state_dir={tmp_path}"], environ={})
     _, heldout = build_initial_pools(config)
     assert len(heldout) == 100 and pool_digest(heldout) == FROZEN_HELDOUT_DIGEST
+
+
+# The ablation's final held-out split (configs/ablation.yaml: 500 tasks), defined before any arm ran
+# (README, "The embedded default and why"). A change to the explorer, the templates, the split's seed or what
+# it excludes changes this digest: earlier ablation reports then no longer compare, and the README must say so.
+FROZEN_FINAL_HELDOUT_DIGEST = "5d09ccbe3042779bc39a8b5cf2898a11129410c2ac4ceb0eab2120037b00d61f"
+
+
+@pytest.mark.slow
+def test_the_ablations_final_heldout_split_is_frozen_and_disjoint_from_every_other_split(tmp_path):
+    from pathlib import Path
+
+    from storage.pool import pool_digest
+    from tasks.splits import build_final_heldout
+
+    config = load_config(Path(__file__).parents[2] / "configs" / "ablation.yaml", overrides=[f"state_dir={tmp_path}"], environ={})
+    final = build_final_heldout(config)
+    assert len(final) == config.rollout.final_heldout_tasks == 500 and pool_digest(final) == FROZEN_FINAL_HELDOUT_DIGEST
+    seed_pool, heldout = build_initial_pools(config)
+    others = {t.task_id for t in seed_pool + heldout + build_dev_split(config)} | set(sft_demonstrations(config, seed_pool, heldout)[0])
+    assert not {t.task_id for t in final} & others
+    for task in final:
+        calls = [len(turn) for turn in task.reference]
+        assert 3 <= sum(calls) <= 5 and max(calls) <= config.pool.calls_per_turn
+
+
+def test_without_a_size_there_is_no_final_heldout_split(tmp_path):
+    from tasks.splits import build_final_heldout
+
+    assert build_final_heldout(_config(tmp_path)) == []
+
+
+def test_validation_also_seals_the_final_heldout_split(tmp_path):
+    from tasks.common import HELDOUT_ROUND, open_warehouse
+    from tasks.prepare import store_dev_split, store_final_heldout
+    from tasks.validate import sealed_splits
+
+    config = _config(tmp_path).with_overrides({"rollout": {"final_heldout_tasks": 7}})
+    _, heldout = build_initial_pools(config)
+    with open_warehouse(config) as wh:
+        wh.write_tasks(heldout)
+        wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in heldout])
+    dev = store_dev_split(config)
+    final = store_final_heldout(config)
+    assert len(final) == 7 and sealed_splits(config) == (heldout + final, dev)
+
+
+def test_checkpoint_0s_scores_are_copied_only_from_a_run_with_the_same_checkpoint_and_tasks(tmp_path):
+    from tasks.common import HELDOUT_ROUND, open_warehouse
+    from tasks.prepare import copied_baseline
+
+    config = _config(tmp_path).with_overrides({"rollout": {"checkpoint0_scores_from": "first"}})
+    _, heldout = build_initial_pools(config)
+    rows = [(t.task_id, i % 2 == 0, float(i % 2 == 0), f"traj-{i}") for i, t in enumerate(heldout)]
+    with open_warehouse(config) as wh:
+        wh.mark_stage("first", 0, "prepare", {"checkpoint_digest": "abc"})
+        wh.write_evaluations("first", HELDOUT_ROUND, "heldout", rows)
+        assert copied_baseline(wh, config, "other digest", {"heldout": heldout}) is None
+        assert copied_baseline(wh, config, "abc", {"heldout": heldout[:-1]}) is None  # other tasks
+        assert wh.evaluation_outcomes(config.run_id, HELDOUT_ROUND, "heldout") == {}
+        rates = copied_baseline(wh, config, "abc", {"heldout": heldout, "dev": []})
+        copied = wh.evaluation_rows(config.run_id, HELDOUT_ROUND, "heldout")
+    assert rates == {"heldout": 3 / 5, "dev": 0.0}
+    assert sorted(copied) == sorted(rows)

@@ -131,6 +131,28 @@ def test_zero_variance_batch_is_skipped_and_copies_the_input(policy_dir, tmp_pat
     assert (out / "model.safetensors").read_bytes() == (policy_dir / "model.safetensors").read_bytes()
 
 
+def test_a_skipped_lora_update_of_the_base_carries_an_adapter_chain_to_it(policy_dir, tmp_path):
+    """LoRA weight sync serves checkpoint r+1 as adapters on the served base: a copy needs a chain that reaches it."""
+    import torch
+
+    from agent.engine import load_policy
+    from agent.weights import adapter_chain
+
+    trajectories = _batch(policy_dir, 0.9, {"t-a": [1.0] * 4})
+    out = tmp_path / "round-001"
+    config = _config(tmp_path, use_lora=True, lora_rank=4)
+    assert grpo_update(policy_dir, trajectories, config, out)["skipped"] is True
+    chain = adapter_chain(out, [str(policy_dir)])
+    assert chain is not None and chain[0] == str(policy_dir) and chain[1] == [out / "adapter"]
+    from peft import PeftModel
+
+    base, _ = load_policy(policy_dir)
+    with_adapter = PeftModel.from_pretrained(load_policy(policy_dir)[0], out / "adapter").merge_and_unload()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.inference_mode():
+        assert torch.equal(with_adapter(input_ids=ids).logits, base(input_ids=ids).logits)
+
+
 def _shifted(trajectories: list[Trajectory], shift: float) -> list[Trajectory]:
     """The same trajectories with every model token's stored logprob moved by ``shift``."""
     import dataclasses
