@@ -1,9 +1,14 @@
 """Turn a model message into tool calls, without ever running anything.
 
-Three syntaxes are accepted because the policies the pipeline trains or evaluates emit them:
+These syntaxes are accepted because the policies the pipeline trains or evaluates emit them (and
+bfcl-eval's handlers read them):
 
-* BFCL python-call lists, ``[mkdir(dir_name='x'), cd(folder='y')]``, or one bare call;
-* Qwen/Hermes blocks, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (several allowed);
+* BFCL python-call lists, ``[mkdir(dir_name='x'), cd(folder='y')]``, or one bare call (bfcl's
+  prompting handlers: Qwen prompting, the generic chat format);
+* Qwen/Hermes blocks, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (several allowed;
+  Qwen FC);
+* Llama 3.1 JSON, ``{"name": ..., "parameters": {...}}``, several separated by ``;`` or in a list,
+  optionally after ``<|python_tag|>``, also written as a python literal;
 * OpenAI-style JSON, ``{"tool_calls": [{"function": {"name": ..., "arguments": ...}}]}``, or a JSON
   list of ``{"name", "arguments"}`` objects.
 
@@ -24,6 +29,8 @@ from coevolve.records import ToolCall
 MAX_TEXT_CHARS = 20_000
 POSITIONAL_PREFIX = "__pos"
 
+# Llama 3.1 may open a tool call with this token when special tokens are kept in the text.
+_PYTHON_TAG = "<|python_tag|>"
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _CODE_FENCE = re.compile(r"```[A-Za-z0-9_-]*\s*\n?(.*?)```", re.DOTALL)
 _LIST_OF_CALLS_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
@@ -169,6 +176,27 @@ def _embedded_list(text: str) -> list[ToolCall] | None:
     raise _ParseError(text[start : start + 80])
 
 
+def _structured(text: str) -> list[ToolCall] | None:
+    """Calls written as data: JSON, JSON objects separated by ``;`` (Llama 3.1), or the same shapes as
+    python literals (``True``, single quotes); None when the text is no such value."""
+    try:
+        return _parse_json(json.loads(text))
+    except json.JSONDecodeError:
+        pass
+    if ";" in text:
+        try:
+            parts = [json.loads(part) for part in text.split(";") if part.strip()]
+        except json.JSONDecodeError:
+            parts = None
+        if parts and all(isinstance(p, dict) for p in parts):
+            return [_from_json_object(p) for p in parts]
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return _parse_json(value)
+
+
 def _parse(text: str) -> list[ToolCall]:
     stripped = text.strip()
     if not stripped:
@@ -178,13 +206,11 @@ def _parse(text: str) -> list[ToolCall]:
     fenced = _CODE_FENCE.search(stripped)
     if fenced:
         stripped = fenced.group(1).strip()
+    stripped = stripped.removeprefix(_PYTHON_TAG).strip()
     if stripped[:1] in "[{":
-        try:
-            found = _parse_json(json.loads(stripped))
-            if found is not None:
-                return found
-        except json.JSONDecodeError:
-            pass
+        found = _structured(stripped)
+        if found is not None:
+            return found
     try:
         found = _parse_python(stripped)
         return found or []
