@@ -137,3 +137,8 @@ def test_an_ambiguous_model_name_asks_for_the_bfcl_handler():
         load_config(overrides=["environment.prompt_style=bfcl", "policy.model=Qwen/Qwen3-4B"])
     config = load_config(overrides=["environment.prompt_style=bfcl", "environment.bfcl_handler=qwen", "policy.model=Qwen/Qwen3-4B"])
     assert config.environment.bfcl_handler == "qwen"
+
+
+def test_the_builtin_tiny_model_keeps_the_compact_prompt():
+    with pytest.raises(ConfigError, match="builtin:tiny is fine-tuned on demonstrations in the compact prompt"):
+        load_config(overrides=["environment.prompt_style=bfcl", "environment.bfcl_handler=chat"])

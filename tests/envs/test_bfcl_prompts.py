@@ -119,6 +119,7 @@ def entries():
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen_fc", "qwen", "llama_3_1", "chat"])
 def test_every_prompt_of_every_entry_matches_the_handler(family, entries, monkeypatch):
     handler = _bfcl_handler(family, monkeypatch, "all")
