@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coevolve.records import ToolCall
+from envs.bfcl_prompts import split_reasoning
 from envs.calls import parse_tool_calls
 
 
@@ -119,16 +120,12 @@ def test_parser_never_raises_on_arbitrary_json(value, wrapper):
 
 # --- the output syntax of each bfcl-eval handler family (prompt_style 'bfcl') ----------------------
 def test_qwen_fc_tool_call_blocks_after_reasoning_are_parsed():
-    from envs.bfcl_prompts import split_reasoning
-
     reply = '<think>\nfirst cd\n</think>\n\n<tool_call>\n{"name": "cd", "arguments": {"folder": "doc"}}\n</tool_call>\n<tool_call>\n{"name": "ls", "arguments": {"a": true}}\n</tool_call>'
     _, answer = split_reasoning(reply)
     assert parse_tool_calls(answer) == ([ToolCall("cd", {"folder": "doc"}), ToolCall("ls", {"a": True})], None)
 
 
 def test_qwen_prompting_python_list_after_reasoning_is_parsed():
-    from envs.bfcl_prompts import split_reasoning
-
     _, answer = split_reasoning("<think>\nplan\n</think>\n\n[cd(folder='doc'), ls(a=True)]")
     assert parse_tool_calls(answer) == ([ToolCall("cd", {"folder": "doc"}), ToolCall("ls", {"a": True})], None)
 

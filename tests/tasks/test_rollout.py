@@ -4,7 +4,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.chat import ChatFormat
+from agent.engine import Generation
+from agent.tiny import train_tokenizer
 from coevolve.config import EnvironmentConfig, PolicyConfig
+from envs.bfcl import official_tasks
 from envs.explorer import build_tasks, demonstration
 from tasks.common import make_environment
 from tasks.rollout import draw_batch, play_episodes
@@ -142,13 +146,9 @@ class _ScriptedEngine:
     """Replies from a script, tokenized by a real tokenizer; records the prompt of every step."""
 
     def __init__(self, tokenizer, replies):
-        from agent.chat import ChatFormat
-
         self.tokenizer, self.chat, self.replies, self.prompts, self.generated = tokenizer, ChatFormat(tokenizer), list(replies), [], []
 
     def generate(self, prompts, temperature, max_new_tokens, seeds=None):
-        from agent.engine import Generation
-
         out = []
         for prompt in prompts:
             ids = self.chat.generated_ids(self.replies.pop(0))
@@ -159,9 +159,6 @@ class _ScriptedEngine:
 
 
 def test_bfcl_style_trains_only_tokens_each_step_was_given_or_produced():
-    from agent.tiny import train_tokenizer
-    from envs.bfcl import official_tasks
-
     task = official_tasks("multi_turn_base", limit=1)[0]  # turn 0: cd, mkdir, mv; then a grep turn
     tokenizer = train_tokenizer(["[cd(folder='document')] <think>plan</think> tool user system"], vocab_size=300)
     tokenizer.chat_template = _THINK_STRIPPING_TEMPLATE
