@@ -153,7 +153,7 @@ class BfclEnvironment:
         return outcome
 
     def _bfcl_step(self, model_text: str) -> StepOutcome:
-        calls, error = parse_tool_calls(model_text)
+        calls, error = parse_tool_calls(model_text, bracketed=True)
         # bfcl-eval's python-call decoder keeps keyword arguments only: ``sort('a.txt')`` runs as
         # ``sort()`` there (and fails), so it does here too.
         calls = [ToolCall(c.name, {k: v for k, v in c.arguments.items() if not k.startswith(POSITIONAL_PREFIX)}) for c in calls]

@@ -197,7 +197,23 @@ def _structured(text: str) -> list[ToolCall] | None:
     return _parse_json(value)
 
 
-def _parse(text: str) -> list[ToolCall]:
+def _bracketed(text: str) -> list[ToolCall] | None:
+    """bfcl-eval's prompting decoder's reading: fences' backticks and blank ends stripped, a missing ``[`` or
+    ``]`` added (``f(a=1), g(b=2)`` and ``[f(a=1)`` are call lists there); None when that holds no call."""
+    body = text.strip("`\n ")
+    body = body if body.startswith("[") else "[" + body
+    body = body if body.endswith("]") else body + "]"
+    try:
+        return _parse_python(body)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _parse(text: str, bracketed: bool = False) -> list[ToolCall]:
+    if bracketed:
+        found = _bracketed(text)
+        if found:
+            return found
     stripped = text.strip()
     if not stripped:
         return []
@@ -224,17 +240,21 @@ def _parse(text: str) -> list[ToolCall]:
     return []
 
 
-def parse_tool_calls(text: str, allowed: set[str] | None = None) -> tuple[list[ToolCall], str | None]:
+def parse_tool_calls(
+    text: str, allowed: set[str] | None = None, bracketed: bool = False
+) -> tuple[list[ToolCall], str | None]:
     """Tool calls in ``text`` and an error text, or ([], None) when the text calls nothing.
 
     Never raises and never runs anything. With ``allowed``, a call to any other name is an error.
+    ``bracketed`` also reads calls the way bfcl-eval's prompting handlers do (a missing bracket of the
+    call list added); prompt_style 'bfcl' turns it on, the compact style keeps its stricter reading.
     """
     if not isinstance(text, str):
         return [], "unparseable tool call: message is not text"
     if len(text) > MAX_TEXT_CHARS:
         return [], f"unparseable tool call: message longer than {MAX_TEXT_CHARS} characters"
     try:
-        calls = _parse(text)
+        calls = _parse(text, bracketed)
     except _ParseError as exc:
         return [], f"unparseable tool call: {exc}"
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError, json.JSONDecodeError) as exc:
