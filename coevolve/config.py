@@ -72,7 +72,7 @@ class EnvironmentConfig(_Section):
             "<tool_call> blocks), 'qwen' (Qwen prompting: bfcl's system prompt, python call lists), 'llama_3_1' "
             "(Llama 3.1 JSON calls, tools in the first user message), 'chat' (bfcl's prompting message list rendered "
             "with the model's own chat template). Unset: derived from policy.model where the name leaves one choice "
-            "(envs/bfcl_prompts.handler_for_model)."
+            "(coevolve.config.derive_bfcl_handler)."
         ),
     )
 
