@@ -46,7 +46,7 @@ GPU_TORCH_SPEC ?= torch==2.13.0
 GPU_VLLM_SPEC ?= vllm==0.31.0
 SMOKE_ARGS ?=
 
-.PHONY: setup setup-vllm setup-gpu gpu-smoke run test clean
+.PHONY: setup setup-vllm setup-gpu gpu-smoke gpu-check-wheels run test clean
 
 setup: $(STAMP)
 
@@ -95,6 +95,23 @@ $(GPU_VLLM_VENV)/.installed: Makefile
 # SMOKE_ARGS="--model /path/to/model" uses a local model instead of the builtin tiny policy.
 gpu-smoke: setup-gpu
 	$(GPU_VENV)/bin/python benchmarks/gpu_smoke.py --vllm-python $(GPU_VLLM_VENV)/bin/python $(SMOKE_ARGS)
+
+# Wheels benchmarks/gpu_check.py needs on a bare GPU machine that has CUDA torch, transformers, accelerate and
+# peft but no package registry (Python 3.12, x86_64): TRL and what it and the configuration import. pyarrow
+# alone is 48 MiB, so it has its own folder: carry it in one command and the rest in the next (each command
+# carries at most 64 MiB), installing each with `pip install --no-index --no-deps --target`. See
+# benchmarks/README.md, "GPU check on a bare GPU machine".
+GPU_CHECK_WHEELS := .gpu-check-wheels
+GPU_CHECK_SPEC ?= trl==1.16.0 datasets==5.2.0 pandas==3.1.1 dill==0.4.1 xxhash==4.1.0 multiprocess==0.70.19 \
+	pydantic==2.14.3 pydantic_core==2.50.4 pydantic-settings==2.16.3 annotated-types==0.8.0 typing-inspection==0.4.5 \
+	python-dotenv==1.2.4 python-dateutil==2.9.0.post0 six==1.17.0 tzdata==2026.6
+GPU_CHECK_PYARROW ?= pyarrow==25.0.1
+GPU_CHECK_PLATFORM := --only-binary=:all: --python-version 3.12 --implementation cp \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+
+gpu-check-wheels: setup
+	$(PY) -m pip download -q --no-deps $(GPU_CHECK_PLATFORM) -d $(GPU_CHECK_WHEELS)/small $(GPU_CHECK_SPEC)
+	$(PY) -m pip download -q --no-deps $(GPU_CHECK_PLATFORM) -d $(GPU_CHECK_WHEELS)/pyarrow $(GPU_CHECK_PYARROW)
 
 # REQUIRE_VLLM_TESTS=1: the vLLM engine tests fail instead of skipping if .venv-vllm is missing.
 test: setup setup-vllm

@@ -78,6 +78,11 @@ class ChatFormat:
         text = self.tokenizer.apply_chat_template(_as_dicts(messages), tokenize=False, add_generation_prompt=True)
         return self.encode(text)
 
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        """A message list as prompt text in the tokenizer's own chat template, generation prompt included
+        (the 'chat' family of prompt_style 'bfcl', whose history a template may rewrite)."""
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
     def continuation_ids(self, new_messages: Sequence[Message]) -> list[int]:
         """Tokens that follow a generated assistant message (which ends with EOS).
 

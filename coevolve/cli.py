@@ -227,7 +227,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     config = _load(args)
     from flows.evaluate import coevolve_evaluate
-    from tasks.evaluate import category_name
+    from tasks.evaluate import category_name, multi_turn_overall
 
     # Checked before the flow starts, so a typo fails in a second with the valid names.
     categories = [category_name(c.strip()) for c in args.categories.split(",") if c.strip()]
@@ -237,6 +237,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     )
     for split, accuracy in results.items():
         print(f"{split:<26} {accuracy:.3f}")
+    overall = multi_turn_overall(results)
+    if overall is not None:
+        missing = [c for c in ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context") if c not in results]
+        note = f"  ({', '.join(missing)} not evaluated: counted as 0, as the leaderboard does)" if missing else ""
+        print(f"{'multi_turn_overall':<26} {overall:.3f}{note}")
     return 0
 
 

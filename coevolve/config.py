@@ -55,6 +55,26 @@ class EnvironmentConfig(_Section):
             "times faster and it learns arguments from demonstrations; 'described' for real LLMs (configs/paper.yaml)."
         ),
     )
+    prompt_style: Literal["compact", "bfcl"] = Field(
+        "compact",
+        description=(
+            "How tools, calls and results are written in the policy's prompts. 'compact': the project's short prompt "
+            "(tool_list, one python call list per message, cut results), which the builtin tiny model is trained on. "
+            "'bfcl': exactly what bfcl-eval sends the model family bfcl_handler names (its system prompt or chat "
+            "template, tool-call syntax, full results, the miss_func reveal turn and its 20-step turn limit), so a "
+            "policy trains in the format its BFCL score is measured in and scores compare with published ones."
+        ),
+    )
+    bfcl_handler: Literal["qwen_fc", "qwen", "llama_3_1", "chat"] | None = Field(
+        None,
+        description=(
+            "bfcl-eval handler family for prompt_style 'bfcl': 'qwen_fc' (Qwen's template, tools in <tools>, calls in "
+            "<tool_call> blocks), 'qwen' (Qwen prompting: bfcl's system prompt, python call lists), 'llama_3_1' "
+            "(Llama 3.1 JSON calls, tools in the first user message), 'chat' (bfcl's prompting message list rendered "
+            "with the model's own chat template). Unset: derived from policy.model where the name leaves one choice "
+            "(coevolve.config.derive_bfcl_handler)."
+        ),
+    )
 
 
 class PolicyConfig(_Section):
@@ -524,6 +544,21 @@ class PlacementConfig(_Section):
         return getattr(self, "validate_" if stage == "validate" else stage)
 
 
+def derive_bfcl_handler(model: str) -> str | None:
+    """The bfcl-eval handler family a model name leaves no choice about, or None.
+
+    bfcl-eval scores Qwen models both ways (function calling and prompting) and most families in
+    several handlers, so only names that say which one are derived: a Qwen name ending in ``-FC``
+    and Llama 3.1 to 3.3 (whose bfcl handler is LlamaHandler_3_1).
+    """
+    name = model.rstrip("/").rsplit("/", 1)[-1].lower()
+    if "qwen" in name and name.endswith("-fc"):
+        return "qwen_fc"
+    if re.search(r"llama-?3\.[123]", name):
+        return "llama_3_1"
+    return None
+
+
 class PipelineConfig(_Section):
     run_id: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$", description="Names a run; rounds of one run share a pool.")
     state_dir: Path = Field(
@@ -555,6 +590,24 @@ class PipelineConfig(_Section):
 
     @model_validator(mode="after")
     def _check_ranges(self) -> PipelineConfig:
+        env = self.environment
+        if env.prompt_style == "bfcl" and self.policy.model == "builtin:tiny":
+            raise ValueError(
+                "environment.prompt_style 'bfcl' needs a pretrained model: builtin:tiny is fine-tuned on demonstrations "
+                "in the compact prompt and only knows that one. Keep prompt_style compact, or set policy.model to a "
+                "Hugging Face id or local path (and environment.bfcl_handler)."
+            )
+        if env.prompt_style == "bfcl" and env.bfcl_handler is None:
+            derived = derive_bfcl_handler(self.policy.model)
+            if derived is None:
+                raise ValueError(
+                    f"environment.prompt_style is 'bfcl' but the bfcl-eval handler of {self.policy.model!r} cannot be "
+                    "told from its name; set environment.bfcl_handler to qwen_fc (Qwen function calling), qwen (Qwen "
+                    "prompting), llama_3_1 (Llama 3.1-3.3) or chat (bfcl's prompting messages in the model's own chat "
+                    "template)."
+                )
+            # Filled in once so every stage (rollout, evaluation, synthesis) reads the same handler.
+            self.__dict__["environment"] = env.model_copy(update={"bfcl_handler": derived})
         if self.synthesis.max_task_steps < self.synthesis.min_task_steps:
             raise ValueError(
                 f"synthesis.max_task_steps ({self.synthesis.max_task_steps}) is below synthesis.min_task_steps "

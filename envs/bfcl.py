@@ -15,7 +15,7 @@ from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_c
 from coevolve.records import Message, Provenance, Task, ToolCall
 from envs import bfcl_api
 from envs.base import StepOutcome
-from envs.calls import parse_tool_calls
+from envs.calls import POSITIONAL_PREFIX, parse_tool_calls
 
 ENVIRONMENT_NAME = "bfcl"
 CATEGORIES: tuple[str, ...] = (
@@ -29,6 +29,8 @@ INSTRUCTION = (
     "Reply with a python list of calls like [f(a=1), g(b='x')]; reply done when the request is complete."
 )
 REVEAL_PROMPT = "I have updated some more functions you can choose from. What about now?"
+# bfcl-eval's MAXIMUM_STEP_LIMIT (constants/default_prompts.py): steps one turn may execute in its loop.
+TURN_STEP_LIMIT = 20
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,13 @@ class BfclEnvironment:
         stop_on_failure: bool = True,
         tool_list: str = "described",
         irrelevance_check: bool = False,
+        bfcl_loop: bool = False,
     ):
         self.max_steps_per_turn = max_steps_per_turn
+        # bfcl-eval's multi-turn loop (prompt_style 'bfcl'): a reply without calls, or one that does not
+        # parse, ends the turn; results are not cut; a turn that executes more than TURN_STEP_LIMIT steps
+        # quits the whole entry as a failure. The conversation's messages are kept by envs/bfcl_prompts.py.
+        self.bfcl_loop = bfcl_loop
         if tool_list not in TOOL_LISTS:
             raise ValueError(f"tool_list must be one of {TOOL_LISTS}, not {tool_list!r}")
         # Shorter lists suit small models with short contexts: they train and generate several
@@ -125,6 +132,8 @@ class BfclEnvironment:
     def step(self, model_text: str) -> StepOutcome:
         if self._task is None or self._done:
             return StepOutcome(error="the episode is over", turn_ended=True, done=True)
+        if self.bfcl_loop:
+            return self._bfcl_step(model_text)
         calls, error = parse_tool_calls(model_text)
         self._steps_in_turn += 1
         outcome = StepOutcome(calls=calls, error=error)
@@ -141,6 +150,29 @@ class BfclEnvironment:
                 outcome.done = True
             else:
                 outcome.messages.append(Message("user", self._task.turns[self._turn]))
+        return outcome
+
+    def _bfcl_step(self, model_text: str) -> StepOutcome:
+        calls, error = parse_tool_calls(model_text, bracketed=True)
+        # bfcl-eval's python-call decoder keeps keyword arguments only: ``sort('a.txt')`` runs as
+        # ``sort()`` there (and fails), so it does here too.
+        calls = [ToolCall(c.name, {k: v for k, v in c.arguments.items() if not k.startswith(POSITIONAL_PREFIX)}) for c in calls]
+        outcome = StepOutcome(calls=calls, error=error)
+        if not calls:
+            outcome.turn_ended = True
+            self._end_turn()
+            outcome.done = self._done
+            return outcome
+        outcome.observations = self.execute(calls)
+        self._all_results.extend(outcome.observations)
+        self._turn_called = True
+        self._steps_in_turn += 1
+        if self._steps_in_turn > TURN_STEP_LIMIT:
+            if self._failure is None:
+                message = f"Model has been forced to quit after {TURN_STEP_LIMIT} steps in turn {self._turn}."
+                self._failure = _failure(self._turn, "multi_turn:force_quit", message)
+            self._done = True
+            outcome.turn_ended = outcome.done = True
         return outcome
 
     def _end_turn(self) -> None:

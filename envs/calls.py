@@ -1,9 +1,14 @@
 """Turn a model message into tool calls, without ever running anything.
 
-Three syntaxes are accepted because the policies the pipeline trains or evaluates emit them:
+These syntaxes are accepted because the policies the pipeline trains or evaluates emit them (and
+bfcl-eval's handlers read them):
 
-* BFCL python-call lists, ``[mkdir(dir_name='x'), cd(folder='y')]``, or one bare call;
-* Qwen/Hermes blocks, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (several allowed);
+* BFCL python-call lists, ``[mkdir(dir_name='x'), cd(folder='y')]``, or one bare call (bfcl's
+  prompting handlers: Qwen prompting, the generic chat format);
+* Qwen/Hermes blocks, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (several allowed;
+  Qwen FC);
+* Llama 3.1 JSON, ``{"name": ..., "parameters": {...}}``, several separated by ``;`` or in a list,
+  optionally after ``<|python_tag|>``, also written as a python literal;
 * OpenAI-style JSON, ``{"tool_calls": [{"function": {"name": ..., "arguments": ...}}]}``, or a JSON
   list of ``{"name", "arguments"}`` objects.
 
@@ -24,6 +29,8 @@ from coevolve.records import ToolCall
 MAX_TEXT_CHARS = 20_000
 POSITIONAL_PREFIX = "__pos"
 
+# Llama 3.1 may open a tool call with this token when special tokens are kept in the text.
+_PYTHON_TAG = "<|python_tag|>"
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _CODE_FENCE = re.compile(r"```[A-Za-z0-9_-]*\s*\n?(.*?)```", re.DOTALL)
 _LIST_OF_CALLS_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
@@ -169,7 +176,44 @@ def _embedded_list(text: str) -> list[ToolCall] | None:
     raise _ParseError(text[start : start + 80])
 
 
-def _parse(text: str) -> list[ToolCall]:
+def _structured(text: str) -> list[ToolCall] | None:
+    """Calls written as data: JSON, JSON objects separated by ``;`` (Llama 3.1), or the same shapes as
+    python literals (``True``, single quotes); None when the text is no such value."""
+    try:
+        return _parse_json(json.loads(text))
+    except json.JSONDecodeError:
+        pass
+    if ";" in text:
+        try:
+            parts = [json.loads(part) for part in text.split(";") if part.strip()]
+        except json.JSONDecodeError:
+            parts = None
+        if parts and all(isinstance(p, dict) for p in parts):
+            return [_from_json_object(p) for p in parts]
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return _parse_json(value)
+
+
+def _bracketed(text: str) -> list[ToolCall] | None:
+    """bfcl-eval's prompting decoder's reading: fences' backticks and blank ends stripped, a missing ``[`` or
+    ``]`` added (``f(a=1), g(b=2)`` and ``[f(a=1)`` are call lists there); None when that holds no call."""
+    body = text.strip("`\n ")
+    body = body if body.startswith("[") else "[" + body
+    body = body if body.endswith("]") else body + "]"
+    try:
+        return _parse_python(body)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _parse(text: str, bracketed: bool = False) -> list[ToolCall]:
+    if bracketed:
+        found = _bracketed(text)
+        if found:
+            return found
     stripped = text.strip()
     if not stripped:
         return []
@@ -178,13 +222,11 @@ def _parse(text: str) -> list[ToolCall]:
     fenced = _CODE_FENCE.search(stripped)
     if fenced:
         stripped = fenced.group(1).strip()
+    stripped = stripped.removeprefix(_PYTHON_TAG).strip()
     if stripped[:1] in "[{":
-        try:
-            found = _parse_json(json.loads(stripped))
-            if found is not None:
-                return found
-        except json.JSONDecodeError:
-            pass
+        found = _structured(stripped)
+        if found is not None:
+            return found
     try:
         found = _parse_python(stripped)
         return found or []
@@ -198,17 +240,21 @@ def _parse(text: str) -> list[ToolCall]:
     return []
 
 
-def parse_tool_calls(text: str, allowed: set[str] | None = None) -> tuple[list[ToolCall], str | None]:
+def parse_tool_calls(
+    text: str, allowed: set[str] | None = None, bracketed: bool = False
+) -> tuple[list[ToolCall], str | None]:
     """Tool calls in ``text`` and an error text, or ([], None) when the text calls nothing.
 
     Never raises and never runs anything. With ``allowed``, a call to any other name is an error.
+    ``bracketed`` also reads calls the way bfcl-eval's prompting handlers do (a missing bracket of the
+    call list added); prompt_style 'bfcl' turns it on, the compact style keeps its stricter reading.
     """
     if not isinstance(text, str):
         return [], "unparseable tool call: message is not text"
     if len(text) > MAX_TEXT_CHARS:
         return [], f"unparseable tool call: message longer than {MAX_TEXT_CHARS} characters"
     try:
-        calls = _parse(text)
+        calls = _parse(text, bracketed)
     except _ParseError as exc:
         return [], f"unparseable tool call: {exc}"
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError, json.JSONDecodeError) as exc:

@@ -17,7 +17,7 @@ from prefect.runtime import flow_run
 
 from coevolve.config import PipelineConfig
 from coevolve.settings import apply_settings
-from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, category_name, evaluate_split_task, evaluation_round
+from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, category_name, evaluate_split_task, evaluation_round, multi_turn_overall
 
 DEFAULT_CATEGORIES = ["multi_turn_base"]
 
@@ -35,6 +35,10 @@ def log_evaluation(config: PipelineConfig, checkpoint: str, round_: int, results
     tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
     metrics = {f"accuracy.{split}": r["accuracy"] for split, r in results.items()}
     metrics.update({f"tasks.{split}": r["tasks"] for split, r in results.items()})
+    overall = multi_turn_overall({split: r["accuracy"] for split, r in results.items()})
+    if overall is not None:
+        # The leaderboard's multi-turn overall (tasks.evaluate.multi_turn_overall): unevaluated categories count 0.
+        metrics["accuracy.multi_turn_overall"] = overall
     params = {
         "checkpoint": checkpoint,
         "splits": ",".join(results),
@@ -42,6 +46,8 @@ def log_evaluation(config: PipelineConfig, checkpoint: str, round_: int, results
         "max_new_tokens": config.rollout.max_new_tokens,
         "max_steps": config.environment.max_steps,
         "tool_list": config.environment.tool_list,
+        "prompt_style": config.environment.prompt_style,
+        "bfcl_handler": config.environment.bfcl_handler or "",
     }
     tags = {"coevolve.run_id": config.run_id, "coevolve.round": str(round_), "flow_run_id": flow_run_id}
     return tracker.log_evaluation(evaluation_run_name(config, checkpoint, round_), metrics, params, tags)

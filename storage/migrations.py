@@ -373,4 +373,26 @@ SELECT run_id, round,
 FROM candidates
 GROUP BY run_id, round
 ORDER BY run_id, round;
+
+-- Purpose: BFCL multi-turn scores as the leaderboard computes them, per evaluated (run, round):
+-- accuracy of each category and the overall, the unweighted mean of the four categories with a
+-- category that was not evaluated counted as 0 (bfcl-eval's calculate_unweighted_accuracy).
+CREATE VIEW v_bfcl_multi_turn AS
+WITH per_category AS (
+    SELECT run_id, round, split, avg(success::DOUBLE) AS accuracy, count(*) AS tasks
+    FROM evaluations
+    WHERE split IN ('multi_turn_base', 'multi_turn_miss_func', 'multi_turn_miss_param', 'multi_turn_long_context')
+    GROUP BY run_id, round, split
+)
+SELECT run_id, round,
+       max(accuracy) FILTER (WHERE split = 'multi_turn_base')         AS multi_turn_base,
+       max(accuracy) FILTER (WHERE split = 'multi_turn_miss_func')    AS multi_turn_miss_func,
+       max(accuracy) FILTER (WHERE split = 'multi_turn_miss_param')   AS multi_turn_miss_param,
+       max(accuracy) FILTER (WHERE split = 'multi_turn_long_context') AS multi_turn_long_context,
+       sum(accuracy) / 4                                              AS multi_turn_overall,
+       count(*) = 4                                                   AS all_categories,
+       sum(tasks)                                                     AS tasks
+FROM per_category
+GROUP BY run_id, round
+ORDER BY run_id, round;
 """

@@ -62,6 +62,7 @@ def make_environment(env_config: EnvironmentConfig):
         max_steps_per_turn=env_config.max_steps_per_turn,
         max_observation_chars=env_config.max_observation_chars,
         tool_list=env_config.tool_list,
+        bfcl_loop=env_config.prompt_style == "bfcl",
     )
 
 

@@ -13,6 +13,7 @@ The round flow calls ``evaluate_task``; ``flows/evaluate.py`` (``coevolve evalua
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from coevolve.config import PipelineConfig
 from coevolve.errors import ConfigError
 from coevolve.records import Task
 from agent.engines import release
+from envs.bfcl import CATEGORIES
 from tasks.common import DEV_ROUND, HELDOUT_ROUND, engine_session, load_engine, max_context, open_warehouse
 from tasks.rollout import play_episodes, success_rate
 from tasks.splits import build_dev_split, build_initial_pools
@@ -108,10 +110,21 @@ def dev_eval_tasks(config: PipelineConfig, wh: Warehouse) -> list[Task]:
     return dev[:limit]
 
 
+def multi_turn_overall(accuracies: Mapping[str, float]) -> float | None:
+    """The BFCL leaderboard's multi-turn overall: the unweighted mean of the four multi-turn categories.
+
+    As bfcl-eval computes it (``calculate_unweighted_accuracy`` over multi_turn_base, miss_func,
+    miss_param and long_context in ``generate_leaderboard_csv``, bfcl_eval/eval_checker/
+    eval_runner_helper.py): each category weighs the same whatever its entry count, and a category
+    that was not evaluated counts as 0. None when no multi-turn category was evaluated at all.
+    """
+    if not any(category in accuracies for category in CATEGORIES):
+        return None
+    return sum(accuracies.get(category, 0.0) for category in CATEGORIES) / len(CATEGORIES)
+
+
 def category_name(name: str) -> str:
     """``base`` or ``multi_turn_base`` -> ``multi_turn_base``; an unknown name fails with the choices."""
-    from envs.bfcl import CATEGORIES
-
     full = name if name.startswith("multi_turn_") else f"multi_turn_{name}"
     if full not in CATEGORIES:
         raise ConfigError(f"unknown BFCL category {name!r}; choose from {', '.join(CATEGORIES)} (or without 'multi_turn_')")

@@ -14,6 +14,17 @@ rounds' and do not depend on batching, request scheduling or what the engine gen
 sampled tokens do not; behaviour logprobs can differ in their last bits between batches of
 different shapes, e.g. episodes replayed after an interrupted stage).
 
+With ``environment.prompt_style: bfcl`` every step's prompt is what bfcl-eval's handler builds from
+the conversation so far (envs/bfcl_prompts.py), and such a prompt need not extend the previous prompt
+plus the reply: Qwen's template drops the reasoning of earlier turns and re-writes tool calls, a
+model's chat template may do likewise. One stored sequence can only be trained on where every step's
+prompt is exactly the tokens before it, so the trained sequence grows while each new prompt extends
+it token for token (the extension is environment tokens, mask 0) and stops growing at the first step
+whose prompt does not: the steps from there on are played and scored but not trained. Every trained
+token is then a token the model was given or produced at that step, and each produced token is
+trained once. The compact style's prompts always extend (its history is append-only), so its
+sequences are unchanged.
+
 Run alone: ``coevolve round --round R`` runs it as the first task of a round.
 """
 
@@ -30,7 +41,9 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from tqdm.auto import tqdm
 
 from coevolve.config import EnvironmentConfig, RolloutConfig
+from coevolve.errors import ConfigError
 from coevolve.records import Step, Task, Trajectory
+from envs.bfcl_prompts import BfclConversation
 from tasks.common import make_environment
 
 if TYPE_CHECKING:
@@ -78,10 +91,20 @@ class _Episode:
     finish_reason: str | None = None
     started: float = field(default_factory=time.perf_counter)
     duration_s: float = 0.0
+    # prompt_style 'bfcl': the episode's bfcl-eval conversation, the prompt of its next step, and
+    # whether every prompt so far extended the trained sequence (module docstring).
+    conversation: BfclConversation | None = None
+    next_prompt: list[int] | None = None
+    trained: bool = True
 
     @property
     def context_ids(self) -> list[int]:
         return self.prompt_ids + self.completion_ids
+
+    @property
+    def generation_ids(self) -> list[int]:
+        """What the model is given for its next message."""
+        return self.next_prompt if self.next_prompt is not None else self.context_ids
 
     def finish(self, reason: str) -> None:
         self.finish_reason = reason
@@ -129,13 +152,20 @@ def play_episodes(
                 continue
             env = make_environment(env_config)
             messages = env.reset(task)
+            conversation = None
+            if env_config.prompt_style == "bfcl":
+                conversation = BfclConversation(_handler(env_config), task, render_chat=engine.chat.render_chat)
+                prompt_ids = engine.chat.encode(conversation.text())
+            else:
+                prompt_ids = engine.chat.prompt_ids(messages)
             episodes.append(
                 _Episode(
                     task=task,
                     sample=sample,
                     env=env,
-                    prompt_ids=engine.chat.prompt_ids(messages),
+                    prompt_ids=prompt_ids,
                     seed=None if seed is None else episode_seed(seed, round_, task.task_id, sample),
+                    conversation=conversation,
                 )
             )
 
@@ -166,7 +196,7 @@ def play_episodes(
                 chunk = active[start : start + batch_size]
                 seeds = None if seed is None else [message_seed(e.seed, len(e.steps)) for e in chunk]
                 generations = engine.generate(
-                    [e.context_ids for e in chunk], temperature=temperature, max_new_tokens=max_new_tokens, seeds=seeds
+                    [e.generation_ids for e in chunk], temperature=temperature, max_new_tokens=max_new_tokens, seeds=seeds
                 )
                 pending.append(stepper.submit(advance, chunk, generations))
             for stepped in pending:
@@ -183,7 +213,57 @@ def play_episodes(
     return sorted(finished, key=lambda t: order[(t.task_id, t.sample)])
 
 
+def _handler(env_config: EnvironmentConfig) -> str:
+    if env_config.bfcl_handler is None:
+        raise ConfigError(
+            "environment.prompt_style is 'bfcl' but environment.bfcl_handler is unset; set it to qwen_fc, qwen, "
+            "llama_3_1 or chat (a loaded configuration derives it from policy.model where the name says which)."
+        )
+    return env_config.bfcl_handler
+
+
+def _advance_bfcl(engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens) -> None:
+    """One step of an episode in bfcl-eval's conversation (module docstring: which tokens are trained)."""
+    if episode.trained:
+        episode.completion_ids.extend(generation.token_ids)
+        episode.completion_mask.extend([1] * len(generation.token_ids))
+        episode.logprobs.extend(float(x) for x in generation.logprobs)
+    # Kept as the model wrote it (not stripped): bfcl-eval keeps the server's text in its history.
+    text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+    step = Step(turn=episode.turn, index=len(episode.steps), model_text=text, completion_tokens=len(generation.token_ids))
+    episode.steps.append(step)
+    if generation.finish_reason == "length":
+        step.error = "message hit the token limit"
+        episode.finish("length")
+        return
+    outcome = episode.conversation.advance(text, episode.env)
+    step.calls, step.observations, step.error = list(outcome.calls), list(outcome.observations), outcome.error
+    if outcome.done:
+        episode.finish("done")
+        return
+    if outcome.turn_ended:
+        episode.turn += 1
+    if len(episode.steps) >= env_config.max_steps:
+        episode.finish("max_steps")
+        return
+    prompt = engine.chat.encode(episode.conversation.text())
+    context = episode.context_ids
+    if episode.trained and prompt[: len(context)] == context:
+        extension = prompt[len(context) :]
+        episode.completion_ids.extend(extension)
+        episode.completion_mask.extend([0] * len(extension))
+        episode.logprobs.extend([0.0] * len(extension))
+    else:
+        episode.trained = False
+    episode.next_prompt = prompt
+    if max_context_tokens is not None and len(prompt) + max_new_tokens > max_context_tokens:
+        episode.finish("length")
+
+
 def _advance(engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens) -> None:
+    if episode.conversation is not None:
+        _advance_bfcl(engine, episode, generation, env_config, max_context_tokens, max_new_tokens)
+        return
     episode.completion_ids.extend(generation.token_ids)
     episode.completion_mask.extend([1] * len(generation.token_ids))
     episode.logprobs.extend(float(x) for x in generation.logprobs)

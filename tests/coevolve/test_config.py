@@ -78,6 +78,7 @@ def test_the_papers_preset_validates():
 
     config = load_config(Path(__file__).parents[2] / "configs" / "paper.yaml", environ={})
     assert (config.rollout.group_size, config.rollout.tasks_per_round, config.training.learning_rate) == (8, 32, 1e-6)
+    assert (config.environment.prompt_style, config.environment.bfcl_handler) == ("bfcl", "qwen_fc")
 
 
 def test_off_and_on_stay_strings_in_every_source(tmp_path):
@@ -118,3 +119,26 @@ def test_state_dir_is_absolute_once_loaded(tmp_path, monkeypatch):
 def test_registering_checkpoints_by_uri_through_a_tracking_server_is_refused_saying_what_works():
     with pytest.raises(ConfigError, match="register_checkpoints='uri' cannot be used with the MLflow tracking server"):
         load_config(overrides=["tracking.mlflow_uri=http://127.0.0.1:5000", "tracking.register_checkpoints=uri"], environ={})
+
+
+def test_the_prompt_style_defaults_to_compact_with_no_bfcl_handler():
+    config = PipelineConfig()
+    assert config.environment.prompt_style == "compact" and config.environment.bfcl_handler is None
+
+
+def test_the_bfcl_handler_is_derived_where_the_model_name_says_which():
+    llama = load_config(overrides=["environment.prompt_style=bfcl", "policy.model=meta-llama/Llama-3.1-8B-Instruct"])
+    qwen_fc = load_config(overrides=["environment.prompt_style=bfcl", "policy.model=/models/Qwen3-4B-FC"])
+    assert llama.environment.bfcl_handler == "llama_3_1" and qwen_fc.environment.bfcl_handler == "qwen_fc"
+
+
+def test_an_ambiguous_model_name_asks_for_the_bfcl_handler():
+    with pytest.raises(ConfigError, match="set environment.bfcl_handler to qwen_fc"):
+        load_config(overrides=["environment.prompt_style=bfcl", "policy.model=Qwen/Qwen3-4B"])
+    config = load_config(overrides=["environment.prompt_style=bfcl", "environment.bfcl_handler=qwen", "policy.model=Qwen/Qwen3-4B"])
+    assert config.environment.bfcl_handler == "qwen"
+
+
+def test_the_builtin_tiny_model_keeps_the_compact_prompt():
+    with pytest.raises(ConfigError, match="builtin:tiny is fine-tuned on demonstrations in the compact prompt"):
+        load_config(overrides=["environment.prompt_style=bfcl", "environment.bfcl_handler=chat"])

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coevolve.records import ToolCall
+from envs.bfcl_prompts import split_reasoning
 from envs.calls import parse_tool_calls
 
 
@@ -115,3 +116,37 @@ def test_parser_never_raises_on_arbitrary_json(value, wrapper):
     calls, error = parse_tool_calls(text)
     assert all(isinstance(c, ToolCall) for c in calls)
     assert error is None or isinstance(error, str)
+
+
+# --- the output syntax of each bfcl-eval handler family (prompt_style 'bfcl') ----------------------
+def test_qwen_fc_tool_call_blocks_after_reasoning_are_parsed():
+    reply = '<think>\nfirst cd\n</think>\n\n<tool_call>\n{"name": "cd", "arguments": {"folder": "doc"}}\n</tool_call>\n<tool_call>\n{"name": "ls", "arguments": {"a": true}}\n</tool_call>'
+    _, answer = split_reasoning(reply)
+    assert parse_tool_calls(answer) == ([ToolCall("cd", {"folder": "doc"}), ToolCall("ls", {"a": True})], None)
+
+
+def test_qwen_prompting_python_list_after_reasoning_is_parsed():
+    _, answer = split_reasoning("<think>\nplan\n</think>\n\n[cd(folder='doc'), ls(a=True)]")
+    assert parse_tool_calls(answer) == ([ToolCall("cd", {"folder": "doc"}), ToolCall("ls", {"a": True})], None)
+
+
+def test_llama_json_calls_separated_by_semicolons_are_parsed():
+    reply = '<|python_tag|>{"name": "cd", "parameters": {"folder": "doc"}}; {"name": "ls", "parameters": {"a": true}}'
+    assert parse_tool_calls(reply) == ([ToolCall("cd", {"folder": "doc"}), ToolCall("ls", {"a": True})], None)
+
+
+def test_llama_calls_as_a_python_literal_are_parsed_without_evaluating_anything():
+    reply = "[{'name': 'cd', 'parameters': {'folder': 'a;b'}}, {'name': 'ls', 'parameters': {'a': True}}]"
+    assert parse_tool_calls(reply) == ([ToolCall("cd", {"folder": "a;b"}), ToolCall("ls", {"a": True})], None)
+    calls, error = parse_tool_calls("{'name': 'cd', 'parameters': {'folder': __import__('os').getcwd()}}")
+    assert calls == [] and error is None  # not a literal: no call, and nothing ran
+
+
+def test_generic_chat_python_call_list_is_parsed():
+    assert parse_tool_calls("```\n[mv(source='a', destination='b')]\n```") == ([ToolCall("mv", {"source": "a", "destination": "b"})], None)
+
+
+def test_bracketed_reading_takes_call_lists_with_a_missing_bracket_as_bfcls_prompting_decoder_does():
+    for text in ("cd(folder='a'), ls(a=True)", "[cd(folder='a'), ls(a=True)", "```\ncd(folder='a'), ls(a=True)]\n```"):
+        assert parse_tool_calls(text, bracketed=True) == ([ToolCall("cd", {"folder": "a"}), ToolCall("ls", {"a": True})], None)
+    assert parse_tool_calls("[cd(folder='a'), ls(a=True)")[1] is not None  # the compact style's reading stays strict

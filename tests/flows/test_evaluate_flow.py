@@ -78,3 +78,7 @@ def test_accuracy_is_logged_to_mlflow(evaluated):
     assert {k: metrics[f"accuracy.{k}"] for k in results} == pytest.approx(results)
     assert metrics["tasks.multi_turn_base"] == LIMIT
     assert runs[0].data.tags["flow_run_id"]
+    # The leaderboard's multi-turn overall: the two categories not evaluated count as 0.
+    overall = (results["multi_turn_base"] + results["multi_turn_long_context"]) / 4
+    assert metrics["accuracy.multi_turn_overall"] == pytest.approx(overall)
+    assert runs[0].data.params["prompt_style"] == "compact"

@@ -41,7 +41,7 @@ def test_every_documented_view_exists(warehouse: Warehouse) -> None:
     views = warehouse.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal")["view_name"].to_list()
     assert set(views) >= {
         "v_success_by_round", "v_success_by_task", "v_tool_failure_rates", "v_signal_mix",
-        "v_pool_growth", "v_forgetting_events", "v_acceptance_rates",
+        "v_pool_growth", "v_forgetting_events", "v_acceptance_rates", "v_bfcl_multi_turn",
     }
 
 

@@ -136,6 +136,15 @@ def test_acceptance_rates_leave_pending_candidates_out_of_the_rate(history: Ware
     assert rows.rows() == [(0, 3, 1, 1, 0.75)]
 
 
+def test_bfcl_multi_turn_overall_is_the_unweighted_mean_with_missing_categories_as_zero(warehouse: Warehouse) -> None:
+    warehouse.write_evaluations(RUN, 0, "multi_turn_base", [(f"b{i}", i < 3, float(i < 3), None) for i in range(4)])
+    warehouse.write_evaluations(RUN, 0, "multi_turn_miss_func", [("m0", True, 1.0, None), ("m1", False, 0.0, None)])
+    warehouse.write_evaluations(RUN, 0, "heldout", [("h0", True, 1.0, None)])
+    rows = warehouse.sql("SELECT multi_turn_base, multi_turn_miss_func, multi_turn_miss_param, multi_turn_overall, all_categories, tasks FROM v_bfcl_multi_turn")
+    # (0.75 + 0.5 + 0 + 0) / 4: categories weigh the same whatever their sizes; held-out rows are not BFCL's.
+    assert rows.rows() == [(0.75, 0.5, None, 0.3125, False, 6)]
+
+
 def test_ad_hoc_sql_shows_intervals_as_text_and_answers_statements_without_rows(history: Warehouse) -> None:
     frame = history.sql("SELECT TIMESTAMP '2026-01-02 00:00:05' - TIMESTAMP '2026-01-01' AS spread, 1 AS one")
     assert frame.columns == ["spread", "one"]

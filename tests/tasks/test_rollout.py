@@ -4,7 +4,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.chat import ChatFormat
+from agent.engine import Generation
+from agent.tiny import train_tokenizer
 from coevolve.config import EnvironmentConfig, PolicyConfig
+from envs.bfcl import official_tasks
 from envs.explorer import build_tasks, demonstration
 from tasks.common import make_environment
 from tasks.rollout import draw_batch, play_episodes
@@ -122,3 +126,64 @@ def test_environment_steps_of_one_chunk_run_while_the_next_chunk_generates(untra
     trajectories = play(engine, tasks, batch_size=3)
     assert engine.waits == [True]
     assert len(trajectories) == 6
+
+
+# --- prompt_style 'bfcl' under a chat template that rewrites history ---------------------------------
+# Drops the reasoning of assistant messages before the last user query (a user message that is not a
+# tool-result list), as Qwen3's template does.
+_THINK_STRIPPING_TEMPLATE = (
+    "{% set ns = namespace(last=-1) %}"
+    "{% for m in messages %}{% if m['role'] == 'user' and not m['content'].startswith(\"[{'role': 'tool'\") %}"
+    "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>\n"
+    "{% if m['role'] == 'assistant' and loop.index0 < ns.last and '</think>' in m['content'] %}"
+    "{{ m['content'].split('</think>')[-1] }}{% else %}{{ m['content'] }}{% endif %}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+class _ScriptedEngine:
+    """Replies from a script, tokenized by a real tokenizer; records the prompt of every step."""
+
+    def __init__(self, tokenizer, replies):
+        self.tokenizer, self.chat, self.replies, self.prompts, self.generated = tokenizer, ChatFormat(tokenizer), list(replies), [], []
+
+    def generate(self, prompts, temperature, max_new_tokens, seeds=None):
+        out = []
+        for prompt in prompts:
+            ids = self.chat.generated_ids(self.replies.pop(0))
+            self.prompts.append(list(prompt))
+            self.generated.append(ids)
+            out.append(Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop"))
+        return out
+
+
+def test_bfcl_style_trains_only_tokens_each_step_was_given_or_produced():
+    task = official_tasks("multi_turn_base", limit=1)[0]  # turn 0: cd, mkdir, mv; then a grep turn
+    tokenizer = train_tokenizer(["[cd(folder='document')] <think>plan</think> tool user system"], vocab_size=300)
+    tokenizer.chat_template = _THINK_STRIPPING_TEMPLATE
+    replies = [
+        "<think>go there first</think>[cd(folder='document')]",
+        "<think>then the folder</think>[mkdir(dir_name='temp'), mv(source='final_report.pdf', destination='temp')]",
+        "<think>turn done</think>no more calls",
+        "<think>search</think>[grep(file_name='final_report.pdf', pattern='budget analysis')]",
+        "done",
+    ]
+    engine = _ScriptedEngine(tokenizer, replies)
+    env_config = EnvironmentConfig(prompt_style="bfcl", bfcl_handler="chat", max_steps=5)
+    (t,) = play(engine, [task], samples=1, env_config=env_config, temperature=0.0, max_new_tokens=64)
+
+    sequence = t.prompt_ids + t.completion_ids
+    mask = [0] * len(t.prompt_ids) + t.completion_mask
+    trained_steps = 0
+    for prompt, generated in zip(engine.prompts, engine.generated):
+        if sequence[: len(prompt)] != prompt:
+            break  # this step's prompt rewrote history: it and every later step are not trained
+        assert sequence[len(prompt) : len(prompt) + len(generated)] == generated
+        assert mask[len(prompt) : len(prompt) + len(generated)] == [1] * len(generated)
+        trained_steps += 1
+    # Turn 0's three steps extend each other; turn 1's first prompt drops turn 0's reasoning.
+    assert trained_steps == 3 and len(engine.prompts) == 5
+    assert "go there first" not in tokenizer.decode(engine.prompts[3])
+    assert sum(t.completion_mask) == sum(len(g) for g in engine.generated[:3])  # each produced token once
+    assert len(sequence) == len(engine.prompts[2]) + len(engine.generated[2])  # nothing after the break
