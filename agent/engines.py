@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agent.weights import served_name
+from agent.weights import served_name, vllm_dtype
 from coevolve.config import PipelineConfig
 
 
@@ -37,7 +37,7 @@ def make_engine(checkpoint: str | Path, config: PipelineConfig) -> Any:
         return VLLMEngine(
             checkpoint,
             seed=config.seed,
-            dtype=rollout.vllm_dtype,
+            dtype=vllm_dtype(checkpoint, rollout.vllm_dtype),
             max_model_len=rollout.vllm_max_model_len,
             gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
             tensor_parallel_size=rollout.vllm_tensor_parallel_size,

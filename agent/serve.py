@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.weights import served_name
+from agent.weights import served_name, vllm_dtype
 
 REPO = Path(__file__).resolve().parents[1]
 # The separate environment `make setup-vllm` builds with the CPU build of vLLM.
@@ -71,7 +71,7 @@ class ServeOptions:
             lora_rank = rollout.server_max_lora_rank
         values = dict(
             model=str(model),
-            dtype=rollout.vllm_dtype,
+            dtype=vllm_dtype(model, rollout.vllm_dtype),
             max_model_len=rollout.vllm_max_model_len,
             seed=config.seed,
             lora_rank=lora_rank,

@@ -52,6 +52,23 @@ def served_name(model: str | Path) -> str:
     return str(path.resolve()) if path.exists() else str(model)
 
 
+def vllm_dtype(model: str | Path, dtype: str) -> str:
+    """The --dtype a vLLM engine gets for ``model``: ``dtype``, or for 'auto' the dtype a local checkpoint was saved in.
+
+    vLLM's own 'auto' serves a float32 checkpoint in half precision (bfloat16 on CPU), whose kernels crash on
+    CPUs without AMX on the first completion; reading the checkpoint keeps what was trained. A hub id or a
+    checkpoint whose config names no dtype is left to vLLM.
+    """
+    if dtype != "auto":
+        return dtype
+    config_file = Path(model) / "config.json"
+    if not config_file.is_file():
+        return dtype
+    config = json.loads(config_file.read_text())
+    saved = config.get("dtype") or config.get("torch_dtype")
+    return saved if saved in ("float32", "float16", "bfloat16") else dtype
+
+
 def match_served(requested: str, served_ids: list[str]) -> str | None:
     """The served id that names ``requested``: the same string, or the same folder however its path is written."""
     if requested in served_ids:

@@ -168,7 +168,7 @@ class RolloutConfig(_Section):
             "skips the check (e.g. a checkpoint too large to load on the machine running the rollout stage)."
         ),
     )
-    vllm_dtype: str = Field("auto", description="Weights dtype of engine 'vllm'; 'auto' keeps the checkpoint's.")
+    vllm_dtype: str = Field("auto", description="Weights dtype of vLLM engines and servers; 'auto' keeps a local checkpoint's saved dtype.")
     vllm_gpu_memory_utilization: float = Field(
         0.5, gt=0, le=1, description="GPU memory share of engine 'vllm': half leaves room for the update stage's trainer."
     )

@@ -116,6 +116,16 @@ def test_a_relative_model_path_is_served_under_its_absolute_path(tmp_path, monke
     assert Path(flags["--model"]).is_absolute()
 
 
+def test_auto_dtype_serves_a_local_checkpoint_in_the_dtype_it_was_saved_in(tmp_path):
+    # vLLM's own 'auto' halves a float32 checkpoint (bfloat16 on CPU, whose kernels crash without AMX).
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3", "dtype": "float32"}')
+    flags = _flags(server_command(ServeOptions.from_config(load_config(), tmp_path), python="python"))
+    assert flags["--dtype"] == "float32"
+    chosen = load_config(overrides=["rollout.vllm_dtype=bfloat16"])
+    assert _flags(server_command(ServeOptions.from_config(chosen, tmp_path), python="python"))["--dtype"] == "bfloat16"
+    assert _flags(server_command(ServeOptions.from_config(load_config(), "Org/model"), python="python"))["--dtype"] == "auto"
+
+
 def test_parallel_sizes_pass_through_to_vllm(tmp_path):
     config = load_config(overrides=["rollout.vllm_tensor_parallel_size=2", "rollout.vllm_data_parallel_size=3"])
     flags = _flags(server_command(ServeOptions.from_config(config, tmp_path), python="python"))
