@@ -167,9 +167,16 @@ def test_status_shows_the_round_finished_with_its_real_duration(both_runs, capsy
     """Round 0 ran from the first attempt's start to the last one's finish: far more than a second."""
     from coevolve.cli import main
 
+    import os
+
     _, crashed = both_runs
     config_file = crashed.state_dir.parent / "config.yaml"
-    assert main(["status", "--config", str(config_file)]) == 0
+    saved = dict(os.environ)  # the command sets its offline switches and state locations
+    try:
+        assert main(["status", "--config", str(config_file)]) == 0
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     row = capsys.readouterr().out.splitlines()[-1].split()
     assert row[0] == "0" and row[-1].endswith("s") and int(row[-1][:-1]) >= 5
 
