@@ -3,7 +3,7 @@
 Run one round: ``coevolve round --round 0`` (or ``prefect deployment run coevolve-round/per-round``).
 Each stage is a retryable Prefect task that records its output in the warehouse, so running a
 failed round again resumes after the last finished stage. The round record says "running" (with the
-settings that decide its results) from after prepare until the version stage is recorded, then
+settings that decide its results) from its start until the version stage is recorded, then
 "finished": every commit comes after the one it depends on, so a crash anywhere resumes. ``placement`` in the configuration puts
 rollout, mine, synthesize, validate, update and evaluate inline or on a work pool (flows/stage.py);
 their inputs and outputs are the typed models of coevolve/stages.py either way.
@@ -30,10 +30,12 @@ def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dic
     cfg = PipelineConfig.model_validate(config or {})
     apply_settings(cfg)  # a worker started anywhere runs like the CLI
     with run_slot(cfg, round_), round_lock(cfg, round_):
-        prepared = prepare_task(cfg, round_)
         # Running from here (started_at kept when the round resumes); a resume with other settings stops here.
+        # A round whose previous one has not finished gets no record: prepare refuses it, naming that round.
         with open_warehouse(cfg) as wh:
-            wh.start_round(cfg.run_id, round_, str(flow_run.get_id() or ""), round_settings(cfg))
+            if round_ == 0 or wh.stage_output(cfg.run_id, round_ - 1, "version") is not None:
+                wh.start_round(cfg.run_id, round_, str(flow_run.get_id() or ""), round_settings(cfg))
+        prepared = prepare_task(cfg, round_)
         rollout = run_stage(cfg, "rollout", round_=round_, checkpoint=prepared["checkpoint"])
         mined = run_stage(cfg, "mine", round_=round_)
         synthesized = run_stage(cfg, "synthesize", round_=round_, selected=mined.selected)
