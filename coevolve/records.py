@@ -182,9 +182,25 @@ class Step:
 
 
 @dataclass
+class Segment:
+    """A run of consecutive steps of an episode whose prompts extend each other, as one token sequence.
+
+    ``completion_ids`` holds every token after ``prompt_ids``: model tokens (mask 1, with their
+    behaviour logprobs) and environment tokens (mask 0, logprob 0.0) interleaved.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_mask: list[int]
+    logprobs: list[float]
+
+
+@dataclass
 class Trajectory:
     """One episode of one task by the policy, with everything GRPO needs to train on it.
 
+    The episode's tokens are one or more segments (tasks/rollout.py says when a new one starts): the
+    first is ``prompt_ids`` .. ``logprobs``, the others are ``later_segments``, in step order.
     ``completion_ids`` holds every token after the prompt: model tokens (mask 1, with their
     behaviour logprobs) and environment tokens (mask 0, logprob 0.0) interleaved.
     """
@@ -202,10 +218,16 @@ class Trajectory:
     success: bool
     finish_reason: str
     duration_s: float = 0.0
+    later_segments: list[Segment] = field(default_factory=list)
 
     @property
     def trajectory_id(self) -> str:
         return f"{self.run_id}/r{self.round}/{self.task_id}/s{self.sample}"
+
+    @property
+    def segments(self) -> list[Segment]:
+        """Every segment of the episode in step order, the first one included."""
+        return [Segment(self.prompt_ids, self.completion_ids, self.completion_mask, self.logprobs), *self.later_segments]
 
     @property
     def tool_sequence(self) -> list[str]:
@@ -222,8 +244,9 @@ class Trajectory:
             Step(**{**s, "calls": [ToolCall.from_dict(c) for c in s.get("calls", [])]})
             for s in data["steps"]
         ]
-        fields = {k: v for k, v in data.items() if k not in ("steps", "trajectory_id")}
-        return cls(steps=steps, **fields)
+        fields = {k: v for k, v in data.items() if k not in ("steps", "trajectory_id", "later_segments")}
+        later = [Segment(**s) for s in data.get("later_segments") or []]
+        return cls(steps=steps, later_segments=later, **fields)
 
 
 @dataclass(frozen=True)

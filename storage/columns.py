@@ -8,6 +8,7 @@ and failed calls per tool, the small table `v_tool_failure_rates` reads instead 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from collections.abc import Iterable
 from itertools import accumulate
 from typing import Any
@@ -21,6 +22,12 @@ from coevolve.records import ToolCall, Trajectory
 # (arguments of one call mix strings, numbers, lists and objects; a literal keeps each exact).
 CALL_TYPE = pa.struct([("name", pa.string()), ("arguments", pa.map_(pa.string(), pa.string()))])
 
+# A segment of an episode (coevolve.records.Segment): a token sequence trained on its own.
+SEGMENT_TYPE = pa.struct([
+    ("prompt_ids", pa.list_(pa.int32())), ("completion_ids", pa.list_(pa.int32())),
+    ("completion_mask", pa.list_(pa.int8())), ("logprobs", pa.list_(pa.float64())),
+])  # fmt: skip
+
 # Columns of every table's files; run_id and round of partitioned tables are in the path instead.
 SCHEMAS: dict[str, pa.Schema] = {
     "trajectories": pa.schema([
@@ -29,6 +36,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("tool_sequence", pa.list_(pa.string())), ("prompt_ids", pa.list_(pa.int32())),
         ("completion_ids", pa.list_(pa.int32())), ("completion_mask", pa.list_(pa.int8())),
         ("logprobs", pa.list_(pa.float64())), ("duration_s", pa.float64()),
+        # Added within layout 3: files written before it lack the column; `conform` reads them as one segment.
+        ("later_segments", pa.list_(SEGMENT_TYPE)),
     ]),
     "steps": pa.schema([
         ("trajectory_id", pa.string()), ("step_index", pa.int32()), ("step_number", pa.int32()), ("turn", pa.int32()),
@@ -55,6 +64,21 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("task", pa.string()), ("tools", pa.list_(pa.string())),
     ]),
 }  # fmt: skip
+# Columns added to a table within a layout version, and the value a file without them holds.
+_ADDED_COLUMNS: dict[str, dict[str, Any]] = {"trajectories": {"later_segments": []}}
+
+
+def conform(table: str, rows: pa.Table, schema: pa.Schema | None = None) -> pa.Table:
+    """``rows`` of ``table`` read from a file, cast to ``schema`` (the table's): a column added to the
+    table after the file was written gets the value such a file means (e.g. no later segments)."""
+    schema = SCHEMAS[table] if schema is None else schema
+    for name, value in _ADDED_COLUMNS.get(table, {}).items():
+        if name in schema.names and name not in rows.column_names:
+            type_ = schema.field(name).type
+            rows = rows.append_column(name, pa.array([value] * rows.num_rows, type_))
+    return rows.select(schema.names).cast(schema)
+
+
 # Every argument value is stored as its JSON literal, exactly as json.dumps writes it; strings, most
 # arguments, go through the encoder's C function for string literals (what json.dumps calls for them).
 _str_literal = json.encoder.encode_basestring_ascii
@@ -118,6 +142,7 @@ def trajectory_tables(trajs: list[Trajectory]) -> tuple[pa.Table, pa.Table]:
             _lists(tool_counts, names, pa.list_(pa.string())), tokens("prompt_ids", pa.int32()),
             tokens("completion_ids", pa.int32()), tokens("completion_mask", pa.int8()),
             tokens("logprobs", pa.float64()), pa.array([float(t.duration_s) for t in heads], pa.float64()),
+            pa.array([[asdict(s) for s in t.later_segments] for t in heads], pa.list_(SEGMENT_TYPE)),
         ],
         schema=SCHEMAS["trajectories"],
     )  # fmt: skip

@@ -31,7 +31,7 @@ import pyarrow as pa
 from coevolve.errors import DataError
 from storage.migrations import SINGLE_FILE_VERSION
 from storage.tables import TableFiles, fsync_dir
-from storage.columns import CALL_TYPE, SCHEMAS
+from storage.columns import CALL_TYPE, SCHEMAS, conform
 from storage.warehouse import Warehouse, part_name
 
 # Tables in the order they are copied and compared: catalog records first, then table files.
@@ -292,7 +292,7 @@ def _copy_trajectories(old: duckdb.DuckDBPyConnection, wh: Warehouse, batch_rows
             try:
                 heads = _table(
                     old,
-                    f"SELECT {_select('trajectories')} FROM trajectories "
+                    f"SELECT {_select('trajectories', exclude=('later_segments',))} FROM trajectories "
                     "WHERE trajectory_id IN (SELECT trajectory_id FROM _chunk) ORDER BY trajectory_id",
                 )
                 steps = _table(
@@ -306,7 +306,8 @@ def _copy_trajectories(old: duckdb.DuckDBPyConnection, wh: Warehouse, batch_rows
             calls = pa.array([typed_calls(t) for t in steps.column("calls").to_pylist()], pa.list_(CALL_TYPE))
             steps = steps.set_column(steps.schema.get_field_index("calls"), "calls", calls)
             # As Warehouse.write_trajectories writes a batch: tool-call counts and steps, then the trajectories.
-            wh.write_batch(run_id, round_, heads.cast(SCHEMAS["trajectories"]), steps.cast(SCHEMAS["steps"]), part_name(chunk))
+            # The single-file layout stored one segment per episode (conform adds the empty later_segments).
+            wh.write_batch(run_id, round_, conform("trajectories", heads), steps.cast(SCHEMAS["steps"]), part_name(chunk))
 
 
 def _copy_small(old: duckdb.DuckDBPyConnection, wh: Warehouse, table: str, columns: list[str]) -> None:

@@ -250,7 +250,10 @@ SINGLE_FILE_MIGRATIONS: list[tuple[int, str]] = [
 ]
 SINGLE_FILE_VERSION: int = SINGLE_FILE_MIGRATIONS[-1][0]
 
-# Layout versions of the open-table warehouse: (version, what changed).
+# Layout versions of the open-table warehouse: (version, what changed). A column added to a table
+# without converting its files is listed in storage/columns.py (_ADDED_COLUMNS, with the value a file
+# without it means) and keeps the version: trajectories.later_segments (an episode's segments after the
+# first, tasks/rollout.py; a file without it holds one segment per episode).
 LAYOUTS: list[tuple[int, str]] = [
     (3, "open table files: Parquet under tables/ (hive-partitioned by run_id and round), JSON records under catalog/; "
         "steps carry run_id and round, tool calls are typed (list of struct name, arguments map), per-batch tool-call "

@@ -40,9 +40,9 @@ import polars as pl
 import pyarrow as pa
 
 from coevolve.errors import DataError
-from coevolve.records import Candidate, RoundSummary, Signal, Step, Task, Trajectory
+from coevolve.records import Candidate, RoundSummary, Segment, Signal, Step, Task, Trajectory
 from storage.catalog import PLACEHOLDER_RUN, Catalog
-from storage.columns import SCHEMAS, read_calls, tool_call_counts, trajectory_tables
+from storage.columns import SCHEMAS, conform, read_calls, tool_call_counts, trajectory_tables
 from storage.migrations import LATEST_VERSION, VIEWS
 from storage.tables import STALE_PARTIAL_S, TableFiles
 
@@ -253,7 +253,9 @@ class Warehouse:
         pattern = self.glob(table).replace("'", "''")
         # The table's empty file comes first: DuckDB takes the columns from it, so defining the view
         # reads one small file, not every file's footer, and a damaged file fails only the queries
-        # that read it. Every file of a layout version has the same columns (SCHEMAS).
+        # that read it. Every file of a layout version has the same columns (SCHEMAS), except a column
+        # added within the version (columns.conform): files written before it lack it, and DuckDB ignores
+        # it in later files when the empty file (written with the warehouse) lacks it too.
         empty = self.files.url(self._empty_file(table)).replace("'", "''")
         if table == "tasks":
             # Tasks are content-addressed: the same id always holds the same task, so keep one row of each.
@@ -380,7 +382,7 @@ class Warehouse:
         tables = []
         for path in paths:
             try:
-                tables.append(self.files.read(path, columns).cast(schema))
+                tables.append(conform(table, self.files.read(path, columns), schema))
             except FileNotFoundError:  # replaced between the listing and the read
                 continue
         return pa.concat_tables(tables) if tables else schema.empty_table()
@@ -558,7 +560,8 @@ class Warehouse:
                        steps=[s for _, s in sorted(steps.get(h["trajectory_id"], []), key=lambda x: x[0])],
                        prompt_ids=list(h["prompt_ids"]), completion_ids=list(h["completion_ids"]),
                        completion_mask=list(h["completion_mask"]), logprobs=list(h["logprobs"]), reward=h["reward"],
-                       success=h["success"], finish_reason=h["finish_reason"], duration_s=h["duration_s"])
+                       success=h["success"], finish_reason=h["finish_reason"], duration_s=h["duration_s"],
+                       later_segments=[Segment(**r) for r in h["later_segments"] or []])
             for h in heads
         ]  # fmt: skip
 
@@ -581,7 +584,7 @@ class Warehouse:
                 frame = empty.with_columns(pl.lit(run_id).alias("run_id"), pl.lit(0, pl.Int32).alias("round")).clear()
             else:
                 try:
-                    frame = pl.scan_parquet(paths, hive_partitioning=True).select(["run_id", "round", *columns]).collect()
+                    frame = pl.scan_parquet(paths, hive_partitioning=True, extra_columns="ignore").select(["run_id", "round", *columns]).collect()
                 except (pl.exceptions.PolarsError, OSError) as exc:
                     raise self._damaged_table_file(exc, "trajectories") or DataError(
                         f"Trajectories of run {run_id!r} in {self.root} cannot be read: {exc}"
@@ -621,7 +624,8 @@ class Warehouse:
             fields = SCHEMAS["trajectories"]
             empty = pl.from_arrow(pa.schema([fields.field(c) for c in columns if c != "round"]).empty_table())
             return empty.lazy().with_columns(pl.lit(0, pl.Int32).alias("round")).select(columns)
-        scan = pl.scan_parquet(paths, hive_partitioning=True, hive_schema={"run_id": pl.String, "round": pl.Int32})
+        # extra_columns: a column added within the layout (columns.conform) is in later files, not in earlier ones.
+        scan = pl.scan_parquet(paths, hive_partitioning=True, hive_schema={"run_id": pl.String, "round": pl.Int32}, extra_columns="ignore")
         return scan.select(columns)
 
     def trajectory_read_error(self, exc: Exception, run_id: str) -> DataError:

@@ -103,14 +103,16 @@ def launch_update(
     many ranks the kept groups allow. A round without any group to learn from is handled in-process
     (`grpo_update` copies the input checkpoint). Raises RankFailedError when a rank fails.
     """
-    from tasks.update import group_trajectories, grpo_update
+    from tasks.update import group_trajectories, grpo_update, segment_groups
 
     groups, _ = group_trajectories(trajectories, config.rollout.group_size)
     if not groups:
         return grpo_update(checkpoint_in, trajectories, config, out_dir, reference_checkpoint=reference_checkpoint)
     wanted = config.training.num_processes
-    processes = processes_for(len(groups), wanted)
-    ranks_line = f"round {round_}: update on {processes} of {wanted} requested ranks ({len(groups)} informative groups"
+    # TRL's groups are the segment slots of the informative task groups (one per task in the compact style).
+    slots = len(segment_groups(groups))
+    processes = processes_for(slots, wanted)
+    ranks_line = f"round {round_}: update on {processes} of {wanted} requested ranks ({slots} informative groups"
     ranks_line += ")" if processes == wanted else f" cannot be shared evenly by more; the ranks take whole groups)"
     if processes < wanted:
         logger.warning(ranks_line)

@@ -17,13 +17,16 @@ different shapes, e.g. episodes replayed after an interrupted stage).
 With ``environment.prompt_style: bfcl`` every step's prompt is what bfcl-eval's handler builds from
 the conversation so far (envs/bfcl_prompts.py), and such a prompt need not extend the previous prompt
 plus the reply: Qwen's template drops the reasoning of earlier turns and re-writes tool calls, a
-model's chat template may do likewise. One stored sequence can only be trained on where every step's
-prompt is exactly the tokens before it, so the trained sequence grows while each new prompt extends
-it token for token (the extension is environment tokens, mask 0) and stops growing at the first step
-whose prompt does not: the steps from there on are played and scored but not trained. Every trained
-token is then a token the model was given or produced at that step, and each produced token is
-trained once. The compact style's prompts always extend (its history is append-only), so its
-sequences are unchanged.
+model's chat template may do likewise. An episode is therefore stored as one or more segments
+(coevolve.records.Segment): a segment is a maximal run of consecutive steps whose prompts extend
+each other token for token. While a step's prompt extends the segment's prompt plus completion, the
+extension (environment tokens, mask 0) is appended and the step's reply follows it in the same
+segment; a prompt that does not extend it starts a new segment whose prompt is exactly that prompt.
+Every step's reply is thus in exactly one segment, right after the tokens the model was given for it:
+every trained token is a token the model was given or produced at that step, each produced token is
+trained once, and every produced token of every step is trained. The update stage trains each
+segment with its episode's advantage (tasks/update.py). The compact style's prompts always extend
+(its history is append-only), so its episodes have one segment.
 
 Run alone: ``coevolve round --round R`` runs it as the first task of a round.
 """
@@ -42,7 +45,7 @@ from tqdm.auto import tqdm
 
 from coevolve.config import EnvironmentConfig, RolloutConfig
 from coevolve.errors import ConfigError
-from coevolve.records import Step, Task, Trajectory
+from coevolve.records import Segment, Step, Task, Trajectory
 from envs.bfcl_prompts import BfclConversation
 from tasks.common import make_environment
 
@@ -91,20 +94,20 @@ class _Episode:
     finish_reason: str | None = None
     started: float = field(default_factory=time.perf_counter)
     duration_s: float = 0.0
-    # prompt_style 'bfcl': the episode's bfcl-eval conversation, the prompt of its next step, and
-    # whether every prompt so far extended the trained sequence (module docstring).
+    # prompt_style 'bfcl': the episode's bfcl-eval conversation, and its segments before the one
+    # being built (prompt_ids .. logprobs above hold that one; module docstring).
     conversation: BfclConversation | None = None
-    next_prompt: list[int] | None = None
-    trained: bool = True
+    closed_segments: list[Segment] = field(default_factory=list)
 
     @property
     def context_ids(self) -> list[int]:
+        """What the model is given for its next message: the current segment's prompt and completion."""
         return self.prompt_ids + self.completion_ids
 
-    @property
-    def generation_ids(self) -> list[int]:
-        """What the model is given for its next message."""
-        return self.next_prompt if self.next_prompt is not None else self.context_ids
+    def start_segment(self, prompt_ids: list[int]) -> None:
+        """Close the current segment and start one whose prompt is ``prompt_ids``."""
+        self.closed_segments.append(Segment(self.prompt_ids, self.completion_ids, self.completion_mask, self.logprobs))
+        self.prompt_ids, self.completion_ids, self.completion_mask, self.logprobs = list(prompt_ids), [], [], []
 
     def finish(self, reason: str) -> None:
         self.finish_reason = reason
@@ -196,7 +199,7 @@ def play_episodes(
                 chunk = active[start : start + batch_size]
                 seeds = None if seed is None else [message_seed(e.seed, len(e.steps)) for e in chunk]
                 generations = engine.generate(
-                    [e.generation_ids for e in chunk], temperature=temperature, max_new_tokens=max_new_tokens, seeds=seeds
+                    [e.context_ids for e in chunk], temperature=temperature, max_new_tokens=max_new_tokens, seeds=seeds
                 )
                 pending.append(stepper.submit(advance, chunk, generations))
             for stepped in pending:
@@ -223,11 +226,10 @@ def _handler(env_config: EnvironmentConfig) -> str:
 
 
 def _advance_bfcl(engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens) -> None:
-    """One step of an episode in bfcl-eval's conversation (module docstring: which tokens are trained)."""
-    if episode.trained:
-        episode.completion_ids.extend(generation.token_ids)
-        episode.completion_mask.extend([1] * len(generation.token_ids))
-        episode.logprobs.extend(float(x) for x in generation.logprobs)
+    """One step of an episode in bfcl-eval's conversation (module docstring: which segment holds which tokens)."""
+    episode.completion_ids.extend(generation.token_ids)
+    episode.completion_mask.extend([1] * len(generation.token_ids))
+    episode.logprobs.extend(float(x) for x in generation.logprobs)
     # Kept as the model wrote it (not stripped): bfcl-eval keeps the server's text in its history.
     text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
     step = Step(turn=episode.turn, index=len(episode.steps), model_text=text, completion_tokens=len(generation.token_ids))
@@ -248,14 +250,13 @@ def _advance_bfcl(engine: Engine, episode: _Episode, generation, env_config: Env
         return
     prompt = engine.chat.encode(episode.conversation.text())
     context = episode.context_ids
-    if episode.trained and prompt[: len(context)] == context:
+    if prompt[: len(context)] == context:
         extension = prompt[len(context) :]
         episode.completion_ids.extend(extension)
         episode.completion_mask.extend([0] * len(extension))
         episode.logprobs.extend([0.0] * len(extension))
     else:
-        episode.trained = False
-    episode.next_prompt = prompt
+        episode.start_segment(prompt)
     if max_context_tokens is not None and len(prompt) + max_new_tokens > max_context_tokens:
         episode.finish("length")
 
@@ -310,20 +311,26 @@ def _to_trajectory(episode: _Episode, run_id: str, round_: int) -> Trajectory:
         reward, success, _ = episode.env.score()
     else:
         reward, success = 0.0, False
+    current = Segment(episode.prompt_ids, episode.completion_ids, episode.completion_mask, episode.logprobs)
+    segments = [*episode.closed_segments, current]
+    if not current.completion_ids and episode.closed_segments:
+        segments.pop()  # started by the last step's prompt, and the episode ended before a reply to it
+    first, *later = segments
     return Trajectory(
         run_id=run_id,
         round=round_,
         task_id=episode.task.task_id,
         sample=episode.sample,
         steps=episode.steps,
-        prompt_ids=episode.prompt_ids,
-        completion_ids=episode.completion_ids,
-        completion_mask=episode.completion_mask,
-        logprobs=episode.logprobs,
+        prompt_ids=first.prompt_ids,
+        completion_ids=first.completion_ids,
+        completion_mask=first.completion_mask,
+        logprobs=first.logprobs,
         reward=float(reward),
         success=bool(success),
         finish_reason=episode.finish_reason or "error",
         duration_s=round(episode.duration_s, 4),
+        later_segments=later,
     )
 
 

@@ -6,8 +6,21 @@ everything else itself: group-normalized advantages, the clipped objective (epsi
 KL penalty (beta), the optimizer, LoRA through peft.
 
 How a round maps onto TRL:
-- one dataset row per task (its id is the "prompt"); TRL repeats each row group_size times and the
-  rollout hook hands back that task's stored trajectories in order;
+- an episode is one or more token segments (tasks/rollout.py; the compact prompt style always has
+  one). Segment slot j of a task's group_size episodes is one TRL group: one dataset row per slot
+  (its "prompt" is the task id for slot 0 and ``<task_id>#<j>`` after, `segment_groups`), which TRL
+  repeats group_size times; the rollout hook hands back row i as episode i's segment j, or, where
+  episode i has fewer segments, a filler row (a one-token prompt and one padding token with env_mask 0,
+  so it holds no trained token). Every row carries its episode's stored reward, so the rewards of
+  every slot of a task are the same list and TRL's own group advantage of each slot equals the
+  episode-level advantage of that task's group;
+- the fillers change no loss: TRL's default loss_type 'dapo' (left as it is) sums the loss over the
+  trained tokens (completion mask x env_mask) of a micro-batch and divides by the trained tokens of
+  the whole generation batch, so a row without trained tokens adds nothing to either, and the loss
+  is the token mean over every produced token of every step. (Under 'grpo', 'bnpo' or 'dr_grpo' the
+  per-row or per-micro-batch means would count fillers.) TRL pads each micro-batch's completions to
+  its longest; every slot group holds at least one real segment of one token or more, so a filler
+  never lengthens a batch (and mask_truncated_completions is off, so its token need not be an EOS);
 - one generation batch holds every group; each optimizer step accumulates over all groups, and
   the batch is reused for ``steps_per_round`` steps (TRL's ``num_iterations``);
 - under several processes (tasks/launch.py starts them) the generation batch is shared: each rank
@@ -26,8 +39,8 @@ How a round maps onto TRL:
   loaded into TRL's reference model) or the round's input checkpoint ("round", TRL's default);
 - the reward function returns the stored reward.
 
-Groups whose rewards are all equal have zero advantage, so they are dropped; when none is left the
-stage copies the input checkpoint and reports itself skipped.
+Task groups whose rewards are all equal have zero advantage, so they are dropped with all their
+slots; when none is left the stage copies the input checkpoint and reports itself skipped.
 
 torch, transformers and trl are imported inside the functions so that light workers can import the
 flows that reference this module cheaply.
@@ -49,7 +62,7 @@ from prefect.cache_policies import NO_CACHE
 from agent.engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError, is_retryable
-from coevolve.records import Trajectory, digest
+from coevolve.records import Segment, Trajectory, digest
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -154,15 +167,56 @@ def trained_on(trajectories: list[Trajectory], group_size: int) -> dict[str, Any
     }
 
 
+def segment_groups(groups: dict[str, list[Trajectory]]) -> dict[str, tuple[str, int]]:
+    """TRL's groups for the kept task groups: "prompt" -> (task id, segment slot), task by task.
+
+    Slot 0 of a task is its id; slot j > 0 is ``<task_id>#<j>``. A task has as many slots as its
+    episode with the most segments.
+    """
+    slots: dict[str, tuple[str, int]] = {}
+    for task_id, group in groups.items():
+        for slot in range(max(len(t.segments) for t in group)):
+            key = task_id if slot == 0 else f"{task_id}#{slot}"
+            if key in slots:
+                raise DataError(f"Task ids {task_id!r} and {slots[key][0]!r} both name the GRPO group {key!r}; task ids must not end in '#<number>'.")
+            slots[key] = (task_id, slot)
+    return slots
+
+
 def _check(trajectory: Trajectory) -> None:
-    n = len(trajectory.completion_ids)
-    if not trajectory.prompt_ids or n == 0:
-        raise DataError(f"Trajectory {trajectory.trajectory_id} has no prompt or no completion tokens.")
-    if len(trajectory.completion_mask) != n or len(trajectory.logprobs) != n:
-        raise DataError(
-            f"Trajectory {trajectory.trajectory_id}: completion_ids ({n}), completion_mask "
-            f"({len(trajectory.completion_mask)}) and logprobs ({len(trajectory.logprobs)}) must have equal lengths."
-        )
+    for index, segment in enumerate(trajectory.segments):
+        n = len(segment.completion_ids)
+        if not segment.prompt_ids or n == 0:
+            raise DataError(f"Trajectory {trajectory.trajectory_id} has no prompt or no completion tokens in segment {index}.")
+        if len(segment.completion_mask) != n or len(segment.logprobs) != n:
+            raise DataError(
+                f"Trajectory {trajectory.trajectory_id}, segment {index}: completion_ids ({n}), completion_mask "
+                f"({len(segment.completion_mask)}) and logprobs ({len(segment.logprobs)}) must have equal lengths."
+            )
+
+
+def _filler(trajectory: Trajectory, pad_token_id: int) -> Segment:
+    """A row for a segment slot the episode does not reach: no trained token (env_mask 0), one token long."""
+    return Segment(trajectory.prompt_ids[:1], [pad_token_id], [0], [0.0])
+
+
+def replay_rows(prompts: list[str], groups: dict[str, list[Trajectory]], slots: dict[str, tuple[str, int]], pad_token_id: int) -> dict[str, list]:
+    """The rollout rows TRL asks for: the i-th request of a group's "prompt" is episode i's segment of that slot."""
+    handed: dict[str, int] = defaultdict(int)
+    out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "stored_reward")}
+    for key in prompts:
+        task_id, slot = slots[key]
+        group = groups[task_id]
+        trajectory = group[handed[key] % len(group)]
+        handed[key] += 1
+        segments = trajectory.segments
+        segment = segments[slot] if slot < len(segments) else _filler(trajectory, pad_token_id)
+        out["prompt_ids"].append(list(segment.prompt_ids))
+        out["completion_ids"].append(list(segment.completion_ids))
+        out["logprobs"].append([float(x) for x in segment.logprobs])
+        out["env_mask"].append([int(m) for m in segment.completion_mask])
+        out["stored_reward"].append(float(trajectory.reward))
+    return out
 
 
 def _save_atomically(out_dir: Path, write: Any) -> None:
@@ -287,30 +341,22 @@ def grpo_update(
     torch.set_num_threads(config.policy.torch_threads)
     model, tokenizer = load_policy(checkpoint_in)
     cuda = torch.cuda.is_available()
-    task_ids = list(groups)
+    slots = segment_groups(groups)
     world = world_size()
-    if len(task_ids) % world:
+    if len(slots) % world:
         raise DataError(
-            f"{len(task_ids)} groups cannot be shared evenly by {world} training processes: every rank trains on whole "
-            "groups and the same number of them. Launch a process count that divides the groups (tasks/launch.py does)."
+            f"{len(slots)} groups (segment slots of {len(groups)} tasks) cannot be shared evenly by {world} training "
+            "processes: every rank trains on whole groups and the same number of them. Launch a process count that "
+            "divides the groups (tasks/launch.py does)."
         )
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     trained_here: list[str] = []
 
     def replay_rollouts(prompts: list[str], trainer: Any) -> dict[str, list]:
-        # TRL asks for group_size completions of each task id; hand back the stored ones in sample order.
+        # TRL asks for group_size completions of each group; hand back the stored ones in sample order.
         # Under several processes TRL calls this on every rank with that rank's share of the prompts.
-        handed: dict[str, int] = defaultdict(int)
-        out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "stored_reward")}
-        trained_here.extend(task_id for task_id in dict.fromkeys(prompts) if task_id not in trained_here)
-        for task_id in prompts:
-            trajectory = groups[task_id][handed[task_id] % group_size]
-            handed[task_id] += 1
-            out["prompt_ids"].append(list(trajectory.prompt_ids))
-            out["completion_ids"].append(list(trajectory.completion_ids))
-            out["logprobs"].append([float(x) for x in trajectory.logprobs])
-            out["env_mask"].append([int(m) for m in trajectory.completion_mask])
-            out["stored_reward"].append(float(trajectory.reward))
-        return out
+        trained_here.extend(t for t in dict.fromkeys(slots[key][0] for key in prompts) if t not in trained_here)
+        return replay_rows(prompts, groups, slots, pad_token_id)
 
     def stored_reward(prompts: list[str], completions: list[Any], stored_reward: list[float], **_: Any) -> list[float]:
         return list(stored_reward)
@@ -330,14 +376,14 @@ def grpo_update(
         )
 
     with tempfile.TemporaryDirectory(prefix="grpo-") as scratch:
-        # One generation batch holds every group once: each rank takes len(task_ids) / world whole groups
+        # One generation batch holds every group once: each rank takes len(slots) / world whole groups
         # (TRL hands each rank a consecutive block of the repeated prompts) in micro-batches of group_size
         # rows, and each optimizer step accumulates over all of them: every group enters every step on one rank.
         args = GRPOConfig(
             output_dir=scratch,
             per_device_train_batch_size=group_size,
-            gradient_accumulation_steps=len(task_ids) // world,
-            steps_per_generation=len(task_ids) // world,
+            gradient_accumulation_steps=len(slots) // world,
+            steps_per_generation=len(slots) // world,
             num_generations=group_size,
             num_iterations=config.training.steps_per_round,
             max_steps=config.training.steps_per_round,
@@ -349,7 +395,7 @@ def grpo_update(
             epsilon_high=config.training.epsilon_high,
             # TRL scales logits by this before taking logprobs: it must match the sampling temperature.
             temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0,
-            max_completion_length=max(len(t.completion_ids) for g in groups.values() for t in g),
+            max_completion_length=max(len(s.completion_ids) for g in groups.values() for t in g for s in t.segments),
             mask_truncated_completions=False,
             shuffle_dataset=False,
             use_cpu=not cuda,
@@ -367,7 +413,7 @@ def grpo_update(
                 model=model,
                 reward_funcs=[stored_reward],
                 args=args,
-                train_dataset=Dataset.from_dict({"prompt": task_ids}),
+                train_dataset=Dataset.from_dict({"prompt": list(slots)}),
                 processing_class=tokenizer,
                 rollout_func=replay_rollouts,
                 peft_config=peft_config,
@@ -400,7 +446,8 @@ def grpo_update(
         "skipped": False,
         "loss": float(result.training_loss),
         "steps": int(result.global_step),
-        "groups": len(task_ids),
+        "groups": len(groups),
+        "segment_groups": len(slots),
         "processes": world,
         "rank": trainer.accelerator.process_index,
         "task_ids": trained_here,

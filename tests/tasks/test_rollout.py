@@ -158,7 +158,9 @@ class _ScriptedEngine:
         return out
 
 
-def test_bfcl_style_trains_only_tokens_each_step_was_given_or_produced():
+@pytest.fixture(scope="module")
+def rewritten_episode():
+    """A bfcl-style episode whose fourth prompt drops the reasoning of turn 0: (trajectory, prompts, replies)."""
     task = official_tasks("multi_turn_base", limit=1)[0]  # turn 0: cd, mkdir, mv; then a grep turn
     tokenizer = train_tokenizer(["[cd(folder='document')] <think>plan</think> tool user system"], vocab_size=300)
     tokenizer.chat_template = _THINK_STRIPPING_TEMPLATE
@@ -172,18 +174,58 @@ def test_bfcl_style_trains_only_tokens_each_step_was_given_or_produced():
     engine = _ScriptedEngine(tokenizer, replies)
     env_config = EnvironmentConfig(prompt_style="bfcl", bfcl_handler="chat", max_steps=5)
     (t,) = play(engine, [task], samples=1, env_config=env_config, temperature=0.0, max_new_tokens=64)
+    assert len(engine.prompts) == 5 and "go there first" not in tokenizer.decode(engine.prompts[3])
+    return t, engine.prompts, engine.generated
 
-    sequence = t.prompt_ids + t.completion_ids
-    mask = [0] * len(t.prompt_ids) + t.completion_mask
-    trained_steps = 0
-    for prompt, generated in zip(engine.prompts, engine.generated):
-        if sequence[: len(prompt)] != prompt:
-            break  # this step's prompt rewrote history: it and every later step are not trained
-        assert sequence[len(prompt) : len(prompt) + len(generated)] == generated
-        assert mask[len(prompt) : len(prompt) + len(generated)] == [1] * len(generated)
-        trained_steps += 1
+
+def _placements(segment, prompts, generated) -> dict[int, int]:
+    """The steps whose reply follows exactly that step's prompt in ``segment``, and where the reply starts."""
+    sequence = segment.prompt_ids + segment.completion_ids
+    return {
+        k: len(prompt)
+        for k, (prompt, reply) in enumerate(zip(prompts, generated))
+        if len(prompt) >= len(segment.prompt_ids) and sequence[: len(prompt)] == prompt
+        and sequence[len(prompt) : len(prompt) + len(reply)] == reply
+    }
+
+
+def _trained_positions(segment) -> set[int]:
+    offset = len(segment.prompt_ids)
+    return {offset + i for i, m in enumerate(segment.completion_mask) if m}
+
+
+def test_bfcl_style_trains_only_tokens_a_step_was_given_or_produced(rewritten_episode):
+    t, prompts, generated = rewritten_episode
+    for segment in t.segments:
+        replies = {start + i for k, start in _placements(segment, prompts, generated).items() for i in range(len(generated[k]))}
+        # Every trained token is a step's reply, right after exactly the prompt that step was given.
+        assert _trained_positions(segment) <= replies
+
+
+def test_bfcl_style_trains_no_produced_token_twice(rewritten_episode):
+    t, prompts, generated = rewritten_episode
+    placed = [k for segment in t.segments for k in _placements(segment, prompts, generated)]
+    assert len(placed) == len(set(placed))
+    assert sum(sum(segment.completion_mask) for segment in t.segments) <= sum(len(g) for g in generated)
+
+
+def test_bfcl_style_trains_every_produced_token_of_every_step(rewritten_episode):
+    t, prompts, generated = rewritten_episode
+    trained = set()
+    for segment in t.segments:
+        positions = _trained_positions(segment)
+        for k, start in _placements(segment, prompts, generated).items():
+            if set(range(start, start + len(generated[k]))) <= positions:
+                trained.add(k)
+    assert trained == set(range(len(prompts)))
+
+
+def test_a_prompt_that_rewrites_history_starts_a_new_segment_with_that_prompt(rewritten_episode):
+    t, prompts, _ = rewritten_episode
     # Turn 0's three steps extend each other; turn 1's first prompt drops turn 0's reasoning.
-    assert trained_steps == 3 and len(engine.prompts) == 5
-    assert "go there first" not in tokenizer.decode(engine.prompts[3])
-    assert sum(t.completion_mask) == sum(len(g) for g in engine.generated[:3])  # each produced token once
-    assert len(sequence) == len(engine.prompts[2]) + len(engine.generated[2])  # nothing after the break
+    assert len(t.segments) == 2
+    assert t.later_segments[0].prompt_ids == prompts[3]
+
+
+def test_compact_style_stores_each_episode_as_one_segment(untrained_engine, tasks):
+    assert all(t.later_segments == [] for t in play(untrained_engine, tasks))

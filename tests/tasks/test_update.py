@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from coevolve.config import PipelineConfig, PolicyConfig
-from coevolve.records import Message, Trajectory
-from tasks.update import group_trajectories, grpo_update
+from coevolve.records import Message, Segment, Trajectory
+from tasks.update import group_trajectories, grpo_update, replay_rows, segment_groups
 
 GROUP_SIZE = 4
 GOOD = "[mkdir(dir_name='temp')]"
@@ -250,3 +250,72 @@ def test_kl_reference_initial_without_a_recorded_checkpoint_zero_fails(later_che
 
     with pytest.raises(DataError, match="checkpoint 0"):
         kl_reference_checkpoint(_config(tmp_path), later_checkpoint)
+
+
+# --- episodes of several segments (a prompt that rewrote history started a new one) -----------------
+
+
+def _with_second_segment(policy_dir: Path, trajectories: list[Trajectory], samples: set[int]) -> list[Trajectory]:
+    """The trajectories, those of ``samples`` with a second segment: a new prompt and the same reply."""
+    import dataclasses
+
+    from agent.chat import ChatFormat
+    from agent.engine import load_policy
+
+    _, tokenizer = load_policy(policy_dir)
+    chat = ChatFormat(tokenizer)
+    prompt = chat.prompt_ids([Message("user", "make a folder temp"), Message("assistant", "ok"), Message("user", "again")])
+    out = []
+    for t in trajectories:
+        if t.sample in samples:
+            message = chat.generated_ids(GOOD if t.reward > 0 else BAD)
+            logprobs = _completion_logprobs(policy_dir, prompt, message, 0.9)
+            t = dataclasses.replace(t, later_segments=[Segment(prompt, message, [1] * len(message), logprobs)])
+        out.append(t)
+    return out
+
+
+def test_one_segment_episodes_are_one_group_per_task_holding_their_stored_tokens(policy_dir):
+    trajectories = _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0]})
+    groups, _ = group_trajectories(trajectories, GROUP_SIZE)
+    slots = segment_groups(groups)
+    assert slots == {"t-a": ("t-a", 0)}
+    rows = replay_rows(["t-a"] * GROUP_SIZE, groups, slots, pad_token_id=0)
+    assert rows["completion_ids"] == [t.completion_ids for t in trajectories]
+    assert rows["env_mask"] == [t.completion_mask for t in trajectories]
+
+
+def test_every_segment_is_handed_to_trl_once_and_fillers_hold_no_trained_token(policy_dir):
+    trajectories = _with_second_segment(policy_dir, _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0]}), {0, 3})
+    groups, _ = group_trajectories(trajectories, GROUP_SIZE)
+    slots = segment_groups(groups)
+    assert list(slots) == ["t-a", "t-a#1"]
+    rows = replay_rows([key for key in slots for _ in range(GROUP_SIZE)], groups, slots, pad_token_id=0)
+    trained = [(p, c, m) for p, c, m in zip(rows["prompt_ids"], rows["completion_ids"], rows["env_mask"]) if any(m)]
+    every_segment = [(s.prompt_ids, s.completion_ids, s.completion_mask) for t in trajectories for s in t.segments]
+    assert sorted(map(repr, trained)) == sorted(map(repr, every_segment))
+    assert sum(not any(m) for m in rows["env_mask"]) == 2  # samples 1 and 2 have no second segment
+    assert rows["stored_reward"] == [t.reward for t in trajectories] * 2
+
+
+def test_trls_advantage_of_a_segment_slot_is_its_episodes(policy_dir, tmp_path, monkeypatch):
+    import tasks.update
+
+    trajectories = _with_second_segment(
+        policy_dir, _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0], "t-b": [0.0, 1.0, 0.0, 0.0]}), {0, 1}
+    )
+    batches = []
+    behaviour = tasks.update.use_behaviour_logprobs
+
+    def record(batch):
+        batches.append(batch["advantages"].tolist())
+        return behaviour(batch)
+
+    monkeypatch.setattr(tasks.update, "use_behaviour_logprobs", record)
+    stats = grpo_update(policy_dir, trajectories, _config(tmp_path, steps_per_round=1), tmp_path / "round-001")
+    assert stats["groups"] == 2 and stats["segment_groups"] == 4 and stats["steps"] == 1
+    # TRL's rows, group by group in dataset order: t-a, t-a#1, t-b, t-b#1.
+    a, a1, b, b1 = (batches[0][i : i + GROUP_SIZE] for i in range(0, 4 * GROUP_SIZE, GROUP_SIZE))
+    assert len(batches[0]) == 4 * GROUP_SIZE
+    assert a1 == a and b1 == b
+    assert any(a) and any(b)
