@@ -40,15 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-REQUESTS = [
-    ("make a folder {name} and enter it", "[mkdir(dir_name='{name}'), cd(folder='{name}')]"),
-    ("create the file {name}.txt", "[touch(file_name='{name}.txt')]"),
-    ("go into the {name} folder", "[cd(folder='{name}')]"),
-    ("list the {name} folder", "[cd(folder='{name}'), ls()]"),
-]
-NAMES = ["temp", "docs", "logs", "data", "src", "notes", "build", "cache"]
-SYSTEM = "Tools: mkdir(dir_name), cd(folder), touch(file_name), ls(). Reply with calls in brackets, or done."
-TEMPERATURE = 0.9
+# The same demonstrations, prompts and sampling temperature as the GPU smoke test (stdlib imports only there).
+from benchmarks.gpu_smoke import NAMES, REQUESTS, SYSTEM, TEMPERATURE, builtin_policy  # noqa: E402
 
 
 def _without_prefect() -> None:
@@ -67,20 +60,6 @@ def _memory(torch: Any, cuda: bool) -> dict[str, float]:
     if not cuda:
         return {}
     return {"peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3), "allocated_gib": round(torch.cuda.memory_allocated() / 2**30, 3)}
-
-
-def build_policy(out: Path, sft_steps: int) -> Path:
-    from agent.tiny import build_tiny_policy
-    from coevolve.config import PolicyConfig
-    from coevolve.records import Message
-
-    conversations = [
-        [Message("system", SYSTEM), Message("user", request.format(name=name)), Message("assistant", calls.format(name=name)),
-         Message("tool", "ok"), Message("assistant", "done")]
-        for request, calls in REQUESTS
-        for name in NAMES
-    ]  # fmt: skip
-    return build_tiny_policy(out, conversations, PolicyConfig(sft_steps=sft_steps), seed=0)
 
 
 def rollouts(policy: Path, prompts: int, samples: int, max_new_tokens: int, cuda: bool) -> tuple[dict[str, Any], list, list]:
@@ -168,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         work = args.work or Path(scratch)
         started = time.perf_counter()
-        policy = build_policy(work / "policy", args.sft_steps)
+        policy = builtin_policy(work / "policy", args.sft_steps)
         print(json.dumps({"part": "builtin policy", "sft_steps": args.sft_steps, "seconds": round(time.perf_counter() - started, 2)}))
         rollout, batch, generations = rollouts(policy, args.prompts, args.samples, args.max_new_tokens, cuda)
         print(json.dumps(rollout))

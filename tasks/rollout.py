@@ -225,11 +225,36 @@ def _handler(env_config: EnvironmentConfig) -> str:
     return env_config.bfcl_handler
 
 
-def _advance_bfcl(engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens) -> None:
-    """One step of an episode in bfcl-eval's conversation (module docstring: which segment holds which tokens)."""
+def _append_generation(episode: _Episode, generation) -> None:
+    """The model's tokens of this step join the episode's current segment, trained (mask 1)."""
     episode.completion_ids.extend(generation.token_ids)
     episode.completion_mask.extend([1] * len(generation.token_ids))
     episode.logprobs.extend(float(x) for x in generation.logprobs)
+
+
+def _append_environment(episode: _Episode, ids: list[int]) -> None:
+    """Tokens the environment adds to the context (results, the next user turn): in the segment, never trained."""
+    episode.completion_ids.extend(ids)
+    episode.completion_mask.extend([0] * len(ids))
+    episode.logprobs.extend([0.0] * len(ids))
+
+
+def _goes_on(episode: _Episode, outcome, env_config: EnvironmentConfig) -> bool:
+    """Ends the episode when the environment says done or it ran out of steps; moves to the next turn when one ended."""
+    if outcome.done:
+        episode.finish("done")
+        return False
+    if outcome.turn_ended:
+        episode.turn += 1
+    if len(episode.steps) >= env_config.max_steps:
+        episode.finish("max_steps")
+        return False
+    return True
+
+
+def _advance_bfcl(engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens) -> None:
+    """One step of an episode in bfcl-eval's conversation (module docstring: which segment holds which tokens)."""
+    _append_generation(episode, generation)
     # Kept as the model wrote it (not stripped): bfcl-eval keeps the server's text in its history.
     text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
     step = Step(turn=episode.turn, index=len(episode.steps), model_text=text, completion_tokens=len(generation.token_ids))
@@ -240,21 +265,12 @@ def _advance_bfcl(engine: Engine, episode: _Episode, generation, env_config: Env
         return
     outcome = episode.conversation.advance(text, episode.env)
     step.calls, step.observations, step.error = list(outcome.calls), list(outcome.observations), outcome.error
-    if outcome.done:
-        episode.finish("done")
-        return
-    if outcome.turn_ended:
-        episode.turn += 1
-    if len(episode.steps) >= env_config.max_steps:
-        episode.finish("max_steps")
+    if not _goes_on(episode, outcome, env_config):
         return
     prompt = engine.chat.encode(episode.conversation.text())
     context = episode.context_ids
     if prompt[: len(context)] == context:
-        extension = prompt[len(context) :]
-        episode.completion_ids.extend(extension)
-        episode.completion_mask.extend([0] * len(extension))
-        episode.logprobs.extend([0.0] * len(extension))
+        _append_environment(episode, prompt[len(context) :])
     else:
         episode.start_segment(prompt)
     if max_context_tokens is not None and len(prompt) + max_new_tokens > max_context_tokens:
@@ -265,9 +281,7 @@ def _advance(engine: Engine, episode: _Episode, generation, env_config: Environm
     if episode.conversation is not None:
         _advance_bfcl(engine, episode, generation, env_config, max_context_tokens, max_new_tokens)
         return
-    episode.completion_ids.extend(generation.token_ids)
-    episode.completion_mask.extend([1] * len(generation.token_ids))
-    episode.logprobs.extend(float(x) for x in generation.logprobs)
+    _append_generation(episode, generation)
     text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True).strip()
 
     if generation.finish_reason == "length":
@@ -290,18 +304,9 @@ def _advance(engine: Engine, episode: _Episode, generation, env_config: Environm
     if outcome.error and not outcome.calls and outcome.error.startswith("unparseable"):
         episode.finish("error")
         return
-    if outcome.done:
-        episode.finish("done")
+    if not _goes_on(episode, outcome, env_config):
         return
-    if outcome.turn_ended:
-        episode.turn += 1
-    if len(episode.steps) >= env_config.max_steps:
-        episode.finish("max_steps")
-        return
-    continuation = engine.chat.continuation_ids(list(outcome.messages))
-    episode.completion_ids.extend(continuation)
-    episode.completion_mask.extend([0] * len(continuation))
-    episode.logprobs.extend([0.0] * len(continuation))
+    _append_environment(episode, engine.chat.continuation_ids(list(outcome.messages)))
     if max_context_tokens is not None and len(episode.context_ids) + max_new_tokens > max_context_tokens:
         episode.finish("length")
 
