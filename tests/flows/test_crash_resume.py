@@ -7,14 +7,30 @@ stage written without its stage record, the update's checkpoint without its reco
 registration without the version record, the version record without the finished round record; each
 time the same command runs again, and the last run completes. Warehouse content, the pool snapshot digest, the checkpoint digest and the
 MLflow registry must match the uninterrupted run's.
+
+Exhaustive version (opt-in, about an hour on 2 cores; figures in storage/README.md "Commit points"):
+the uninterrupted run is traced (``tests/crash_at.py trace:``), and the crashed run dies just before and
+just after every durable write that trace lists (each table file, stage record, round record, pool
+snapshot, checkpoint folder publish and MLflow registration), each death followed by the same command
+again. Run it with
+
+    COEVOLVE_CRASH_EXHAUSTIVE=1 .venv/bin/python -m pytest -q tests/flows/test_crash_resume.py -k exhaustive
 """
 
 from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.slow
+
+# Opt-in: a crash before and after every commit point of a round costs about one round per point.
+EXHAUSTIVE = os.environ.get("COEVOLVE_CRASH_EXHAUSTIVE") == "1"
+exhaustive = pytest.mark.skipif(not EXHAUSTIVE, reason="crash at every commit point: set COEVOLVE_CRASH_EXHAUSTIVE=1")
 
 # A round with signals, candidates and a growing pool, so every table has rows to compare.
 CRASH_OVERRIDES = {
@@ -204,6 +220,111 @@ def test_pool_snapshot_and_checkpoint_digests_match(both_runs) -> None:
 
 def test_the_registry_has_one_version_and_no_run_left_running(both_runs) -> None:
     _, crashed = both_runs
+    client = MlflowClient(tracking_uri=crashed.mlflow_tracking_uri)
+    versions = client.search_model_versions(f"name = '{crashed.registered_model_name}'")
+    assert [str(v.version) for v in versions] == ["1"]
+    experiment = client.get_experiment_by_name(crashed.tracking.experiment)
+    statuses = [r.info.status for r in client.search_runs([experiment.experiment_id])]
+    assert "RUNNING" not in statuses and statuses.count("FINISHED") == 1
+
+
+# -- every commit point (opt-in) --------------------------------------------------------------------------
+
+# The round's default batch size: one batch of episodes, so the rollout's commit points are one batch's
+# three files (the crash between batches is the default test's kill in the middle of the rollout).
+EXHAUSTIVE_OVERRIDES = {key: value for key, value in CRASH_OVERRIDES.items() if key != "warehouse"}
+
+
+def commit_points(trace: Path, traced_state: Path, crashed_state: Path) -> list[str]:
+    """Every write of a traced run as a crash point of another state folder: its target there, numbered
+    by how often the run had written that target before (a round record is written running, then finished)."""
+    seen: Counter[str] = Counter()
+    points = []
+    for target in trace.read_text().splitlines():
+        target = target.replace(str(traced_state), str(crashed_state), 1)
+        seen[target] += 1
+        points.append(f"{target}#{seen[target]}")
+    return points
+
+
+# What the exhaustive crashed run did: its points, each crashing process's exit code, the final run's code.
+exhaustive_log: dict[str, object] = {}
+
+
+@pytest.fixture(scope="module")
+def every_point_runs(tiny_config, cli, tmp_path_factory):
+    import time
+
+    plain_dir, crashed_dir = tmp_path_factory.mktemp("plain-traced"), tmp_path_factory.mktemp("crashed-everywhere")
+    plain, crashed = (tiny_config(d / "state", **EXHAUSTIVE_OVERRIDES) for d in (plain_dir, crashed_dir))
+    plain_file = cli.write_config_file(plain, plain_dir / "config.yaml")
+    crashed_file = cli.write_config_file(crashed, crashed_dir / "config.yaml")
+    plain_log, crashed_log = plain_dir / "round.log", crashed_dir / "round.log"
+    trace = plain_dir / "writes.txt"
+    started = time.monotonic()
+    traced = _evolve(plain_file, plain.state_dir, plain_log, crash_at=f"trace:{trace}")
+    try:
+        assert traced.wait(timeout=900) == 0, plain_log.read_text()[-3000:]
+    finally:
+        cli.kill_group(traced)
+    points = commit_points(trace, plain.state_dir, crashed.state_dir)
+    exhaustive_log["points"], codes = points, []
+    from tests.crash_at import CRASH_EXIT
+
+    for spec in (f"{when}:{point}" for point in points for when in ("before", "after")):
+        process = _evolve(crashed_file, crashed.state_dir, crashed_log, crash_at=spec)
+        try:
+            codes.append((spec, process.wait(timeout=900)))
+        finally:
+            cli.kill_group(process)
+        with crashed_log.open("a") as out:
+            out.write(f"=== {spec} exited {codes[-1][1]} at {time.monotonic() - started:.0f} s\n")
+        if codes[-1][1] != CRASH_EXIT:
+            break  # the round finished or failed short of the point: later points cannot be reached
+    exhaustive_log["codes"] = codes
+    last = _evolve(crashed_file, crashed.state_dir, crashed_log)
+    try:
+        exhaustive_log["last"] = last.wait(timeout=900)
+    finally:
+        cli.kill_group(last)
+    exhaustive_log["wall_s"] = round(time.monotonic() - started)
+    print(f"\n{len(points)} commit points, {len(codes)} crashes, {exhaustive_log['wall_s']} s")
+    return plain, crashed
+
+
+@exhaustive
+def test_exhaustive_every_point_kind_is_traced(every_point_runs) -> None:
+    kinds = ("/warehouse/tables/", "/warehouse/catalog/stage_runs/", "/warehouse/catalog/rounds/", "/pools/",
+             "/checkpoints/", "mlflow-registry/")  # fmt: skip
+    points = exhaustive_log["points"]
+    assert all(any(kind in point for point in points) for kind in kinds), points
+
+
+@exhaustive
+def test_exhaustive_the_run_died_at_every_point_and_then_completed(every_point_runs) -> None:
+    from tests.crash_at import CRASH_EXIT
+
+    assert [point for point, code in exhaustive_log["codes"] if code != CRASH_EXIT] == []
+    assert exhaustive_log["last"] == 0
+
+
+@exhaustive
+@pytest.mark.parametrize("table", list(CONTENT))
+def test_exhaustive_the_warehouse_holds_the_same_rows(every_point_runs, table) -> None:
+    plain, crashed = every_point_runs
+    assert_same_rows(table, _content(crashed)[table], _content(plain)[table])
+
+
+@exhaustive
+def test_exhaustive_pool_snapshot_and_checkpoint_digests_match(every_point_runs) -> None:
+    plain, crashed = every_point_runs
+    a, b = _version_output(plain), _version_output(crashed)
+    assert (a["pool_digest"], a["checkpoint_digest"]) == (b["pool_digest"], b["checkpoint_digest"])
+
+
+@exhaustive
+def test_exhaustive_the_registry_has_one_version_and_no_run_left_running(every_point_runs) -> None:
+    _, crashed = every_point_runs
     client = MlflowClient(tracking_uri=crashed.mlflow_tracking_uri)
     versions = client.search_model_versions(f"name = '{crashed.registered_model_name}'")
     assert [str(v.version) for v in versions] == ["1"]

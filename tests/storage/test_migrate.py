@@ -1,9 +1,19 @@
-"""`coevolve warehouse migrate`: a single-file warehouse (schema version 2) converted to the open-table layout."""
+"""`coevolve warehouse migrate`: a single-file warehouse (schema version 2) converted to the open-table layout.
+
+Exhaustive crash test (opt-in; figures in storage/README.md "Commit points"): an uninterrupted migrate
+is traced (``tests/crash_at.py trace:``), then migrate dies just before and just after every write that
+trace lists (each table file, each catalog record, the layout record, the rename that publishes the
+warehouse), each death followed by the same command again. Run it with
+
+    COEVOLVE_CRASH_EXHAUSTIVE=1 .venv/bin/python -m pytest -q tests/storage/test_migrate.py -k exhaustive
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
@@ -287,3 +297,50 @@ def test_a_migration_killed_at_a_commit_point_then_run_again_equals_an_uninterru
     reference = tmp_path / "uninterrupted"
     assert migrate(path, reference).ok
     assert _listing(target) == _listing(reference)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("COEVOLVE_CRASH_EXHAUSTIVE") != "1", reason="crash at every commit point: set COEVOLVE_CRASH_EXHAUSTIVE=1")
+def test_exhaustive_a_migration_killed_before_and_after_every_write_then_run_again_equals_an_uninterrupted_one(old_warehouse, tmp_path) -> None:
+    """Every traced write is a crash point, before and after; each death is followed by the same command,
+    which dies at the next point, until a last plain run. Until the publishing rename the pipeline refuses
+    the state folder; after it, the target is the uninterrupted migration's."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.crash_at import CRASH_EXIT
+
+    path = old_warehouse["path"]
+    target = default_target(path)
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+
+    def migrate_dying_at(spec: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tests.crash_at", spec, "warehouse", "migrate", str(path)],
+                              cwd=repo, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    started = time.monotonic()
+    trace = tmp_path / "writes.txt"
+    assert migrate_dying_at(f"trace:{trace}").returncode == 0
+    reference = tmp_path / "uninterrupted"
+    os.rename(target, reference)
+    seen: Counter[str] = Counter()
+    points = []
+    for written in trace.read_text().splitlines():
+        seen[written] += 1
+        points.append(f"{written}#{seen[written]}")
+    assert points[-1] == f"{target}#1"  # the publishing rename is the last write
+    for spec in (f"{when}:{point}" for point in points for when in ("before", "after")):
+        died = migrate_dying_at(spec)
+        assert died.returncode == CRASH_EXIT, (spec, died.stdout + died.stderr)
+        if spec != f"after:{target}#1":
+            with pytest.raises(DataError, match="coevolve warehouse migrate"):
+                Warehouse(target)
+    # Killed after publishing, before its check: the warehouse is complete, so the same command refuses
+    # to overwrite it and names --check, which confirms it.
+    again = migrate_dying_at("trace:/dev/null")
+    assert again.returncode == 2 and "already holds a warehouse" in again.stderr
+    assert main(["warehouse", "migrate", str(path), "--check"]) == 0
+    assert _listing(target) == _listing(reference)
+    print(f"\n{len(points)} commit points, {2 * len(points)} crashes, {time.monotonic() - started:.0f} s")
