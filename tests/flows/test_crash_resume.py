@@ -12,7 +12,8 @@ Exhaustive version (opt-in, about an hour on 2 cores; figures in storage/README.
 the uninterrupted run is traced (``tests/crash_at.py trace:``), and the crashed run dies just before and
 just after every durable write that trace lists (each table file, stage record, round record, pool
 snapshot, checkpoint folder publish and MLflow registration), each death followed by the same command
-again. Run it with
+again (after the last point, the finished round record, ``coevolve round --round 0``: ``evolve`` would
+start round 1). Run it with
 
     COEVOLVE_CRASH_EXHAUSTIVE=1 .venv/bin/python -m pytest -q tests/flows/test_crash_resume.py -k exhaustive
 """
@@ -282,7 +283,10 @@ def every_point_runs(tiny_config, cli, tmp_path_factory):
         if codes[-1][1] != CRASH_EXIT:
             break  # the round finished or failed short of the point: later points cannot be reached
     exhaustive_log["codes"] = codes
-    last = _evolve(crashed_file, crashed.state_dir, crashed_log)
+    # The last point is after the finished round record: round 0 has nothing left, and `evolve` would go on
+    # to round 1 by design, so the last re-run is round 0's own command, which reads its records back.
+    exhaustive_log["status_after_last_crash"] = _round_status(crashed)
+    last = cli.start_round(crashed_file, crashed.state_dir, 0, crashed_log)
     try:
         exhaustive_log["last"] = last.wait(timeout=900)
     finally:
@@ -305,6 +309,7 @@ def test_exhaustive_the_run_died_at_every_point_and_then_completed(every_point_r
     from tests.crash_at import CRASH_EXIT
 
     assert [point for point, code in exhaustive_log["codes"] if code != CRASH_EXIT] == []
+    assert exhaustive_log["status_after_last_crash"] == "finished"
     assert exhaustive_log["last"] == 0
 
 
