@@ -130,12 +130,22 @@ def _round_status(config) -> str | None:
         return wh.round_status(config.run_id, 0)
 
 
+def _two_state_folders(tiny_config, cli, tmp_path_factory, names, overrides):
+    """(folder, configuration, configuration file) of two state folders with the same tiny round settings:
+    one for the uninterrupted run, one for the crashed run."""
+    folders = []
+    for name in names:
+        folder = tmp_path_factory.mktemp(name)
+        config = tiny_config(folder / "state", **overrides)
+        folders.append((folder, config, cli.write_config_file(config, folder / "config.yaml")))
+    return folders
+
+
 @pytest.fixture(scope="module")
 def both_runs(tiny_config, cli, tmp_path_factory):
-    plain_dir, crashed_dir = tmp_path_factory.mktemp("plain"), tmp_path_factory.mktemp("crashed")
-    plain, crashed = (tiny_config(d / "state", **CRASH_OVERRIDES) for d in (plain_dir, crashed_dir))
-    plain_file = cli.write_config_file(plain, plain_dir / "config.yaml")
-    crashed_file = cli.write_config_file(crashed, crashed_dir / "config.yaml")
+    (plain_dir, plain, plain_file), (crashed_dir, crashed, crashed_file) = _two_state_folders(
+        tiny_config, cli, tmp_path_factory, ("plain", "crashed"), CRASH_OVERRIDES
+    )
     logs = {name: d / "round.log" for name, d in (("plain", plain_dir), ("crashed", crashed_dir))}
 
     uninterrupted = cli.start_round(plain_file, plain.state_dir, 0, logs["plain"])
@@ -256,10 +266,9 @@ exhaustive_log: dict[str, object] = {}
 def every_point_runs(tiny_config, cli, tmp_path_factory):
     import time
 
-    plain_dir, crashed_dir = tmp_path_factory.mktemp("plain-traced"), tmp_path_factory.mktemp("crashed-everywhere")
-    plain, crashed = (tiny_config(d / "state", **EXHAUSTIVE_OVERRIDES) for d in (plain_dir, crashed_dir))
-    plain_file = cli.write_config_file(plain, plain_dir / "config.yaml")
-    crashed_file = cli.write_config_file(crashed, crashed_dir / "config.yaml")
+    (plain_dir, plain, plain_file), (crashed_dir, crashed, crashed_file) = _two_state_folders(
+        tiny_config, cli, tmp_path_factory, ("plain-traced", "crashed-everywhere"), EXHAUSTIVE_OVERRIDES
+    )
     plain_log, crashed_log = plain_dir / "round.log", crashed_dir / "round.log"
     trace = plain_dir / "writes.txt"
     started = time.monotonic()
