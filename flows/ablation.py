@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import shutil
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -42,7 +43,7 @@ from tasks.common import DEV_ROUND, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, checkpoi
 from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, evaluate_checkpoint
 from tasks.prepare import prepare_task
 from tasks.report import FINAL_SPLIT, report_task
-from tasks.update import trained_on
+from tasks.update import save_atomically, trained_on
 from tasks.version import round_settings
 
 # Arm name -> configuration overrides. "full" is the configuration as given.
@@ -129,15 +130,15 @@ def round0_key(config: PipelineConfig) -> str | None:
 
 
 def _copy_checkpoint(source: str, target: str, expected: str) -> None:
-    """Copy a checkpoint folder beside ``target`` and swap it in whole; DataError if the copy's digest is not ``expected``."""
-    staging = f"{target}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(source, staging)
-    if checkpoint_digest(staging) != expected:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise DataError(f"Checkpoint {source} no longer matches its recorded digest {expected[:16]}; re-run round 0 of its run.")
-    shutil.rmtree(target, ignore_errors=True)
-    shutil.move(staging, target)
+    """Copy a checkpoint folder and publish it whole at ``target``; DataError if the copy's digest is not ``expected``."""
+
+    def copy_verified(staging: Path) -> None:
+        shutil.copytree(source, staging)
+        if checkpoint_digest(staging) != expected:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise DataError(f"Checkpoint {source} no longer matches its recorded digest {expected[:16]}; re-run round 0 of its run.")
+
+    save_atomically(Path(target), copy_verified)
 
 
 def copy_round0(source: PipelineConfig, target: PipelineConfig) -> str | None:

@@ -219,7 +219,8 @@ def replay_rows(prompts: list[str], groups: dict[str, list[Trajectory]], slots: 
     return out
 
 
-def _save_atomically(out_dir: Path, write: Any) -> None:
+def save_atomically(out_dir: Path, write: Any) -> None:
+    """Publish a checkpoint folder whole: ``write(staging)`` fills a folder beside ``out_dir``, which then replaces it."""
     # Write beside the target and swap it in, so a retried or interrupted update never leaves half a checkpoint.
     staging = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -267,7 +268,7 @@ def _save_from_ranks(trainer: Any, checkpoint_in: Path, out_dir: Path, tokenizer
             trained.save_pretrained(staging, safe_serialization=True)
             tokenizer.save_pretrained(staging)
 
-        _save_atomically(out_dir, write)
+        save_atomically(out_dir, write)
     accelerator.wait_for_everyone()
 
 
@@ -318,7 +319,7 @@ def grpo_update(
     groups, dropped = group_trajectories(trajectories, group_size)
     base_stats = {"groups_flat": dropped["flat"], "groups_malformed": dropped["malformed"], "trajectories": len(trajectories)}
     if not groups:
-        _save_atomically(out_dir, lambda staging: _copy_checkpoint(checkpoint_in, staging, config))
+        save_atomically(out_dir, lambda staging: _copy_checkpoint(checkpoint_in, staging, config))
         return {
             **base_stats,
             "skipped": True,
@@ -436,7 +437,7 @@ def grpo_update(
             tokenizer.save_pretrained(staging)
 
         if world == 1:
-            _save_atomically(out_dir, write)
+            save_atomically(out_dir, write)
         else:
             _save_from_ranks(trainer, checkpoint_in, out_dir, tokenizer, peft_config)
 
