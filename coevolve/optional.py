@@ -1,0 +1,62 @@
+"""Heavy optional dependencies, imported on first use, each named once at the top of the module that needs it.
+
+torch, transformers, trl, peft and vllm take seconds to import, and a light worker (one that only mines
+or validates) has no use for them. A module that needs one writes, at its top::
+
+    torch = optional_module("torch")
+
+and the package is imported the first time an attribute is read (``torch.no_grad``), so importing the
+flows stays cheap. A package that is not installed raises `MissingDependencyError` at that point,
+naming the command that installs it. Modules of this project that import such a package at their own
+top (a subclass of a trl trainer must) are named the same way by the modules above them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+from coevolve.errors import ConfigError
+
+# Package -> how to get it, for the error a missing one raises.
+INSTALL_HINTS: dict[str, str] = {
+    "vllm": "vLLM lives in its own environment: run `make setup-vllm` (CPU) or install the `vllm` extra on a GPU machine",
+    "torch": "run `make setup` (it installs torch before the project)",
+}
+
+
+class MissingDependencyError(ConfigError):
+    """An optional package a setting needs is not installed in this environment."""
+
+
+class OptionalModule:
+    """A stand-in for a module that imports it when one of its attributes is first read."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._module: ModuleType | None = None
+
+    def _load(self) -> ModuleType:
+        if self._module is None:
+            try:
+                self._module = importlib.import_module(self._name)
+            except ImportError as exc:
+                top = self._name.split(".")[0]
+                hint = INSTALL_HINTS.get(top, "run `make setup`")
+                raise MissingDependencyError(f"{self._name} is needed here but cannot be imported ({exc}); {hint}.") from exc
+        return self._module
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("__") and attribute.endswith("__"):
+            raise AttributeError(attribute)  # copy, pickle and introspection never trigger the import
+        return getattr(self._load(), attribute)
+
+    def __repr__(self) -> str:
+        state = "imported" if self._module is not None else "not imported yet"
+        return f"<optional module {self._name!r}, {state}>"
+
+
+def optional_module(name: str) -> Any:
+    """``name`` (a module path), imported when first used; see the module docstring."""
+    return OptionalModule(name)
