@@ -21,6 +21,7 @@ import pytest
 from agent.serve import REPO, ServeOptions, free_port, port_is_free, server_command, server_env, wait_until_ready
 from coevolve.cli import main
 from coevolve.config import load_config
+from tests.doc_blocks import command_block
 
 
 def _flags(command: list[str]) -> dict[str, str | None]:
@@ -62,10 +63,8 @@ def test_a_missing_checkpoint_folder_is_refused_naming_where_checkpoints_live(ca
 
 
 def _readme_fleet_block() -> list[str]:
-    """The command lines of README.md's fleet example (the block that starts the servers), continuations joined."""
-    text = (REPO / "README.md").read_text()
-    block = next(b for b in text.split("```bash\n")[1:] if "coevolve serve --model $CKPT" in b).split("```")[0]
-    return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    """The command lines of the documented fleet example (the block that starts the servers), continuations joined."""
+    return command_block("coevolve serve --model $CKPT").lines()
 
 
 def test_the_readme_fleet_example_serves_checkpoint_0_for_weight_reloads_and_its_run_loads(capsys, tmp_path):

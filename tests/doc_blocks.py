@@ -1,0 +1,60 @@
+"""The fenced ``bash`` blocks of README.md and the docs/ pages: the commands a user copies, which tests run or check.
+
+A block moves between pages as the documentation is reorganised; tests find it by a line it holds, on whichever
+page it now lives.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
+
+
+def doc_pages() -> list[Path]:
+    """README.md and every page under docs/ (not docs/history/, which keeps earlier setups' reports as they were)."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+@dataclass(frozen=True)
+class CommandBlock:
+    page: Path
+    text: str
+
+    def lines(self) -> list[str]:
+        """The block's command lines, with backslash continuations joined and empty lines dropped."""
+        return [line for line in self.text.replace("\\\n", " ").splitlines() if line.strip()]
+
+    def commands(self) -> list[list[str]]:
+        """Each command's words as bash splits them (comments dropped); a quote left open continues on the next line."""
+        words: list[list[str]] = []
+        pending = ""
+        for line in self.lines():
+            pending = f"{pending}\n{line}" if pending else line
+            try:
+                split = shlex.split(pending, comments=True)
+            except ValueError:  # an open quote: the command goes on
+                continue
+            pending = ""
+            if split:
+                words.append(split)
+        if pending:
+            raise ValueError(f"{self.page.name}: a quote is never closed in {pending!r}")
+        return words
+
+
+def command_blocks() -> list[CommandBlock]:
+    return [CommandBlock(page, text) for page in doc_pages() for text in BASH_BLOCK.findall(page.read_text())]
+
+
+def command_block(holding: str) -> CommandBlock:
+    """The one block that holds ``holding``; fails naming the pages searched when none or several do."""
+    found = [block for block in command_blocks() if holding in block.text]
+    if len(found) != 1:
+        pages = ", ".join(str(p.relative_to(REPO)) for p in doc_pages())
+        raise LookupError(f"{len(found)} bash blocks hold {holding!r} in {pages}; expected exactly one")
+    return found[0]
