@@ -3,7 +3,7 @@
     coevolve evolve [--config FILE] [--set section.field=value ...] [--rounds N]
     coevolve round --round R [--config FILE] [--set ...]
     coevolve evaluate --checkpoint PATH [--categories base,miss_func,...] [--limit N] [--no-heldout] [--dev]
-    coevolve ablation [--config configs/ablation.yaml] [--arms static,random,full] [--seeds 1,2,3,4,5] [--rounds 5]
+    coevolve ablation [--config configs/ablation.yaml] [--arms static,random,full] [--seeds 1,2,3,4,5] [--rounds 5] [--workers 2]
     coevolve sql "SELECT * FROM v_success_by_round"
     coevolve warehouse migrate [PATH] [--to ROOT] [--check]
     coevolve lineage VERSION|current|best [--model NAME]
@@ -282,6 +282,8 @@ def cmd_ablation(args: argparse.Namespace) -> int:
     if unknown:
         raise PipelineError(f"Unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}.")
     seeds = [int(s) for s in args.seeds.split(",")]
+    if args.workers is not None:
+        config = config.with_overrides({"ablation_workers": args.workers})
     t0 = time.perf_counter()
     out = coevolve_ablation(
         arms=arms, seeds=seeds, rounds=args.rounds, official_limit=args.official_limit, name=args.name,
@@ -364,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=5, help="Rounds per run; every arm gets the same number.")
     p.add_argument("--official-limit", type=int, default=50, help="multi_turn_base entries scored per final checkpoint.")
     p.add_argument("--name", default="ablation", help="Prefix of the runs and the report folder.")
+    p.add_argument("--workers", type=int, help="Seeds played at the same time, each in its own process (default: ablation_workers).")
     p.set_defaults(func=cmd_ablation)
 
     p = sub.add_parser("lineage", help="Walk a registered checkpoint version back to checkpoint 0 and D_0.")

@@ -17,7 +17,11 @@ and stage records (``copy_round0``), each record naming the run it was copied fr
 MLflow tag ``trajectories.copied_from`` on checkpoint 1's version). Mining, synthesis and validation,
 which arms do change, and the version stage run in every arm, so pool 1 is the arm's own.
 
-Run: ``coevolve ablation --config configs/ablation.yaml [--arms static,random,full] [--seeds 1,2,3,4,5] [--rounds 5]``.
+Different seeds share nothing after checkpoint 0, so their chains of arms run at the same time, each in
+a process of Prefect's ProcessPoolTaskRunner (``ablation_workers``, ``--workers``): a round's torch work
+uses one thread, so one chain keeps one core busy. Checkpoint 0 is built and scored before they start.
+
+Run: ``coevolve ablation --config configs/ablation.yaml [--arms static,random,full] [--seeds 1,2,3,4,5] [--rounds 5] [--workers 2]``.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
+from prefect.task_runners import ProcessPoolTaskRunner
 
 from coevolve.config import PipelineConfig
 from coevolve.settings import apply_settings
@@ -39,6 +45,7 @@ from flows.evaluate import coevolve_evaluate
 from flows.round import coevolve_round
 from flows.stage import run_slot
 from storage.pool import pool_digest
+from storage.tracking import Tracker
 from tasks.common import DEV_ROUND, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, checkpoint_digest, open_warehouse, round_lock
 from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, evaluate_checkpoint
 from tasks.prepare import prepare_task
@@ -218,8 +225,9 @@ def final_heldout_of(config: PipelineConfig) -> tuple[list[Task], dict]:
 def score_final_heldout(base: PipelineConfig, name: str, cfg: PipelineConfig, summaries: list[dict], baseline: dict) -> dict[str, Any]:
     """Score one run's final checkpoint on the final held-out split, and checkpoint 0 the first time only.
 
-    ``baseline`` holds the split's digest, checkpoint 0's digest and its outcomes, filled by the first
-    run, so an ablation scores its shared checkpoint 0 once. Every run must hold the same split and
+    ``baseline`` holds the split's digest, checkpoint 0's digest and its outcomes (score_checkpoint0 fills
+    it before the seeds' chains start; an empty one is filled by the first run), so an ablation scores its
+    shared checkpoint 0 once. Every run must hold the same split and
     start from the same checkpoint 0: both come from ``pool.seed``, which every arm shares.
     """
     tasks, prepared = final_heldout_of(cfg)
@@ -244,6 +252,61 @@ def score_final_heldout(base: PipelineConfig, name: str, cfg: PipelineConfig, su
     }
 
 
+def score_checkpoint0(base: PipelineConfig, name: str, first: PipelineConfig) -> dict[str, Any]:
+    """Prepare the ablation's first run (checkpoint 0, the splits) and score checkpoint 0 on the final held-out split.
+
+    Done once, before any seed's chain starts, so the chains, which run at the same time, copy checkpoint
+    0's held-out and dev scores from the first run (``checkpoint0_scores_from``) and share one baseline.
+    """
+    with run_slot(first, 0), round_lock(first, 0):
+        prepare_task(first, 0)  # recorded, so the run's round 0 resumes after it
+    tasks, prepared = final_heldout_of(first)
+    if not tasks:
+        return {}
+    ckpt0_config = base.with_overrides({"run_id": checkpoint0_run_id(name)})
+    return {
+        "split_digest": prepared.get("final_heldout_digest"),
+        "checkpoint_digest": prepared.get("checkpoint_digest"),
+        "outcomes": score_once(ckpt0_config, prepared["checkpoint"], tasks, HELDOUT_ROUND),
+    }
+
+
+@task(name="ablation-seed", cache_policy=NO_CACHE)
+def seed_chain(
+    base_config: dict[str, Any], runs: list[tuple[str, int, dict[str, Any]]], rounds: int, official_limit: int | None,
+    name: str, baseline: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Every arm of one seed, in order: the first computes round 0, the later ones copy it (copy_round0).
+
+    Runs in a process of its own (the ablation's ProcessPoolTaskRunner); rounds and evaluations are
+    subflows of this task run, so they show up under it in Prefect.
+    """
+    base = PipelineConfig.model_validate(base_config)
+    apply_settings(base)  # a fresh process: torch threads and the rest as the CLI sets them
+    results: list[dict[str, Any]] = []
+    source: PipelineConfig | None = None
+    for arm, seed, cfg_data in runs:
+        cfg = PipelineConfig.model_validate(cfg_data)
+        if source is not None and rounds > 0:
+            with run_slot(cfg, 0), round_lock(cfg, 0):
+                prepare_task(cfg, 0)  # recorded, so the round resumes after it
+                copied = copy_round0(source, cfg)
+            shared = f"copied from {copied}" if copied else "computed here"
+            get_run_logger().info("%s: round 0's rollout, update and evaluation %s", cfg.run_id, shared)
+        source = source or cfg
+        summaries = [coevolve_round(round_=r, config=cfg.model_dump(mode="json")) for r in range(rounds)]
+        official = coevolve_evaluate(
+            checkpoint=summaries[-1]["checkpoint"],
+            categories=["multi_turn_base"],
+            heldout=False,
+            config=cfg.model_dump(mode="json"),
+            limit=official_limit,
+        )
+        final = score_final_heldout(base, name, cfg, summaries, baseline)
+        results.append({"arm": arm, "seed": seed, "run_id": cfg.run_id, "rounds": summaries, "official": official, **final})
+    return results
+
+
 @flow(name="coevolve-ablation")
 def coevolve_ablation(
     arms: list[str] | None = None,
@@ -255,31 +318,25 @@ def coevolve_ablation(
 ) -> dict[str, Any]:
     """Run every arm for every seed, score the final checkpoints, and write the report.
 
-    The first arm of each seed computes round 0; the others copy its rollout, update and evaluation (copy_round0).
+    Checkpoint 0 is built and scored first; then each seed's arms run as one chain (seed_chain), up to
+    ``ablation_workers`` seeds at the same time in their own processes. Each seed's runs are the same
+    whatever the number of workers, so the report is too.
     """
     base = PipelineConfig.model_validate(config or {})
     apply_settings(base)  # a worker started anywhere runs like the CLI
     arms = list(arms or ARMS)
     seeds = list(seeds or [1, 2, 3, 4, 5])
-    results: list[dict[str, Any]] = []
-    baseline: dict[str, Any] = {}
-    first_of_seed: dict[int, PipelineConfig] = {}
-    for arm, seed, cfg in arm_configs(base, arms, seeds, name):
-        source = first_of_seed.setdefault(seed, cfg)
-        if source is not cfg and rounds > 0:
-            with run_slot(cfg, 0), round_lock(cfg, 0):
-                prepare_task(cfg, 0)  # recorded, so the round resumes after it
-                copied = copy_round0(source, cfg)
-            shared = f"copied from {copied}" if copied else "computed here"
-            get_run_logger().info("%s: round 0's rollout, update and evaluation %s", cfg.run_id, shared)
-        summaries = [coevolve_round(round_=r, config=cfg.model_dump(mode="json")) for r in range(rounds)]
-        official = coevolve_evaluate(
-            checkpoint=summaries[-1]["checkpoint"],
-            categories=["multi_turn_base"],
-            heldout=False,
-            config=cfg.model_dump(mode="json"),
-            limit=official_limit,
-        )
-        final = score_final_heldout(base, name, cfg, summaries, baseline)
-        results.append({"arm": arm, "seed": seed, "run_id": cfg.run_id, "rounds": summaries, "official": official, **final})
+    runs = arm_configs(base, arms, seeds, name)
+    baseline = score_checkpoint0(base, name, runs[0][2]) if runs and rounds > 0 else {}
+    # MLflow creates (migrates) a new SQLite store on first use; two chains doing that at once collide
+    # ("table _alembic_tmp_experiments already exists"), so the store is created here, before they start.
+    Tracker(base.mlflow_tracking_uri, base.tracking.experiment, base.artifacts_dir)
+    chains = {seed: [(arm, s, cfg.model_dump(mode="json")) for arm, s, cfg in runs if s == seed] for seed in seeds}
+    with ProcessPoolTaskRunner(max_workers=min(base.ablation_workers, len(seeds))) as runner:
+        futures = [
+            runner.submit(seed_chain, {"base_config": base.model_dump(mode="json"), "runs": chain, "rounds": rounds,
+                                       "official_limit": official_limit, "name": name, "baseline": baseline})
+            for chain in chains.values()
+        ]  # fmt: skip
+        results = [row for future in futures for row in future.result()]
     return report_task(base, name, results)

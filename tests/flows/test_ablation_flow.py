@@ -21,7 +21,8 @@ def test_arms_share_checkpoint_zero_but_not_their_runs(tiny_config, tmp_path):
 def ablation_run(prefect_api, tiny_config, tmp_path_factory):
     from flows.ablation import coevolve_ablation
 
-    config = tiny_config(tmp_path_factory.mktemp("ablation"), rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6})
+    # Two workers: the seeds' chains run at the same time, each in its own process.
+    config = tiny_config(tmp_path_factory.mktemp("ablation"), rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6}, ablation_workers=2)
     out = coevolve_ablation(arms=["static", "random"], seeds=[1, 2], rounds=1, official_limit=2, name="t", config=config.model_dump(mode="json"))
     return config, out
 
@@ -225,3 +226,24 @@ def test_round_0_is_shared_only_by_runs_whose_round_0_settings_and_inputs_match(
     assert round0_key(random.with_overrides({"rollout": {"temperature": 0.5}})) != round0_key(static)
     assert round0_key(random.with_overrides({"seed": 2})) != round0_key(static)
     assert round0_key(arm_config(config, "static", 9, "t")) is None  # no prepared round 0 to compare
+
+
+def test_the_reports_numbers_do_not_depend_on_how_many_seeds_run_at_once(ablation_run, tiny_config, tmp_path):
+    from pathlib import Path
+
+    from flows.ablation import coevolve_ablation
+    from storage.warehouse import Warehouse
+    from tasks.report import FINAL_SPLIT, read_per_run_table
+
+    config, parallel = ablation_run
+    one_at_a_time = tiny_config(tmp_path, rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6}, ablation_workers=1)
+    sequential = coevolve_ablation(arms=["static", "random"], seeds=[1, 2], rounds=1, official_limit=2, name="t", config=one_at_a_time.model_dump(mode="json"))
+    tables = [read_per_run_table(Path(out["report"]).read_text()) for out in (parallel, sequential)]
+    outcomes = []
+    for cfg in (config, one_at_a_time):
+        with Warehouse(cfg.warehouse_path, read_only=True) as wh:
+            rows = wh.sql(f"SELECT run_id, round, task_id, success FROM evaluations WHERE split = '{FINAL_SPLIT}' ORDER BY ALL").rows()
+        outcomes.append(rows)
+    assert tables[0] == tables[1] and len(tables[0]) == 4
+    assert outcomes[0] == outcomes[1] and len(outcomes[0]) == 5 * 6  # checkpoint 0 and four final checkpoints
+    assert parallel["arms"] == sequential["arms"] and parallel["ckpt0_tests"] == sequential["ckpt0_tests"]
