@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+from coevolve.records import Provenance, Step, Task, ToolCall, Trajectory
+from storage.warehouse import Warehouse
 
-from coevolve.records import Provenance, Step, Task, ToolCall, Trajectory  # noqa: E402
-from storage.warehouse import Warehouse  # noqa: E402
+# MLflow reads this when it is first imported, which a test module here may do before storage.tracking.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 RUN = "run-a"
 
