@@ -2,7 +2,7 @@
 
 Layout under the warehouse root::
 
-    catalog/layout.json                                   the layout version (storage/migrations.py)
+    catalog/layout.json                                   the layout version (storage/layouts.py)
     catalog/runs/<run>.json                               one run and its configuration
     catalog/rounds/run_id=<run>/<round>.json              status, summary, flow run of one round
     catalog/stage_runs/run_id=<run>/round=<n>/<stage>.json  a finished stage and the output it recorded

@@ -43,7 +43,7 @@ from coevolve.errors import DataError
 from coevolve.records import Candidate, RoundSummary, Segment, Signal, Step, Task, Trajectory
 from storage.catalog import PLACEHOLDER_RUN, Catalog
 from storage.columns import SCHEMAS, conform, read_calls, tool_call_counts, trajectory_tables
-from storage.migrations import LATEST_VERSION, VIEWS
+from storage.layouts import LATEST_VERSION, VIEWS
 from storage.tables import STALE_PARTIAL_S, TableFiles
 
 # The file the single-file layout kept beside today's warehouse folder (``<state_dir>/warehouse.duckdb``).
@@ -103,7 +103,7 @@ class Warehouse:
         A root that holds anything but a new warehouse's own files and no layout record (an interrupted
         migration, another program's files), and a new root beside an unconverted single-file
         ``warehouse.duckdb``, are refused: a run never silently starts again from round 0.
-        ``publish_layout=False`` (storage/migrate.py) opens a root without a layout record and
+        ``publish_layout=False`` (storage/single_file_conversion.py) opens a root without a layout record and
         without writing one: its writer fills the tables first and calls `publish_layout` last.
         """
         self.files = TableFiles.open(root, storage_options)

@@ -29,7 +29,7 @@ import duckdb
 import pyarrow as pa
 
 from coevolve.errors import DataError
-from storage.migrations import SINGLE_FILE_VERSION
+from storage.layouts import SINGLE_FILE_VERSION
 from storage.tables import TableFiles, fsync_dir
 from storage.columns import CALL_TYPE, SCHEMAS, conform
 from storage.warehouse import Warehouse, part_name

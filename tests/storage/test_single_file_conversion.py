@@ -5,7 +5,7 @@ is traced (``tests/crash_at.py trace:``), then migrate dies just before and just
 trace lists (each table file, each catalog record, the layout record, the rename that publishes the
 warehouse), each death followed by the same command again. Run it with
 
-    COEVOLVE_CRASH_EXHAUSTIVE=1 .venv/bin/python -m pytest -q tests/storage/test_migrate.py -k exhaustive
+    COEVOLVE_CRASH_EXHAUSTIVE=1 .venv/bin/python -m pytest -q tests/storage/test_single_file_conversion.py -k exhaustive
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
+import time
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -25,9 +28,10 @@ import pytest
 from coevolve.cli import main
 from coevolve.errors import DataError
 from coevolve.records import RoundSummary, Step, Task, ToolCall, Trajectory
-from storage.migrate import TABLES, compare, default_target, migrate
-from storage.migrations import SINGLE_FILE_MIGRATIONS
+from storage.layouts import SINGLE_FILE_MIGRATIONS
+from storage.single_file_conversion import TABLES, compare, default_target, migrate
 from storage.warehouse import Warehouse
+from tests.crash_at import CRASH_EXIT
 
 STAMP = datetime(2026, 3, 1, 12, 30, 15, 250000)
 
@@ -278,12 +282,6 @@ def _listing(root: Path) -> list[str]:
 )
 def test_a_migration_killed_at_a_commit_point_then_run_again_equals_an_uninterrupted_one(old_warehouse, tmp_path, crash_at) -> None:
     """The process dies (tests/crash_at.py) at the point; the pipeline refuses the state folder; a plain re-run completes."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.crash_at import CRASH_EXIT
-
     path = old_warehouse["path"]
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo)}
@@ -305,12 +303,6 @@ def test_exhaustive_a_migration_killed_before_and_after_every_write_then_run_aga
     """Every traced write is a crash point, before and after; each death is followed by the same command,
     which dies at the next point, until a last plain run. Until the publishing rename the pipeline refuses
     the state folder; after it, the target is the uninterrupted migration's."""
-    import subprocess
-    import sys
-    import time
-
-    from tests.crash_at import CRASH_EXIT
-
     path = old_warehouse["path"]
     target = default_target(path)
     repo = Path(__file__).resolve().parents[2]
