@@ -18,6 +18,7 @@ last-first before deleting their rows, so a stage is never marked finished witho
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Any
 
 from storage.tables import TableFiles
@@ -26,6 +27,11 @@ from storage.tables import TableFiles
 # (a DuckDB session opened on a new warehouse then sees records written after it opened). Never
 # returned by `Catalog.records`; the views leave it out.
 PLACEHOLDER_RUN = "_empty"
+
+
+def record_time() -> str:
+    """Now, as records store their times: UTC without a zone, as DuckDB reads a TIMESTAMP."""
+    return datetime.now(timezone.utc).replace(tzinfo=None).isoformat(sep=" ")
 
 
 class Catalog:

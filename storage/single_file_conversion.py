@@ -29,10 +29,10 @@ import duckdb
 import pyarrow as pa
 
 from coevolve.errors import DataError
-from storage.layouts import SINGLE_FILE_VERSION
-from storage.tables import TableFiles, fsync_dir
 from storage.columns import CALL_TYPE, SCHEMAS, conform
-from storage.warehouse import Warehouse, part_name
+from storage.layouts import SINGLE_FILE_VERSION
+from storage.tables import TableFiles, fsync_dir, part_name
+from storage.warehouse import Warehouse
 
 # Tables in the order they are copied and compared: catalog records first, then table files.
 TABLES: tuple[str, ...] = (
