@@ -29,7 +29,8 @@ from coevolve.cli import main
 from coevolve.errors import DataError
 from coevolve.records import RoundSummary, Step, Task, ToolCall, Trajectory
 from storage.layouts import SINGLE_FILE_MIGRATIONS
-from storage.single_file_conversion import TABLES, compare, default_target, migrate
+from storage.single_file_check import TABLES
+from storage.single_file_conversion import compare, default_target, migrate
 from storage.warehouse import Warehouse
 from tests.crash_at import CRASH_EXIT
 
