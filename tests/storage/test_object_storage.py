@@ -22,7 +22,7 @@ from coevolve.records import RoundSummary, Signal
 from storage.single_file_conversion import compare, migrate
 from storage.warehouse import Warehouse
 from tests.flows.conftest import cli_env, make_tiny_config, write_config_file
-from tests.storage.test_single_file_conversion import EXPECTED_ROWS, old_warehouse  # noqa: F401 - the old file and its fixture
+from tests.storage.old_warehouse import EXPECTED_ROWS
 
 # The object store is an optional extra (pip install -e '.[s3]'); moto serves it in tests.
 pytest.importorskip("s3fs")

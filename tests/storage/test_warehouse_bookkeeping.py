@@ -12,7 +12,7 @@ from coevolve.records import Candidate, RoundSummary, Verdict
 from storage import tables
 from storage.columns import tool_call_counts, trajectory_tables
 from storage.warehouse import Warehouse
-from tests.storage.test_single_file_conversion import create_old_file
+from tests.storage.old_warehouse import create_old_file
 
 RUN = "run-a"
 
