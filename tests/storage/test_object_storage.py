@@ -54,8 +54,6 @@ def s3(tmp_path_factory) -> Iterator[str]:
         endpoint = f"http://127.0.0.1:{port}"
         mp.setenv("AWS_ENDPOINT_URL", endpoint)  # a client that is not given the endpoint still stays on loopback
         try:
-            import boto3
-
             boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
             yield endpoint
         finally:
