@@ -163,7 +163,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 def cmd_warehouse_migrate(args: argparse.Namespace) -> int:
     """Convert a single-file warehouse to the open-table layout and compare every table; 1 when any differs."""
     config = load_config(args.config, args.set)
-    from storage.migrate import compare, default_target, migrate
+    from storage.single_file_conversion import compare, default_target, migrate
 
     source = Path(args.path) if args.path else config.state_dir / "warehouse.duckdb"
     target = args.target or str(default_target(source))

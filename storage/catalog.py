@@ -2,7 +2,7 @@
 
 Layout under the warehouse root::
 
-    catalog/layout.json                                   the layout version (storage/migrations.py)
+    catalog/layout.json                                   the layout version (storage/layouts.py)
     catalog/runs/<run>.json                               one run and its configuration
     catalog/rounds/run_id=<run>/<round>.json              status, summary, flow run of one round
     catalog/stage_runs/run_id=<run>/round=<n>/<stage>.json  a finished stage and the output it recorded
@@ -18,6 +18,7 @@ last-first before deleting their rows, so a stage is never marked finished witho
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Any
 
 from storage.tables import TableFiles
@@ -26,6 +27,11 @@ from storage.tables import TableFiles
 # (a DuckDB session opened on a new warehouse then sees records written after it opened). Never
 # returned by `Catalog.records`; the views leave it out.
 PLACEHOLDER_RUN = "_empty"
+
+
+def record_time() -> str:
+    """Now, as records store their times: UTC without a zone, as DuckDB reads a TIMESTAMP."""
+    return datetime.now(timezone.utc).replace(tzinfo=None).isoformat(sep=" ")
 
 
 class Catalog:

@@ -8,8 +8,8 @@ and failed calls per tool, the small table `v_tool_failure_rates` reads instead 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from collections.abc import Iterable
+from dataclasses import asdict
 from itertools import accumulate
 from typing import Any
 

@@ -19,12 +19,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import duckdb
+import duckdb
 
-    from storage.warehouse import Warehouse
+from storage.warehouse import Warehouse
 
 # Pool membership round of the run's held-out split (tasks.common.HELDOUT_ROUND; storage does not import tasks).
 HELDOUT_POOL_ROUND = -1

@@ -20,6 +20,7 @@ Why plain Parquet and not Delta Lake or DuckLake: storage/README.md has the meas
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import posixpath
@@ -27,6 +28,7 @@ import re
 import socket
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +46,12 @@ _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
 # Parquet settings of every file: zstd compresses the token-id lists and texts about 3x better than
 # snappy at a similar write speed; statistics let readers skip row groups.
 _WRITE_OPTIONS: dict[str, Any] = {"compression": "zstd", "write_statistics": True}
+
+
+def part_name(keys: Iterable[str]) -> str:
+    """A file name that depends only on which rows a file holds, so re-writing them replaces it."""
+    digest = hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:20]
+    return f"part-{digest}"
 
 
 @dataclass(frozen=True)

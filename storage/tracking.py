@@ -23,18 +23,29 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+from sqlalchemy.exc import SQLAlchemyError
+
+from coevolve.errors import DataError, InfrastructureError
+from coevolve.optional import optional_module
+from storage.mlflow_store import (
+    check_checkpoint_registration,
+    check_store_file,
+    damaged_store,
+    is_busy,
+    is_tracking_server,
+    sqlite_file,
+)
+
+# MLflow is slow to import (over a second), and it decides at import whether to send usage telemetry
+# (mlflow/__init__.py builds its telemetry client from MLFLOW_DISABLE_TELEMETRY then). It is imported on
+# the first Tracker call, so flows and workers that never track load cheaply, and the default below is in
+# place by then; an operator's own setting of the variable wins.
+mlflow = optional_module("mlflow")
+mlflow_data = optional_module("mlflow.data")
+mlflow_entities = optional_module("mlflow.entities")
+mlflow_exceptions = optional_module("mlflow.exceptions")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-
-import mlflow.artifacts  # noqa: E402
-import mlflow.data  # noqa: E402
-import polars as pl  # noqa: E402
-from mlflow import MlflowClient  # noqa: E402
-from mlflow.entities import DatasetInput, InputTag, Metric, Param  # noqa: E402
-from mlflow.exceptions import MlflowException  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
-from sqlalchemy.exc import SQLAlchemyError  # noqa: E402
-
-from coevolve.errors import ConfigError, DataError, InfrastructureError  # noqa: E402
 
 # MLflow reserves the alias "latest" (models:/<name>/latest already means the newest version),
 # so the newest round's version gets this alias instead.
@@ -66,68 +77,6 @@ def _quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
-_SQLITE_HEADER = b"SQLite format 3\x00"
-
-
-def _sqlite_file(tracking_uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` tracking URI; None for any other store."""
-    if not tracking_uri.startswith("sqlite:"):
-        return None
-    database = make_url(tracking_uri).database
-    return Path(database) if database and database != ":memory:" else None
-
-
-def _damaged_store(path: Path, reason: str) -> DataError:
-    return DataError(
-        f"MLflow store {path} is damaged or unusable ({reason}). Restore it from a backup, or move it aside "
-        f"(mv {path} {path}.damaged) to start a new store, which no longer lists the earlier runs and model "
-        "versions. The warehouse, pool snapshots and checkpoints are separate files and are untouched."
-    )
-
-
-def _check_store_file(path: Path) -> None:
-    """Refuse a store file that cannot hold an SQLite database before MLflow retries it for minutes."""
-    if path.is_dir():
-        raise _damaged_store(path, "it is a directory, not an SQLite file")
-    if path.parent.exists() and not path.parent.is_dir():
-        raise _damaged_store(path, f"{path.parent} is a file, not a folder")
-    if path.is_file():
-        if not os.access(path, os.R_OK | os.W_OK):
-            raise _damaged_store(path, "it is not readable and writable by this user")
-        with path.open("rb") as handle:
-            head = handle.read(len(_SQLITE_HEADER))
-        if head and head != _SQLITE_HEADER:
-            raise _damaged_store(path, "it is not an SQLite database file")
-    elif path.parent.is_dir() and not os.access(path.parent, os.W_OK):
-        raise _damaged_store(path, f"its folder {path.parent} is not writable by this user")
-
-
-def is_tracking_server(tracking_uri: str) -> bool:
-    """A tracking URI served by `mlflow server` (http or https), as opposed to a store this process opens itself."""
-    return tracking_uri.startswith(("http://", "https://"))
-
-
-def check_checkpoint_registration(tracking_uri: str, register_checkpoints: str) -> None:
-    """Refuse ``register_checkpoints='uri'`` with a tracking server: it would fail at the end of the round.
-
-    A tracking server refuses a model version whose source is a local path (file://) outside the run's
-    own artifact folder, and checkpoints are folders under state_dir.
-    """
-    if register_checkpoints == "uri" and is_tracking_server(tracking_uri):
-        raise ConfigError(
-            f"tracking.register_checkpoints='uri' cannot be used with the MLflow tracking server {tracking_uri}: a "
-            "server refuses to register a checkpoint folder (a file:// source outside the run's artifacts). Use "
-            "tracking.register_checkpoints=copy (the server stores the checkpoint as the run's artifacts), or a store "
-            "of your own (tracking.mlflow_uri unset, or sqlite:///<shared path>) to register the folder where it is."
-        )
-
-
-def _is_busy(exc: Exception) -> bool:
-    """A store another process holds for the moment: worth a retry."""
-    text = str(exc).lower()
-    return "database is locked" in text or "database is busy" in text
-
-
 class Tracker:
     """Records rounds in MLflow and answers lineage queries between pools and model versions."""
 
@@ -138,16 +87,16 @@ class Tracker:
         self.registered_model = registered_model
         # A store file on this machine that is damaged stays damaged: that is a DataError, never retried.
         # A store behind a server (http, a database server) may come back: InfrastructureError, retried.
-        store_file = _sqlite_file(tracking_uri)
+        store_file = sqlite_file(tracking_uri)
         if store_file is not None:
-            _check_store_file(store_file)
+            check_store_file(store_file)
         try:
-            self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+            self.client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
             self.experiment_id = self._experiment(experiment, Path(artifacts_dir))
-        except (MlflowException, SQLAlchemyError) as exc:
-            if store_file is None or _is_busy(exc):
+        except (mlflow_exceptions.MlflowException, SQLAlchemyError) as exc:
+            if store_file is None or is_busy(exc):
                 raise InfrastructureError(f"MLflow store {tracking_uri} is not usable: {exc}") from exc
-            raise _damaged_store(store_file, str(exc).splitlines()[0]) from exc
+            raise damaged_store(store_file, str(exc).splitlines()[0]) from exc
         except OSError as exc:
             raise DataError(f"MLflow store {tracking_uri} or its artifact folder {artifacts_dir} cannot be used: {exc}") from exc
 
@@ -162,7 +111,7 @@ class Tracker:
             location = artifacts.as_uri()
         try:
             return self.client.create_experiment(experiment, artifact_location=location)
-        except MlflowException as exc:
+        except mlflow_exceptions.MlflowException as exc:
             # Another process created it between the lookup and the create.
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
@@ -243,8 +192,8 @@ class Tracker:
         try:
             self.client.log_batch(
                 run_id,
-                metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()],
-                params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+                metrics=[mlflow_entities.Metric(k, float(v), 0, 0) for k, v in metrics.items()],
+                params=[mlflow_entities.Param(k, str(v)[:6000]) for k, v in params.items()],
             )
             if training_pool_path is not None and training_pool_digest:
                 self._log_pool(run_id, Path(training_pool_path), training_pool_digest, "training")
@@ -267,7 +216,7 @@ class Tracker:
     def _versions_of_run(self, name: str, run_id: str) -> list[str]:
         try:
             found = self.client.search_model_versions(f"name = '{_quote(name)}' and run_id = '{_quote(run_id)}'")
-        except MlflowException:
+        except mlflow_exceptions.MlflowException:
             return []  # the registered model does not exist yet
         return sorted((str(v.version) for v in found), key=int)
 
@@ -283,20 +232,19 @@ class Tracker:
         with warnings.catch_warnings():
             # A local path matches two equivalent source types; MLflow warns and picks one.
             warnings.simplefilter("ignore")
-            dataset = mlflow.data.from_polars(
+            dataset = mlflow_data.from_polars(
                 # The file's stem keeps pool r and pool r+1 two inputs even when no task was added.
                 frame, source=str(pool_path.resolve()), name=f"{pool_path.stem}-{pool_digest}",
                 digest=pool_digest[:_DATASET_DIGEST_CHARS],
             )
-        self.client.log_inputs(
-            run_id, [DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)])]
-        )
+        tags = [mlflow_entities.InputTag("mlflow.data.context", context)]
+        self.client.log_inputs(run_id, [mlflow_entities.DatasetInput(dataset._to_mlflow_entity(), tags=tags)])
         self.client.log_artifact(run_id, str(pool_path), "pool")
 
     def _register(self, name: str, source: str, run_id: str, tags: dict[str, str]) -> str:
         try:
             self.client.create_registered_model(name)
-        except MlflowException as exc:
+        except mlflow_exceptions.MlflowException as exc:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
         # MLflow 3 resolves runs:/ sources to logged models; the full artifact URI registers the directory.
@@ -305,25 +253,6 @@ class Tracker:
         return str(version.version)
 
     # -- registry and lineage ----------------------------------------------------------------------
-
-    def set_alias(self, name: str, version: str, alias: str) -> None:
-        self.client.set_registered_model_alias(name, alias, str(version))
-
-    def version_for_alias(self, name: str, alias: str = CURRENT_ALIAS) -> str:
-        """The version an alias points at, e.g. the newest round's checkpoint."""
-        try:
-            return str(self.client.get_model_version_by_alias(name, alias).version)
-        except MlflowException as exc:
-            raise DataError(f"Model {name!r} has no alias {alias!r}: {exc}") from exc
-
-    def download_checkpoint(self, name: str, version: str, dst_dir: Path) -> Path:
-        """Copies a registered checkpoint directory to dst_dir and returns its local path."""
-        try:
-            source = self.client.get_model_version(name, str(version)).source
-        except MlflowException as exc:
-            raise DataError(f"Model {name!r} has no version {version}: {exc}") from exc
-        Path(dst_dir).mkdir(parents=True, exist_ok=True)
-        return Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(dst_dir)))
 
     def find_versions_for_pool(self, digest: str, name: str | None = None) -> list[str]:
         """Model versions trained with the pool of this digest (of `name`, or of every model)."""
@@ -339,7 +268,7 @@ class Tracker:
         name = name or self.registered_model or self._only_model()
         try:
             found = self.client.get_model_version(name, str(version))
-        except MlflowException as exc:
+        except mlflow_exceptions.MlflowException as exc:
             raise DataError(f"Model {name!r} has no version {version}: {exc}") from exc
         digest = found.tags.get(POOL_DIGEST_TAG)
         if not digest:
@@ -353,7 +282,7 @@ class Tracker:
                 found = self.client.get_model_version(name, str(version))
             else:
                 found = self.client.get_model_version_by_alias(name, str(version))
-        except MlflowException as exc:
+        except mlflow_exceptions.MlflowException as exc:
             raise DataError(
                 f"Model {name!r} has no version {version}: give a version number or an alias "
                 f"({CURRENT_ALIAS!r}, {BEST_ALIAS!r}). {exc.message}"
@@ -388,7 +317,7 @@ class Tracker:
         """
         try:
             versions = self.client.search_model_versions(f"name = '{_quote(name)}'")
-        except MlflowException:
+        except mlflow_exceptions.MlflowException:
             return None
         scored: list[tuple[float, int]] = []
         for version in versions:
@@ -407,18 +336,6 @@ class Tracker:
         """Adds a file to an existing run (finished or not), under ``folder``; the same name replaces it."""
         self.client.log_artifact(mlflow_run_id, str(path), folder)
 
-    def log_figure(self, run_name: str, path: Path) -> None:
-        """Attaches a figure file to the run named run_name (a new run when there is none)."""
-        runs = self._runs_named(run_name, finished_only=False)
-        if runs:
-            self.client.log_artifact(runs[0].info.run_id, str(path), "figures")
-            return
-        run = self.client.create_run(
-            self.experiment_id, run_name=run_name, tags={RUN_NAME_TAG: run_name, "coevolve.kind": "figures"}
-        )
-        self.client.log_artifact(run.info.run_id, str(path), "figures")
-        self.client.set_terminated(run.info.run_id, "FINISHED")
-
     def log_evaluation(self, run_name: str, metrics: dict[str, float], params: dict[str, Any], tags: dict[str, str]) -> str:
         """Logs one evaluation of a checkpoint as its own finished MLflow run; returns the run id."""
         run = self.client.create_run(
@@ -429,8 +346,8 @@ class Tracker:
         try:
             self.client.log_batch(
                 run.info.run_id,
-                metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()],
-                params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+                metrics=[mlflow_entities.Metric(k, float(v), 0, 0) for k, v in metrics.items()],
+                params=[mlflow_entities.Param(k, str(v)[:6000]) for k, v in params.items()],
             )
         except BaseException:
             self.client.set_terminated(run.info.run_id, "FAILED")

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from storage import migrate, pool
+from storage import pool, single_file_conversion
 from storage.tables import TableFiles
 from storage.tracking import Tracker
 
@@ -64,7 +64,7 @@ def _watch(on_write: Callable[[str, Callable[[], Any]], Any]) -> None:
     os_rename = os.rename
 
     def rename_staged_warehouse(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-        if not os.fspath(src).endswith(migrate.STAGING_SUFFIX):
+        if not os.fspath(src).endswith(single_file_conversion.STAGING_SUFFIX):
             return os_rename(src, dst, *args, **kwargs)
         return on_write(os.fspath(dst), lambda: os_rename(src, dst, *args, **kwargs))
 

@@ -1,5 +1,7 @@
 """The typed configuration: defaults, sources in order, and errors that say how to fix them."""
 
+from pathlib import Path
+
 import pytest
 
 from coevolve.config import PipelineConfig, load_config, parse_overrides
@@ -74,8 +76,6 @@ def test_state_paths_follow_state_dir(tmp_path):
 
 
 def test_the_papers_preset_validates():
-    from pathlib import Path
-
     config = load_config(Path(__file__).parents[2] / "configs" / "paper.yaml", environ={})
     assert (config.rollout.group_size, config.rollout.tasks_per_round, config.training.learning_rate) == (8, 32, 1e-6)
     assert (config.environment.prompt_style, config.environment.bfcl_handler) == ("bfcl", "qwen_fc")
@@ -142,3 +142,21 @@ def test_an_ambiguous_model_name_asks_for_the_bfcl_handler():
 def test_the_builtin_tiny_model_keeps_the_compact_prompt():
     with pytest.raises(ConfigError, match="builtin:tiny is fine-tuned on demonstrations in the compact prompt"):
         load_config(overrides=["environment.prompt_style=bfcl", "environment.bfcl_handler=chat"])
+
+
+def test_the_rollout_section_stays_flat_across_the_modules_that_declare_its_fields(tmp_path):
+    """Engine, server, sampling and evaluation fields are one ``rollout`` section to every source."""
+    file = tmp_path / "c.yaml"
+    file.write_text("rollout:\n  engine: openai\n  heldout_tasks: 7\n")
+    environ = {"COEVOLVE_ROLLOUT__MANAGED_SERVERS": "1"}
+    config = load_config(file, ["rollout.group_size=3"], environ=environ)
+    assert (config.rollout.engine, config.rollout.managed_servers) == ("openai", 1)
+    assert (config.rollout.group_size, config.rollout.heldout_tasks) == (3, 7)
+    dumped = config.model_dump()["rollout"]
+    assert list(dumped)[:2] == ["engine", "base_url"] and list(dumped)[-1] == "generate_batch"
+    assert all(not isinstance(value, dict) for value in dumped.values())
+
+
+def test_a_rollout_check_across_field_modules_names_the_fix():
+    with pytest.raises(ConfigError, match="set rollout.engine=openai or rollout.managed_servers=0"):
+        load_config(environ={}, overrides=["rollout.managed_servers=1"])

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+from coevolve.records import Provenance, Step, Task, ToolCall, Trajectory
+from storage.warehouse import Warehouse
+from tests.storage.old_warehouse import write_old_warehouse
 
-from coevolve.records import Provenance, Step, Task, ToolCall, Trajectory  # noqa: E402
-from storage.warehouse import Warehouse  # noqa: E402
+# MLflow reads this when it is first imported, which a test module here may do before storage.tracking.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 RUN = "run-a"
 
@@ -66,3 +68,9 @@ def make_trajectory() -> Callable[..., Trajectory]:
 def warehouse(tmp_path: Path) -> Iterator[Warehouse]:
     with Warehouse(tmp_path / "warehouse") as wh:
         yield wh
+
+
+@pytest.fixture
+def old_warehouse(tmp_path: Path) -> dict[str, object]:
+    """A single-file warehouse of a few rows of every table (tests/storage/old_warehouse.py), and its records."""
+    return write_old_warehouse(tmp_path, build_task, build_trajectory)

@@ -17,14 +17,17 @@ from pathlib import Path
 
 import pytest
 
+from agent.serve import free_port
+from coevolve.records import RoundSummary, Signal
+from storage.single_file_conversion import compare, migrate
+from storage.warehouse import Warehouse
+from tests.flows.conftest import cli_env, make_tiny_config, write_config_file
+from tests.storage.old_warehouse import EXPECTED_ROWS
+
+# The object store is an optional extra (pip install -e '.[s3]'); moto serves it in tests.
 pytest.importorskip("s3fs")
-pytest.importorskip("moto.server")
-
-from moto.server import ThreadedMotoServer  # noqa: E402
-
-from agent.serve import free_port  # noqa: E402
-from storage.warehouse import Warehouse  # noqa: E402
-from test_migrate import EXPECTED_ROWS, old_warehouse  # noqa: E402, F401 - the old file and its fixture
+moto_server = pytest.importorskip("moto.server")
+boto3 = pytest.importorskip("boto3")  # moto's own client, to list what the server holds
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "coevolve-test"
@@ -46,13 +49,11 @@ def s3(tmp_path_factory) -> Iterator[str]:
         mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "credentials"))
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
         port = free_port()
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         server.start()
         endpoint = f"http://127.0.0.1:{port}"
         mp.setenv("AWS_ENDPOINT_URL", endpoint)  # a client that is not given the endpoint still stays on loopback
         try:
-            import boto3
-
             boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
             yield endpoint
         finally:
@@ -61,8 +62,6 @@ def s3(tmp_path_factory) -> Iterator[str]:
 
 def keys(endpoint: str, prefix: str) -> list[str]:
     """Every object key under ``prefix``, straight from the server."""
-    import boto3
-
     client = boto3.client("s3", endpoint_url=endpoint)
     found: list[str] = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
@@ -71,8 +70,6 @@ def keys(endpoint: str, prefix: str) -> list[str]:
 
 
 def test_rows_written_to_s3_read_back_through_files_and_views(s3: str, make_task, make_trajectory) -> None:
-    from coevolve.records import RoundSummary, Signal
-
     tasks = [make_task(i) for i in range(3)]
     trajs = [make_trajectory(tasks[0].task_id, 0, True), make_trajectory(tasks[0].task_id, 1, False),
              make_trajectory(tasks[1].task_id, 0, True)]  # fmt: skip
@@ -150,8 +147,6 @@ def test_an_open_session_sees_files_another_process_writes(s3: str, make_task, m
 
 
 def test_a_single_file_warehouse_converts_onto_s3(s3: str, old_warehouse) -> None:
-    from storage.migrate import compare, migrate
-
     root = f"s3://{BUCKET}/migrated"
     options = {"endpoint_url": s3}
     report = migrate(old_warehouse["path"], root, storage_options=options)
@@ -169,8 +164,6 @@ def test_a_single_file_warehouse_converts_onto_s3(s3: str, old_warehouse) -> Non
 
 @pytest.mark.slow
 def test_a_round_with_its_warehouse_on_s3_answers_coevolve_sql(s3: str, tmp_path: Path) -> None:
-    from tests.flows.conftest import cli_env, make_tiny_config, write_config_file
-
     state = tmp_path / "state"
     options = {"endpoint_url": s3}
     config = make_tiny_config(state, warehouse={"uri": f"s3://{BUCKET}/e2e", "storage_options": options})

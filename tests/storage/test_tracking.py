@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-
-from coevolve.errors import DataError  # noqa: E402
-from storage.pool import write_pool_snapshot  # noqa: E402
-from storage.tracking import CURRENT_ALIAS, RUN_NAME_TAG, Tracker  # noqa: E402
+from coevolve.errors import DataError
+from storage.pool import write_pool_snapshot
+from storage.tracking import CURRENT_ALIAS, RUN_NAME_TAG, Tracker
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +55,10 @@ def test_a_round_is_one_run_with_params_metrics_pool_and_a_model_version(tracker
     assert artifacts == {"pool/pool-000.parquet"}
     version = tracker.client.get_model_version("policy-one", "1")
     assert version.tags["pool_digest"] == digest and version.tags["flow_run_id"] == "flow-0"
-    assert tracker.version_for_alias("policy-one", CURRENT_ALIAS) == "1"
-    local = tracker.download_checkpoint("policy-one", "1", tmp_path / "dl")
-    assert sorted(p.name for p in local.iterdir()) == ["config.json", "model.safetensors"]
+    assert tracker.client.get_model_version_by_alias("policy-one", CURRENT_ALIAS).version == version.version
+    assert version.source.endswith("/checkpoint")
+    copied = {a.path for a in tracker.client.list_artifacts(info["mlflow_run_id"], "checkpoint")}
+    assert copied == {"checkpoint/config.json", "checkpoint/model.safetensors"}
 
 
 def test_lineage_links_pool_digests_and_versions_both_ways(tracker, tmp_path, make_task) -> None:
@@ -73,14 +71,14 @@ def test_lineage_links_pool_digests_and_versions_both_ways(tracker, tmp_path, ma
     assert tracker.find_versions_for_pool("0" * 64) == []
     assert tracker.pool_for_version("2") == digests[1]
     assert tracker.pool_for_version("1", name="policy-two") == digests[0]
-    assert tracker.version_for_alias("policy-two", CURRENT_ALIAS) == "2"
+    assert str(tracker.client.get_model_version_by_alias("policy-two", CURRENT_ALIAS).version) == "2"
 
 
 def test_lineage_accepts_an_alias_for_the_version(tracker, tmp_path, make_task) -> None:
     logged = [(_round(tmp_path, make_task, r, 2 + r)) for r in range(2)]
     for r in range(2):
         _log(tracker, f"run-g/round-{r}", "policy-seven", *logged[r], r)
-    tracker.set_alias("policy-seven", "1", "best")
+    tracker.client.set_registered_model_alias("policy-seven", "best", "1")
     assert tracker.lineage("policy-seven", CURRENT_ALIAS) == tracker.lineage("policy-seven", "2")
     assert [entry["version"] for entry in tracker.lineage("policy-seven", "best")] == ["1"]
     with pytest.raises(DataError, match="give a version number or an alias"):
@@ -109,17 +107,6 @@ def test_a_missing_pool_snapshot_is_a_data_error(tracker, tmp_path, make_task) -
     _, digest, ckpt = _round(tmp_path, make_task, 0, 2)
     with pytest.raises(DataError, match="nowhere.parquet"):
         _log(tracker, "run-e/round-0", "policy-five", tmp_path / "nowhere.parquet", digest, ckpt, 0)
-
-
-def test_aliases_and_figures(tracker, tmp_path, make_task) -> None:
-    pool, digest, ckpt = _round(tmp_path, make_task, 0, 2)
-    info = _log(tracker, "run-f/round-0", "policy-six", pool, digest, ckpt, 0)
-    tracker.set_alias("policy-six", "1", "best")
-    assert tracker.version_for_alias("policy-six", "best") == "1"
-    figure = tmp_path / "curve.png"
-    figure.write_bytes(b"\x89PNG")
-    tracker.log_figure("run-f/round-0", figure)
-    assert [a.path for a in tracker.client.list_artifacts(info["mlflow_run_id"], "figures")] == ["figures/curve.png"]
 
 
 def test_a_second_tracker_reuses_the_experiment(store, tracker) -> None:

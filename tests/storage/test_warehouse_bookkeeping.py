@@ -10,8 +10,9 @@ import pytest
 from coevolve.errors import DataError
 from coevolve.records import Candidate, RoundSummary, Verdict
 from storage import tables
+from storage.columns import tool_call_counts, trajectory_tables
 from storage.warehouse import Warehouse
-from tests.storage.test_migrate import create_old_file
+from tests.storage.old_warehouse import create_old_file
 
 RUN = "run-a"
 
@@ -89,8 +90,6 @@ def test_a_written_file_is_followed_by_an_fsync_of_its_folder(tmp_path: Path, mo
 
 def test_a_batch_another_writer_is_committing_keeps_its_steps(warehouse, make_task, make_trajectory) -> None:
     """Writer A has written a batch's steps, not yet its trajectories; writer B resumes the same round meanwhile."""
-    from storage.columns import tool_call_counts, trajectory_tables
-
     task = make_task(0)
     trajectories, steps = trajectory_tables([make_trajectory(task.task_id, s, True) for s in range(2)])
     for table, rows in (("tool_call_counts", tool_call_counts(steps)), ("steps", steps)):

@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from coevolve.errors import DataError
-from storage.migrations import LATEST_VERSION, LAYOUTS, SINGLE_FILE_MIGRATIONS
+from storage.layouts import LATEST_VERSION, LAYOUTS, SINGLE_FILE_MIGRATIONS
 from storage.warehouse import Warehouse
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
+from coevolve.config import PipelineConfig
 from coevolve.records import Candidate, Signal, Verdict
 from storage.warehouse import Warehouse
+from tasks.mine import mine_signals
 
 RUN = "run-a"
 
@@ -113,9 +115,6 @@ def test_forgetting_events_find_a_solved_task_failing_later(history: Warehouse, 
 def test_forgetting_events_are_the_miners_forgetting_signals(warehouse: Warehouse, make_task, make_trajectory) -> None:
     """A task solved by one of three samples (success rate 1/3) and failed later is forgotten by the miner's
     rule; one whose only success fell out of the last W rewards is not."""
-    from coevolve.config import PipelineConfig
-    from tasks.mine import mine_signals
-
     config = PipelineConfig(run_id=RUN, signals={"forgetting_window": 3, "enabled": ["forgetting"]})
     warehouse.ensure_run(RUN, config.model_dump(mode="json"))
     once, long_ago = make_task(0), make_task(1)

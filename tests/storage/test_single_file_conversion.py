@@ -5,7 +5,7 @@ is traced (``tests/crash_at.py trace:``), then migrate dies just before and just
 trace lists (each table file, each catalog record, the layout record, the rename that publishes the
 warehouse), each death followed by the same command again. Run it with
 
-    COEVOLVE_CRASH_EXHAUSTIVE=1 .venv/bin/python -m pytest -q tests/storage/test_migrate.py -k exhaustive
+    COEVOLVE_CRASH_EXHAUSTIVE=1 .venv/bin/python -m pytest -q tests/storage/test_single_file_conversion.py -k exhaustive
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
+import time
 from collections import Counter
-from datetime import datetime
 from pathlib import Path
 
 import duckdb
@@ -24,120 +26,12 @@ import pytest
 
 from coevolve.cli import main
 from coevolve.errors import DataError
-from coevolve.records import RoundSummary, Step, Task, ToolCall, Trajectory
-from storage.migrate import TABLES, compare, default_target, migrate
-from storage.migrations import SINGLE_FILE_MIGRATIONS
+from coevolve.records import Task, Trajectory
+from storage.single_file_check import TABLES
+from storage.single_file_conversion import compare, default_target, migrate
 from storage.warehouse import Warehouse
-
-STAMP = datetime(2026, 3, 1, 12, 30, 15, 250000)
-
-
-def create_old_file(path: Path) -> None:
-    """An empty warehouse file as the single-file release left it: every migration applied and recorded."""
-    con = duckdb.connect(str(path))
-    con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMP)")
-    for version, sql in SINGLE_FILE_MIGRATIONS:
-        con.execute(sql)
-        con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, STAMP])
-    con.close()
-
-
-def old_trajectory(trajectory: Trajectory) -> tuple[list[object], list[list[object]]]:
-    """The trajectories row and the steps rows the single-file release wrote for a trajectory."""
-    t = trajectory
-    head = [t.trajectory_id, t.run_id, t.round, t.task_id, t.sample, t.reward, t.success, t.finish_reason, len(t.steps),
-            t.tool_sequence, t.prompt_ids, t.completion_ids, t.completion_mask, t.logprobs, t.duration_s]  # fmt: skip
-    steps = [
-        [t.trajectory_id, i, s.index, s.turn, s.model_text, json.dumps([c.to_dict() for c in s.calls], default=str),
-         [c.name for c in s.calls], list(s.observations), s.error, s.completion_tokens]
-        for i, s in enumerate(t.steps)
-    ]  # fmt: skip
-    return head, steps
-
-
-def summary(run_id: str, round_: int) -> RoundSummary:
-    return RoundSummary(
-        run_id=run_id, round=round_, pool_size=3, rollouts=4, success_rate=0.5, signals={"boundary": 1, "rare": 0},
-        accepted=1, rejected=2, heldout_success=0.25, pool_digest="ab" * 32, checkpoint="/ckpt/1", model_version="1",
-        flow_run_id="flow-1", durations_s={"rollout": 1.5, "update": 2.25},
-    )  # fmt: skip
-
-
-@pytest.fixture
-def old_warehouse(tmp_path: Path, make_task, make_trajectory) -> dict[str, object]:
-    """A version-2 warehouse file holding a few rows of every table, and the records they came from."""
-    path = tmp_path / "state" / "warehouse.duckdb"
-    path.parent.mkdir()
-    create_old_file(path)
-    tasks = [make_task(0), make_task(1), make_task(2, origin="boundary", round=0, tools=("touch", "ls"))]
-    odd = Step(
-        turn=1, index=3, model_text="écrire(\"x\")",
-        calls=[ToolCall("touch", {"file_name": "résumé.txt", "mode": 0.1, "nested": {"b": [1, None], "a": "x"}}),
-               ToolCall("ls", {})],
-        observations=["ok", "Error: nope"], completion_tokens=11,
-    )  # fmt: skip
-    trajectories = [
-        make_trajectory(tasks[0].task_id, 0, True),
-        make_trajectory(tasks[0].task_id, 1, False),
-        make_trajectory(tasks[1].task_id, 0, True, tools=("ls",)),
-        make_trajectory(tasks[2].task_id, 0, False, round=1),
-        make_trajectory(tasks[1].task_id, 0, True, run_id="run-b"),
-    ]
-    trajectories[1].steps.append(odd)
-    summaries = [summary("run-a", 0)]
-    con = duckdb.connect(str(path))
-    con.execute("INSERT INTO runs VALUES ('run-a', ?, ?), ('run-b', ?, ?)",
-                [STAMP, json.dumps({"seed": 3, "pool": {"seed_size": 12}, "name": "ü"}), STAMP, json.dumps({})])  # fmt: skip
-    con.execute(
-        "INSERT INTO rounds VALUES ('run-a', 0, 'finished', ?, 'flow-1', ?, ?), ('run-a', 1, 'running', NULL, 'flow-2', ?, NULL)",
-        [json.dumps(summaries[0].to_dict()), STAMP, STAMP, STAMP],
-    )
-    con.executemany(
-        "INSERT INTO stage_runs VALUES (?, ?, ?, ?, ?)",
-        [["run-a", 0, "rollout", STAMP, json.dumps({"rollouts": 4})],
-         ["run-a", 0, "mine", STAMP, json.dumps({"signals": {"rare": 0, "boundary": 1}})],
-         ["run-a", 1, "rollout", STAMP, json.dumps({"rollouts": 1, "ids": ["a", "b"]})]],
-    )  # fmt: skip
-    con.executemany(
-        "INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [[t.task_id, t.environment, t.provenance.origin, t.provenance.round, t.provenance.parent_trajectory_id,
-          t.provenance.signal_id, t.content_hash, json.dumps(t.to_dict(), default=str), t.tools] for t in tasks],
-    )  # fmt: skip
-    pools = {("run-a", 0): [tasks[1].task_id, tasks[0].task_id], ("run-a", 1): [tasks[2].task_id, tasks[1].task_id, tasks[0].task_id],
-             ("run-a", -1): [tasks[2].task_id], ("run-b", 0): [tasks[1].task_id]}  # fmt: skip
-    con.executemany(
-        "INSERT INTO pool_membership VALUES (?, ?, ?, ?)",
-        [[run, rnd, pos, tid] for (run, rnd), ids in pools.items() for pos, tid in enumerate(ids)],
-    )
-    for t in trajectories:
-        head, steps = old_trajectory(t)
-        con.execute("INSERT INTO trajectories VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", head)
-        con.executemany("INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", steps)
-    bid = trajectories[1].trajectory_id
-    con.executemany(
-        "INSERT INTO signals VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [[f"boundary:{bid}", "run-a", 0, "boundary", bid, tasks[0].task_id, json.dumps({"rate": 0.5, "n": 2})],
-         [f"rare:{bid}", "run-a", 0, "rare", bid, tasks[0].task_id, json.dumps({"tools": ["touch"]})]],
-    )  # fmt: skip
-    con.executemany(
-        "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [["run-a", 0, tasks[2].task_id, f"boundary:{bid}", f"boundary:{bid}", "boundary", True, "valid",
-          json.dumps(tasks[2].to_dict())],
-         ["run-a", 0, tasks[1].task_id, "", None, "random", False, "unsolvable", json.dumps(tasks[1].to_dict())],
-         ["run-a", 1, tasks[0].task_id, "", None, "random", None, None, json.dumps(tasks[0].to_dict())]],
-    )  # fmt: skip
-    con.executemany(
-        "INSERT INTO evaluations VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [["run-a", 0, "heldout", tasks[2].task_id, True, 1.0, "run-a/r-1/x/s0"],
-         ["run-a", 0, "multi_turn_base", "multi_turn_base_0", False, 0.0, None],
-         ["run-a", -2, "multi_turn_base", "multi_turn_base_0", True, 1.0, None]],
-    )  # fmt: skip
-    con.close()
-    return {"path": path, "tasks": tasks, "trajectories": trajectories, "pools": pools, "summaries": summaries}
-
-
-EXPECTED_ROWS = {"runs": 2, "rounds": 2, "stage_runs": 3, "tasks": 3, "pool_membership": 7, "trajectories": 5,
-                 "steps": 11, "signals": 2, "candidates": 3, "evaluations": 3}  # fmt: skip
+from tests.crash_at import CRASH_EXIT
+from tests.storage.old_warehouse import EXPECTED_ROWS, STAMP, create_old_file
 
 
 def sha256(path: Path) -> str:
@@ -278,12 +172,6 @@ def _listing(root: Path) -> list[str]:
 )
 def test_a_migration_killed_at_a_commit_point_then_run_again_equals_an_uninterrupted_one(old_warehouse, tmp_path, crash_at) -> None:
     """The process dies (tests/crash_at.py) at the point; the pipeline refuses the state folder; a plain re-run completes."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.crash_at import CRASH_EXIT
-
     path = old_warehouse["path"]
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo)}
@@ -305,12 +193,6 @@ def test_exhaustive_a_migration_killed_before_and_after_every_write_then_run_aga
     """Every traced write is a crash point, before and after; each death is followed by the same command,
     which dies at the next point, until a last plain run. Until the publishing rename the pipeline refuses
     the state folder; after it, the target is the uninterrupted migration's."""
-    import subprocess
-    import sys
-    import time
-
-    from tests.crash_at import CRASH_EXIT
-
     path = old_warehouse["path"]
     target = default_target(path)
     repo = Path(__file__).resolve().parents[2]

@@ -1,0 +1,68 @@
+"""What the agent plays: the environment, its episode limits and how its prompts are written."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field
+
+from coevolve.config.base import Section
+
+
+class EnvironmentConfig(Section):
+    name: Literal["bfcl"] = Field("bfcl", description="Environment the agent plays. BFCL v3 multi-turn runs offline.")
+    max_steps: int = Field(30, ge=1, description="Model messages per episode before it counts as a failure (paper: 30).")
+    max_steps_per_turn: int = Field(4, ge=1, description="Model messages per user turn; a turn ends when the model calls no tool.")
+    max_observation_chars: int = Field(
+        80,
+        ge=16,
+        description=(
+            "Tool results longer than this are cut in the prompt. Short for the builtin tiny model: results are most "
+            "of its tokens and it only needs to see that the calls ran (paper-scale configs raise it)."
+        ),
+    )
+    tool_list: Literal["described", "signatures", "names"] = Field(
+        "names",
+        description=(
+            "How the system prompt lists tools: with signatures and descriptions, signatures only, or bare names. "
+            "Bare names for the builtin tiny model: its prompts get about 5x shorter, so SFT and rollouts run several "
+            "times faster and it learns arguments from demonstrations; 'described' for real LLMs (configs/paper.yaml)."
+        ),
+    )
+    prompt_style: Literal["compact", "bfcl"] = Field(
+        "compact",
+        description=(
+            "How tools, calls and results are written in the policy's prompts. 'compact': the project's short prompt "
+            "(tool_list, one python call list per message, cut results), which the builtin tiny model is trained on. "
+            "'bfcl': exactly what bfcl-eval sends the model family bfcl_handler names (its system prompt or chat "
+            "template, tool-call syntax, full results, the miss_func reveal turn and its 20-step turn limit), so a "
+            "policy trains in the format its BFCL score is measured in and scores compare with published ones."
+        ),
+    )
+    bfcl_handler: Literal["qwen_fc", "qwen", "llama_3_1", "chat"] | None = Field(
+        None,
+        description=(
+            "bfcl-eval handler family for prompt_style 'bfcl': 'qwen_fc' (Qwen's template, tools in <tools>, calls in "
+            "<tool_call> blocks), 'qwen' (Qwen prompting: bfcl's system prompt, python call lists), 'llama_3_1' "
+            "(Llama 3.1 JSON calls, tools in the first user message), 'chat' (bfcl's prompting message list rendered "
+            "with the model's own chat template). Unset: derived from policy.model where the name leaves one choice "
+            "(coevolve.config.derive_bfcl_handler)."
+        ),
+    )
+
+
+
+def derive_bfcl_handler(model: str) -> str | None:
+    """The bfcl-eval handler family a model name leaves no choice about, or None.
+
+    bfcl-eval scores Qwen models both ways (function calling and prompting) and most families in
+    several handlers, so only names that say which one are derived: a Qwen name ending in ``-FC``
+    and Llama 3.1 to 3.3 (whose bfcl handler is LlamaHandler_3_1).
+    """
+    name = model.rstrip("/").rsplit("/", 1)[-1].lower()
+    if "qwen" in name and name.endswith("-fc"):
+        return "qwen_fc"
+    if re.search(r"llama-?3\.[123]", name):
+        return "llama_3_1"
+    return None

@@ -1,0 +1,136 @@
+"""The root of the configuration: the run, its state folder, every section, and checks across sections."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from coevolve.config.base import Section, deep_merge, explain
+from coevolve.config.environment import EnvironmentConfig, derive_bfcl_handler
+from coevolve.config.placement import PlacementConfig
+from coevolve.config.policy import PolicyConfig
+from coevolve.config.rollout import RolloutConfig
+from coevolve.config.stores import TrackingConfig, WarehouseConfig
+from coevolve.config.synthesis import PoolConfig, SignalConfig, SynthesisConfig, ValidationConfig
+from coevolve.config.training import TrainingConfig
+from coevolve.errors import ConfigError
+
+
+class PipelineConfig(Section):
+    run_id: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$", description="Names a run; rounds of one run share a pool.")
+    state_dir: Path = Field(
+        Path(".coevolve"),
+        description=(
+            "Holds the warehouse, MLflow store, checkpoints, pool snapshots. Made absolute when the configuration "
+            "loads, so recorded checkpoint paths never depend on the working directory (a relative path that went "
+            "missing would otherwise look like a hub model id)."
+        ),
+    )
+    seed: int = Field(0, description="Seeds exploration, sampling and training.")
+    rounds: int = Field(3, ge=1, description="Rounds the evolve command runs.")
+    environment: EnvironmentConfig = EnvironmentConfig()
+    policy: PolicyConfig = PolicyConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    signals: SignalConfig = SignalConfig()
+    synthesis: SynthesisConfig = SynthesisConfig()
+    validation: ValidationConfig = ValidationConfig()
+    pool: PoolConfig = PoolConfig()
+    training: TrainingConfig = TrainingConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    warehouse: WarehouseConfig = WarehouseConfig()
+    placement: PlacementConfig = PlacementConfig()
+
+    @field_validator("state_dir", mode="after")
+    @classmethod
+    def _absolute_state_dir(cls, value: Path) -> Path:
+        return Path(os.path.abspath(value.expanduser()))
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> PipelineConfig:
+        env = self.environment
+        if env.prompt_style == "bfcl" and self.policy.model == "builtin:tiny":
+            raise ValueError(
+                "environment.prompt_style 'bfcl' needs a pretrained model: builtin:tiny is fine-tuned on demonstrations "
+                "in the compact prompt and only knows that one. Keep prompt_style compact, or set policy.model to a "
+                "Hugging Face id or local path (and environment.bfcl_handler)."
+            )
+        if env.prompt_style == "bfcl" and env.bfcl_handler is None:
+            derived = derive_bfcl_handler(self.policy.model)
+            if derived is None:
+                raise ValueError(
+                    f"environment.prompt_style is 'bfcl' but the bfcl-eval handler of {self.policy.model!r} cannot be "
+                    "told from its name; set environment.bfcl_handler to qwen_fc (Qwen function calling), qwen (Qwen "
+                    "prompting), llama_3_1 (Llama 3.1-3.3) or chat (bfcl's prompting messages in the model's own chat "
+                    "template)."
+                )
+            # Filled in once so every stage (rollout, evaluation, synthesis) reads the same handler.
+            self.__dict__["environment"] = env.model_copy(update={"bfcl_handler": derived})
+        if self.synthesis.max_task_steps < self.synthesis.min_task_steps:
+            raise ValueError(
+                f"synthesis.max_task_steps ({self.synthesis.max_task_steps}) is below synthesis.min_task_steps "
+                f"({self.synthesis.min_task_steps}); raise max_task_steps or lower min_task_steps."
+            )
+        if self.policy.sft_max_calls < self.policy.sft_min_calls:
+            raise ValueError(
+                f"policy.sft_max_calls ({self.policy.sft_max_calls}) is below policy.sft_min_calls "
+                f"({self.policy.sft_min_calls}); raise sft_max_calls or lower sft_min_calls."
+            )
+        server = (self.tracking.mlflow_uri or "").startswith(("http://", "https://"))
+        if self.tracking.register_checkpoints == "uri" and server:
+            raise ValueError(
+                f"tracking.register_checkpoints='uri' cannot be used with the MLflow tracking server "
+                f"{self.tracking.mlflow_uri}: a server refuses to register a local checkpoint folder (a file:// source "
+                "outside the run's artifacts). Use tracking.register_checkpoints=copy, or a store of your own "
+                "(tracking.mlflow_uri unset, or sqlite:///<shared path>) to register the folder where it is."
+            )
+        needs_llm = self.synthesis.synthesizer == "llm" or self.validation.llm_judge
+        if needs_llm and not self.synthesis.llm_model:
+            raise ValueError(
+                "synthesis.llm_model is empty but synthesis.synthesizer is 'llm' or validation.llm_judge is on; "
+                "set synthesis.llm_model to the endpoint's model name (and synthesis.llm_base_url to its /v1 root)."
+            )
+        return self
+
+    @property
+    def start_seed(self) -> int:
+        """The seed of everything round 0 builds: seed pool, held-out split, checkpoint 0."""
+        return self.seed if self.pool.seed is None else self.pool.seed
+
+    # Paths derived from state_dir, so one setting moves every store.
+    @property
+    def warehouse_path(self) -> Path | str:
+        """The warehouse root: ``warehouse.uri``, else the folder ``state_dir/warehouse``."""
+        return self.warehouse.uri or self.state_dir / "warehouse"
+
+    @property
+    def mlflow_tracking_uri(self) -> str:
+        return self.tracking.mlflow_uri or f"sqlite:///{(self.state_dir / 'mlflow.db').resolve()}"
+
+    @property
+    def registered_model_name(self) -> str:
+        """The run's own registered model: ``<tracking.registered_model>-<run_id>``."""
+        return f"{self.tracking.registered_model}-{self.run_id}"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.state_dir / "mlartifacts"
+
+    def run_dir(self) -> Path:
+        return self.state_dir / "runs" / self.run_id
+
+    def checkpoint_dir(self, round_: int) -> Path:
+        return self.run_dir() / "checkpoints" / f"round-{round_:03d}"
+
+    def pool_path(self, round_: int) -> Path:
+        return self.run_dir() / "pools" / f"pool-{round_:03d}.parquet"
+
+    def with_overrides(self, overrides: dict[str, Any]) -> PipelineConfig:
+        """This configuration with ``overrides`` applied: values given in code win, the environment is not read."""
+        try:
+            return PipelineConfig.model_validate(deep_merge(self.model_dump(mode="json"), overrides))
+        except ValidationError as exc:
+            raise ConfigError(explain(exc)) from None
+

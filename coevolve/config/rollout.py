@@ -1,0 +1,64 @@
+"""The ``rollout`` section: sampling of training rollouts, composed with engines, servers and evaluation.
+
+One flat section, as configs/*.yaml, prefect.yaml, ``COEVOLVE_ROLLOUT__*`` and ``--set rollout.*``
+spell it; its fields are declared by concern in `coevolve.config.engines` and
+`coevolve.config.evaluation`. Pydantic orders the fields of bases last-listed first, so the bases
+are listed in reverse and the section shows its fields in their usual order.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from coevolve.config.base import Section
+from coevolve.config.engines import EngineSettings, ServerSettings
+from coevolve.config.evaluation import EvaluationSettings
+
+
+class SamplingSettings(Section):
+    # What a round samples: tasks, the GRPO group, temperatures and message length.
+    tasks_per_round: int = Field(
+        24, ge=1, description="Tasks drawn from the pool per round (paper: 32 per step); with 24, 6-7 groups a round have reward variance."
+    )
+    group_size: int = Field(6, ge=2, description="Samples per task, the GRPO group n (paper: 8). At least 2 for an advantage.")
+    temperature: float = Field(0.9, ge=0, description="Sampling temperature of training rollouts (paper: 0.9).")
+    eval_temperature: float = Field(0.0, ge=0, description="Evaluation decoding; 0 is greedy (paper: greedy).")
+    max_new_tokens: int = Field(96, ge=8, description="Tokens per model message (paper: 4096 per response).")
+
+
+class RolloutConfig(EvaluationSettings, SamplingSettings, ServerSettings, EngineSettings):
+    generate_batch: int = Field(
+        64,
+        ge=1,
+        description=(
+            "Episodes per generate call; one call's environment steps run while the next call generates. 64 bounds "
+            "transformers' padded batch memory on a CPU; vLLM schedules its own batches, so raise it there."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> RolloutConfig:
+        if self.managed_servers > 0:
+            if self.engine != "openai":
+                raise ValueError(
+                    f"rollout.managed_servers={self.managed_servers} starts servers for engine 'openai', but rollout.engine "
+                    f"is {self.engine!r}; set rollout.engine=openai or rollout.managed_servers=0."
+                )
+            if self.base_url or self.base_urls:
+                raise ValueError(
+                    f"rollout.managed_servers={self.managed_servers} starts the pipeline's own servers, so rollout.base_url "
+                    "and rollout.base_urls must be empty; remove them to use managed servers, or set "
+                    "rollout.managed_servers=0 to use the servers at those URLs."
+                )
+        elif self.weight_sync == "restart":
+            raise ValueError(
+                "rollout.weight_sync=restart restarts servers the pipeline starts itself, but rollout.managed_servers is 0; "
+                "set rollout.managed_servers=1 (or more), or choose weight_sync auto, lora, reload or off for servers "
+                "at rollout.base_url(s)."
+            )
+        if self.engine == "openai" and not self.base_url and not self.base_urls and self.managed_servers == 0:
+            raise ValueError(
+                "rollout.engine is 'openai' but rollout.base_url is not set; give the server URL, e.g. "
+                "http://127.0.0.1:8000/v1, or let the pipeline start its own servers with rollout.managed_servers=1."
+            )
+        return self

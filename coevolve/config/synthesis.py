@@ -1,0 +1,98 @@
+"""How the task pool grows: signals mined from trajectories, synthesis, validation and the pool itself."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from coevolve.config.base import Section
+
+
+class SignalConfig(Section):
+    enabled: list[Literal["forgetting", "boundary", "rare"]] = Field(
+        ["forgetting", "boundary", "rare"], description="Signals to mine; leave one out for an ablation."
+    )
+    forgetting_window: int = Field(10, ge=1, description="W: past scores per task; the paper gives no value.")
+    rare_theta: float = Field(5.0, gt=0, lt=100, description="A pattern is rare below theta percent of trajectories (paper: 5).")
+    rare_min_total: int = Field(20, ge=1, description="N_min: trajectories seen before rarity is judged.")
+    pattern: Literal["tool_sequence", "tool_bigrams"] = Field(
+        "tool_sequence", description="Action pattern of a trajectory: its tool-name sequence, or its tool-name bigrams."
+    )
+    max_signals_per_round: int = Field(24, ge=1, description="Signals passed to synthesis per round, kinds interleaved.")
+
+
+class SynthesisConfig(Section):
+    mode: Literal["signal", "random", "off"] = Field(
+        "signal",
+        description=(
+            "'signal' explores where signals point; 'random' draws the same number of targets uniformly (the control); "
+            "'off' keeps the seed pool static (GRPO on D_0 alone, the paper's baseline)."
+        ),
+    )
+    synthesizer: Literal["programmatic", "llm"] = Field(
+        "programmatic",
+        description=(
+            "'programmatic' needs no LLM (the offline default); 'llm' has a chat model on an OpenAI-compatible endpoint "
+            "write the contexts, propose each exploration call and write the queries, as in the paper."
+        ),
+    )
+    llm_base_url: str = Field(
+        "http://127.0.0.1:8000/v1",
+        description="OpenAI-compatible API root (ending in /v1) of the LLM synthesizer and the LLM judge; a local vLLM server by default.",
+    )
+    llm_model: str = Field("", description="Model name sent to the endpoint; required when synthesizer is 'llm' or the judge is on.")
+    llm_api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        description="Name of the environment variable holding the endpoint's API key, so no secret lives in a config file; unset sends none.",
+    )
+    llm_temperature: float = Field(0.7, ge=0, description="Sampling temperature of synthesis calls: some variety across exploration runs.")
+    llm_max_tokens: int = Field(384, ge=16, description="Tokens per LLM reply; contexts and single calls are short.")
+    llm_timeout_s: float = Field(120.0, gt=0, description="Seconds per LLM request before it counts as an infrastructure failure.")
+    explorations_per_signal: int = Field(2, ge=1, description="Independent exploration runs per signal (multi-round).")
+    steps_per_exploration: int = Field(5, ge=1, description="Environment steps per exploration run (multi-step).")
+    min_task_steps: int = Field(3, ge=1, description="Minimal reference length of a synthesized task (paper: 3).")
+    max_task_steps: int = Field(5, ge=1, description="Longest reference kept, so the policy can fit it in one message.")
+
+
+class ValidationConfig(Section):
+    llm_judge: bool = Field(
+        False,
+        description=(
+            "Also ask an LLM (synthesis.llm_* endpoint) to judge each replayed candidate on the paper's five criteria; "
+            "off by default because the embedded run has no LLM endpoint."
+        ),
+    )
+    embedding_dedupe: bool = Field(
+        False,
+        description=(
+            "Reject candidates whose query is too similar to a pool task's (all-MiniLM-L6-v2 embeddings, optional extra "
+            "'similarity'); off by default: exact and normalized action-sequence dedupe already runs."
+        ),
+    )
+    similarity_threshold: float = Field(
+        0.95, gt=0, le=1, description="Cosine similarity at or above which a candidate's query counts as a near-duplicate."
+    )
+
+
+class PoolConfig(Section):
+    seed_size: int = Field(100, ge=1, description="Tasks of D_0 from unguided exploration (paper: 100).")
+    calls_per_turn: int | None = Field(
+        2,
+        ge=1,
+        description=(
+            "The target distribution: D_0, the dev and held-out splits and every synthesized task ask for 3-5 calls "
+            "spread over user turns of at most this many calls (2: two or three turns), as the official multi-turn "
+            "entries spread a job over several requests. None makes single-turn tasks."
+        ),
+    )
+    policy: Literal["append", "dedupe"] = Field("append", description="How validated tasks join the pool; the paper appends.")
+    max_size: int | None = Field(None, ge=1, description="Cap on the pool; None keeps every task (the paper).")
+    seed: int | None = Field(
+        None,
+        description=(
+            "Seeds the seed pool, the held-out split and the builtin policy; None uses the run's seed. An ablation fixes "
+            "it so every arm and every loop seed starts from the same pool and checkpoint 0."
+        ),
+    )
+

@@ -1,0 +1,192 @@
+"""What every part of the warehouse reads through: its files and records, DuckDB sessions with a view
+per table, and the rows of one partition straight from its files.
+
+`WarehouseViews` is the base the warehouse's parts share (storage/warehouse.py composes them); it
+holds no state of its own beyond what `Warehouse.__init__` sets.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+
+from coevolve.errors import DataError
+from storage.catalog import PLACEHOLDER_RUN, Catalog
+from storage.columns import SCHEMAS, conform
+from storage.layouts import VIEWS
+from storage.tables import TableFiles
+
+# The files of a trajectory batch besides its trajectories file, which write_batch writes last.
+BATCH_PARTS: tuple[str, ...] = ("steps", "tool_call_counts")
+# Columns of the bookkeeping records (storage/catalog.py) as their views show them.
+CATALOG_COLUMNS: dict[str, dict[str, str]] = {
+    "runs": {"run_id": "VARCHAR", "created_at": "TIMESTAMP", "config": "JSON"},
+    "rounds": {"run_id": "VARCHAR", "round": "INTEGER", "status": "VARCHAR", "summary": "JSON", "flow_run_id": "VARCHAR",
+               "started_at": "TIMESTAMP", "finished_at": "TIMESTAMP"},
+    "stage_runs": {"run_id": "VARCHAR", "round": "INTEGER", "stage": "VARCHAR", "finished_at": "TIMESTAMP", "output": "JSON"},
+}  # fmt: skip
+
+
+class WarehouseViews:
+    """The files, records and DuckDB sessions of one warehouse root, shared by the warehouse's parts."""
+
+    files: TableFiles
+    root: str
+    read_only: bool
+    catalog: Catalog
+    _closed: bool
+
+    def _writable(self) -> None:
+        if self._closed:
+            raise DataError(f"Warehouse {self.root} is closed.")
+        if self.read_only:
+            raise DataError(f"Warehouse {self.root} was opened read-only; it cannot be written.")
+
+    def glob(self, table: str) -> str:
+        """The file pattern of a table as DuckDB reads it."""
+        if table == "tasks":
+            return self.files.url(f"{self.files.table_dir(table)}/*.parquet")
+        return self.files.url(f"{self.files.table_dir(table)}/*/*/*.parquet")
+
+    def scan(self, table: str) -> str:
+        """The SQL that reads a table's files (what its view is defined as)."""
+        pattern = self.glob(table).replace("'", "''")
+        # The table's empty file comes first: DuckDB takes the columns from it, so defining the view
+        # reads one small file, not every file's footer, and a damaged file fails only the queries
+        # that read it. Every file of a layout version has the same columns (SCHEMAS), except a column
+        # added within the version (columns.conform): files written before it lack it, and DuckDB ignores
+        # it in later files when the empty file (written with the warehouse) lacks it too.
+        empty = self.files.url(self._empty_file(table)).replace("'", "''")
+        if table == "tasks":
+            # Tasks are content-addressed: the same id always holds the same task, so keep one row of each.
+            return (
+                f"SELECT * FROM read_parquet(['{empty}', '{pattern}']) "
+                "QUALIFY row_number() OVER (PARTITION BY task_id) = 1"
+            )
+        if table in BATCH_PARTS:
+            # A batch's trajectories file is its commit record (write_batch writes it last): steps and
+            # counts of a batch without one (a writer killed, or still writing, between the files) are not rows yet.
+            heads = self.glob("trajectories").replace("'", "''")
+            return (
+                f"SELECT * EXCLUDE (filename) FROM read_parquet(['{empty}', '{pattern}'], hive_partitioning = true, "
+                f"hive_types = {{'run_id': VARCHAR, 'round': INTEGER}}, filename = true) WHERE run_id <> '{PLACEHOLDER_RUN}' "
+                f"AND regexp_extract(filename, '[^/]+/[^/]+/[^/]+$') IN "
+                f"(SELECT regexp_extract(file, '[^/]+/[^/]+/[^/]+$') FROM glob('{heads}'))"
+            )
+        return (
+            f"SELECT * FROM read_parquet(['{empty}', '{pattern}'], hive_partitioning = true, "
+            f"hive_types = {{'run_id': VARCHAR, 'round': INTEGER}}) WHERE run_id <> '{PLACEHOLDER_RUN}'"
+        )
+
+    def _empty_file(self, table: str) -> str:
+        """The empty file every table holds from the start (partition run_id=_empty/round=0): the views
+        take the table's columns from it and match it before the first row is written."""
+        if table == "tasks":
+            return f"{self.files.table_dir(table)}/{PLACEHOLDER_RUN}.parquet"
+        return f"{self.files.partition_dir(table, PLACEHOLDER_RUN, 0)}/{PLACEHOLDER_RUN}.parquet"
+
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """An in-memory DuckDB session with a view per table and the analysis views (storage/VIEWS.md).
+
+        The views re-read the files on every query: a session kept open sees later writes. Close it
+        when done; it holds no lock on anything.
+        """
+        if self._closed:
+            raise DataError(f"Warehouse {self.root} is closed.")
+        con = duckdb.connect()
+        if not self.files.is_local:
+            con.register_filesystem(self.files.fs)
+        for table in SCHEMAS:
+            con.execute(f"CREATE VIEW {table} AS {self.scan(table)}")
+        for kind in ("runs", "rounds", "stage_runs"):
+            con.execute(f"CREATE VIEW {kind} AS {self._catalog_scan(kind)}")
+        con.execute(VIEWS)
+        return con
+
+    def _catalog_scan(self, kind: str) -> str:
+        columns = CATALOG_COLUMNS[kind]
+        pattern = {
+            "runs": f"{self.catalog.dir}/runs/*.json",
+            "rounds": f"{self.catalog.dir}/rounds/*/*.json",
+            "stage_runs": f"{self.catalog.dir}/stage_runs/*/*/*.json",
+        }[kind]
+        url = self.files.url(pattern).replace("'", "''")
+        spec = "{" + ", ".join(f"'{n}': '{t}'" for n, t in columns.items()) + "}"
+        # The placeholder record (Catalog.put_placeholder) keeps the glob matching before the first
+        # real record, so a session opened on a new warehouse sees the records written later.
+        return (
+            f"SELECT * FROM read_json('{url}', columns = {spec}, format = 'auto') "
+            f"WHERE run_id IS DISTINCT FROM '{PLACEHOLDER_RUN}'"
+        )
+
+    def sql(self, query: str) -> pl.DataFrame:
+        """Runs an ad-hoc query (e.g. on the v_* views) and returns the result as a Polars frame."""
+        con = self.connect()
+        try:
+            try:
+                relation = con.sql(query)
+            except duckdb.Error as exc:
+                raise self._damaged_table_file(exc, query) or exc
+            if relation is None:  # a statement without a result, e.g. SET or PRAGMA
+                return pl.DataFrame()
+            # Polars cannot import DuckDB's INTERVAL (e.g. a difference of timestamps): show it as text.
+            if any(str(t) == "INTERVAL" for t in relation.types):
+                relation = relation.project(
+                    ", ".join(
+                        f'CAST("{c}" AS VARCHAR) AS "{c}"' if str(t) == "INTERVAL" else f'"{c}"'
+                        for c, t in zip(relation.columns, relation.types)
+                    )
+                )
+            try:
+                return relation.pl()
+            except duckdb.Error as exc:
+                raise self._damaged_table_file(exc, query) or exc
+        finally:
+            con.close()
+
+    def _damaged_table_file(self, exc: Exception, query: str) -> DataError | None:
+        """The DataError naming the file and the way back when DuckDB failed on a damaged file under tables/.
+
+        None when the query failed for another reason (a typo, a type error).
+        """
+        if isinstance(exc, (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)):
+            return None
+        if isinstance(exc, FileNotFoundError):
+            return None
+        tables = self.files.url(f"{self.files.path}/tables/")
+        match = re.search(re.escape(tables) + r"[^'\"\s]*\.parquet", str(exc))
+        if match is not None:
+            path = match.group(0) if self.files.is_local else match.group(0).split("://", 1)[1]
+            return self.files.damaged(path, str(exc))
+        # DuckDB does not always name the file (e.g. a damaged page): read the files of the tables the
+        # query names (all of them for the analysis views) until one fails.
+        words = set(re.findall(r"[a-z_]+", query.lower()))
+        named = [t for t in SCHEMAS if t in words]
+        for table in named if named and not any(w.startswith("v_") for w in words) else list(SCHEMAS):
+            for path in self.files.files(table):
+                try:
+                    self.files.read(path)
+                except DataError as damaged:
+                    return damaged
+                except FileNotFoundError:
+                    continue
+        return None
+
+    def _partition(self, table: str, run_id: str, round_: int, columns: list[str] | None = None) -> pa.Table:
+        """The rows of one partition of a table, straight from its files."""
+        paths = self.files.files(table, run_id, round_)
+        if table in BATCH_PARTS:
+            committed = {os.path.basename(p) for p in self.files.files("trajectories", run_id, round_)}
+            paths = [p for p in paths if os.path.basename(p) in committed]
+        schema = SCHEMAS[table] if columns is None else pa.schema([SCHEMAS[table].field(c) for c in columns])
+        tables = []
+        for path in paths:
+            try:
+                tables.append(conform(table, self.files.read(path, columns), schema))
+            except FileNotFoundError:  # replaced between the listing and the read
+                continue
+        return pa.concat_tables(tables) if tables else schema.empty_table()
