@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from coevolve.cli import main
+from flows.cli import main
 from coevolve.errors import DataError
 from coevolve.records import RoundSummary, Step, Task, ToolCall, Trajectory
 from storage.migrate import TABLES, compare, default_target, migrate

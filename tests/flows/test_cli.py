@@ -4,7 +4,7 @@ import json
 
 import yaml
 
-from coevolve.cli import format_row, main, summary_row
+from flows.cli import format_row, main, summary_row
 
 
 def test_config_show_prints_the_effective_values(capsys):
@@ -75,7 +75,7 @@ def test_sql_with_a_bad_query_exits_non_zero_without_a_traceback(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo), "PREFECT_HOME": str(tmp_path / "prefect")}
     done = subprocess.run(
-        [sys.executable, "-m", "coevolve.cli", "sql", "SELEC 1", "--set", f"state_dir={tmp_path}"],
+        [sys.executable, "-m", "flows.cli", "sql", "SELEC 1", "--set", f"state_dir={tmp_path}"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode != 0 and done.stdout == ""
