@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
 
-    from agent.engine import TransformersEngine
+    from agent.transformers_engine import TransformersEngine
     from agent.vllm_engine import VLLMEngine
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -76,7 +76,7 @@ def main() -> None:
             engine = OpenAICompatibleEngine(args.base_url, args.served_model or str(model), tokenizer_path=model)
             name = "openai"
         else:
-            from agent.engine import TransformersEngine
+            from agent.transformers_engine import TransformersEngine
 
             engine = TransformersEngine(model, torch_threads=1, seed=0)
             name = "transformers"

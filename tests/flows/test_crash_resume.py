@@ -210,7 +210,7 @@ def test_status_shows_the_round_finished_with_its_real_duration(both_runs, capsy
 
 def assert_same_rows(table: str, actual: list[dict], expected: list[dict]) -> None:
     """Rows equal, behaviour logprobs included: episodes replayed after the kill in the middle of the
-    rollout are sampled in smaller batches, and their logprobs are scored per episode (agent/engine.py),
+    rollout are sampled in smaller batches, and their logprobs are scored per episode (agent/transformers_engine.py),
     so they carry the same bits as the uninterrupted run's."""
     assert len(actual) == len(expected)
     assert actual == expected
