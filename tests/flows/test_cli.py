@@ -105,3 +105,4 @@ def test_sql_on_an_unreachable_object_store_names_the_endpoint_and_the_setting_o
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"cannot reach the warehouse s3://bucket/prefix at endpoint {endpoint}" in err
     assert "warehouse.storage_options" in err and "AWS_ENDPOINT_URL" in err
+
