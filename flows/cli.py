@@ -29,8 +29,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import duckdb
-import polars as pl
 import yaml
 
 from coevolve.config import PipelineConfig, load_config
@@ -42,7 +40,9 @@ from flows.table import COLUMNS, WIDTHS, format_row, summary_row
 # Each command applies the configuration's settings (offline switches, CPU kernels, Prefect's home)
 # before Prefect, MLflow, torch or bfcl-eval load: Prefect reads its settings once, when it
 # is imported, and torch picks its CPU kernels then. So the flows and the storage below them are
-# imported when a command first uses them.
+# imported when a command first uses them (which also keeps `coevolve config` quick).
+duckdb = optional_module("duckdb")
+pl = optional_module("polars")
 ablation_flow = optional_module("flows.ablation")
 evaluate_flow = optional_module("flows.evaluate")
 evolve_flow = optional_module("flows.evolve")
