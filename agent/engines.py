@@ -4,7 +4,8 @@ Every engine has the same contract (``tokenizer``, ``chat``, ``generate(prompts,
 max_new_tokens, seeds=None) -> list[Generation]``, one seed per prompt), so the rollout and
 evaluation stages never branch on it. Sampling seeds come from the caller (`tasks.rollout.message_seed`);
 the ``seed`` given here only seeds calls made without them.
-Each engine module is imported only when chosen: vLLM is not installed in the main environment.
+Each engine module names its heavy packages with `coevolve.optional`: vLLM, not installed in the main
+environment, is imported only when engine 'vllm' is built.
 
     engine = make_engine(checkpoint, config)   # config.rollout.engine decides
     with open_engine(checkpoint, config) as engine:   # the stages: weights pushed to servers, released at the end
@@ -20,6 +21,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from agent.http_engine import OpenAICompatibleEngine
+from agent.serve import start_managed
+from agent.transformers_engine import TransformersEngine
+from agent.vllm_engine import VLLMEngine
 from agent.weights import served_name, vllm_dtype
 from coevolve.config import PipelineConfig
 
@@ -28,12 +33,8 @@ def make_engine(checkpoint: str | Path, config: PipelineConfig) -> Any:
     """The engine of ``config.rollout.engine``, generating with the checkpoint's weights."""
     rollout = config.rollout
     if rollout.engine == "transformers":
-        from agent.engine import TransformersEngine
-
         return TransformersEngine(checkpoint, torch_threads=config.policy.torch_threads, seed=config.seed)
     if rollout.engine == "vllm":
-        from agent.vllm_engine import VLLMEngine
-
         return VLLMEngine(
             checkpoint,
             seed=config.seed,
@@ -44,12 +45,8 @@ def make_engine(checkpoint: str | Path, config: PipelineConfig) -> Any:
             data_parallel_size=rollout.vllm_data_parallel_size,
         )
     if rollout.engine == "openai":
-        from agent.http_engine import OpenAICompatibleEngine
-
         managed = None
         if rollout.managed_servers > 0:
-            from agent.serve import start_managed
-
             # The pipeline's own servers, started on this checkpoint; the engine stops them in close().
             managed = start_managed(config, checkpoint)
             urls = managed.urls

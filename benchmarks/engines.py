@@ -18,34 +18,38 @@ import tempfile
 import time
 from pathlib import Path
 
+from agent.chat import END_TOKEN, PAD_TOKEN
+from agent.tiny import train_tokenizer
+from agent.transformers_engine import TransformersEngine
+from agent.vllm_engine import VLLMEngine
+from coevolve.optional import optional_module
+from coevolve.records import Message
+
+torch = optional_module("torch")
+transformers = optional_module("transformers")
+
 
 def build_model(out_dir: Path, hidden: int, layers: int) -> int:
     """A random-init Qwen3 with the tiny chat tokenizer; returns its parameter count."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from agent.chat import END_TOKEN, PAD_TOKEN
-    from agent.tiny import train_tokenizer
 
     texts = [f"<|user|>\nmake a folder number {i} and list it<|end|>\n<|assistant|>\n[mkdir(dir_name='d{i}'), ls()]<|end|>\n" for i in range(400)]
     tokenizer = train_tokenizer(texts, vocab_size=2048)
     torch.manual_seed(0)
     heads = hidden // 64
-    config = Qwen3Config(
+    config = transformers.Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), head_dim=64, max_position_embeddings=4096,
         tie_word_embeddings=True, eos_token_id=tokenizer.convert_tokens_to_ids(END_TOKEN),
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN), bos_token_id=None,
     )  # fmt: skip
-    model = Qwen3ForCausalLM(config).float()
+    model = transformers.Qwen3ForCausalLM(config).float()
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return sum(p.numel() for p in model.parameters())
 
 
 def prompts_for(engine, count: int) -> list[list[int]]:
-    from coevolve.records import Message
-
     return [engine.chat.prompt_ids([Message("system", "Tools: mkdir, ls, cd."), Message("user", f"make folder {i} then list it")]) for i in range(count)]
 
 
@@ -74,8 +78,6 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
 
-    from agent.engine import TransformersEngine
-    from agent.vllm_engine import VLLMEngine
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "qwen3-25m"

@@ -24,6 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from agent.engines import context_length, make_engine
+from agent.serve import ServeOptions, base_url, start_server, stop_server, wait_until_ready
+from benchmarks.rollout import build_policy
+from coevolve.config import EnvironmentConfig, PipelineConfig
+from envs.explorer import build_tasks
+from tasks.rollout import play_episodes
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -42,12 +49,6 @@ def main() -> None:
     parser.add_argument("--no-bind-cores", dest="bind_cores", action="store_false", help="let vLLM pick each server's cores")
     args = parser.parse_args()
 
-    from agent.engines import context_length, make_engine
-    from agent.serve import ServeOptions, base_url, start_server, stop_server, wait_until_ready
-    from benchmarks.rollout import build_policy
-    from coevolve.config import EnvironmentConfig, PipelineConfig
-    from envs.explorer import build_tasks
-    from tasks.rollout import play_episodes
 
     env_config = EnvironmentConfig()
     tasks = build_tasks(args.tasks, seed=7)

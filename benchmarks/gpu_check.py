@@ -6,7 +6,7 @@ command) can still check the pipeline's own GPU path with this script and a hand
 wheels (TRL and the small packages it and the configuration import; `make gpu-check-wheels`):
 
 1. the builtin tiny policy (`agent.tiny.build_tiny_policy`, SFT for ``--sft-steps`` steps);
-2. rollouts with the transformers engine (`agent.engine.TransformersEngine`) in bf16 on CUDA:
+2. rollouts with the transformers engine (`agent.transformers_engine.TransformersEngine`) in bf16 on CUDA:
    ``--prompts`` prompts x ``--samples`` samples, seeded, with behaviour logprobs; tokens/s;
 3. the engine's memory handed back (`TransformersEngine.close`), memory left allocated printed;
 4. one GRPO update through TRL on those samples (`tasks.update.grpo_update`, bf16 on CUDA), with
@@ -66,7 +66,7 @@ def rollouts(policy: Path, prompts: int, samples: int, max_new_tokens: int, cuda
     """Seeded samples from the transformers engine in bf16 (CUDA) or float32 (CPU); the engine is closed after."""
     import torch
 
-    from agent.engine import TransformersEngine
+    from agent.transformers_engine import TransformersEngine
     from coevolve.records import Message
 
     if cuda:

@@ -219,7 +219,7 @@ def part_server(model: Path, job: dict[str, Any], python: Path, work: Path, cuda
         stop_server(process)
     import torch
 
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     policy = load_policy(model)[0].to("cuda" if cuda else "cpu")
     picked = [i for i, g in enumerate(generations) if g.token_ids][:8]

@@ -17,18 +17,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from coevolve.config import SignalConfig  # noqa: E402
-from tasks.mine import mine_frames, mine_signals  # noqa: E402
+from coevolve.config import SignalConfig
+from tasks.mine import mine_frames, mine_signals
 
 TOOLS = [f"tool_{i:02d}" for i in range(40)]
 

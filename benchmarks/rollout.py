@@ -20,6 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from agent.http_engine import OpenAICompatibleEngine
+from agent.tiny import build_tiny_policy
+from agent.transformers_engine import TransformersEngine
+from coevolve.config import EnvironmentConfig, PolicyConfig
+from envs.explorer import build_tasks, demonstration
+from tasks.common import make_environment
+from tasks.rollout import play_episodes
+
 
 class RecordingEngine:
     """Passes calls to an engine and keeps every batch of prompts it was asked to continue."""
@@ -40,11 +48,6 @@ class RecordingEngine:
 
 
 def build_policy(out_dir: Path, tasks, sft_steps: int, env_config) -> Path:
-    from agent.tiny import build_tiny_policy
-    from coevolve.config import PolicyConfig
-    from envs.explorer import demonstration
-    from tasks.common import make_environment
-
     env = make_environment(env_config)
     conversations = [demonstration(task, env) for task in tasks]
     return build_tiny_policy(out_dir, conversations, PolicyConfig(sft_steps=sft_steps), seed=0)
@@ -62,22 +65,15 @@ def main() -> None:
     parser.add_argument("--served-model")
     args = parser.parse_args()
 
-    from coevolve.config import EnvironmentConfig
-    from envs.explorer import build_tasks
-    from tasks.rollout import play_episodes
 
     env_config = EnvironmentConfig()
     tasks = build_tasks(args.tasks, seed=7)
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(args.model) if args.model else build_policy(Path(tmp) / "tiny", build_tasks(200, seed=8), args.sft_steps, env_config)
         if args.base_url:
-            from agent.http_engine import OpenAICompatibleEngine
-
             engine = OpenAICompatibleEngine(args.base_url, args.served_model or str(model), tokenizer_path=model)
             name = "openai"
         else:
-            from agent.engine import TransformersEngine
-
             engine = TransformersEngine(model, torch_threads=1, seed=0)
             name = "transformers"
         engine.generate([engine.chat.encode("warm up")], temperature=0.0, max_new_tokens=4)

@@ -39,6 +39,7 @@ Prints markdown tables (and ``--json`` writes the raw figures). Scratch files go
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import multiprocessing as mp
 import os
@@ -50,6 +51,7 @@ import time
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
@@ -75,8 +77,6 @@ COUNT_SQL = "SELECT run_id, round, count(*) AS steps FROM steps GROUP BY ALL ORD
 
 def _words(rng, count: int, length: int) -> list[str]:
     """``count`` strings of about ``length`` characters made of random lowercase words."""
-    import numpy as np
-
     letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
     out = []
     for _ in range(count):
@@ -87,8 +87,6 @@ def _words(rng, count: int, length: int) -> list[str]:
 
 
 def _build_chunk(start: int, end: int, rows_per_round: int, rng) -> pa.Table:
-    import numpy as np
-
     n = end - start
     idx = np.arange(start, end)
     part = idx // rows_per_round
@@ -150,8 +148,6 @@ def _build_chunk(start: int, end: int, rows_per_round: int, rng) -> pa.Table:
 
 def build_workload(steps: int, rows_per_round: int, path: Path) -> float:
     """Writes the workload to an Arrow IPC file (1M-row chunks); returns the seconds it took."""
-    import numpy as np
-
     t0 = time.perf_counter()
     rng = np.random.default_rng(0)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -301,9 +297,7 @@ class DuckLakeFormat:
         self.extension = Path(duckdb_extension_ducklake.__file__).parent / "extensions" / f"v{duckdb.__version__}" / "ducklake.duckdb_extension"
 
     def version(self) -> str:
-        from importlib.metadata import version
-
-        return f"duckdb {duckdb.__version__} + duckdb-extension-ducklake {version('duckdb-extension-ducklake')}"
+        return f"duckdb {duckdb.__version__} + duckdb-extension-ducklake {importlib.metadata.version('duckdb-extension-ducklake')}"
 
     def _attach(self, read_only: bool = False) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect()

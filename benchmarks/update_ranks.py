@@ -28,14 +28,20 @@ import tempfile
 import time
 from pathlib import Path
 
+from agent.chat import render_tiny
+from agent.tiny import build_model, train_tokenizer
+from coevolve.config import PipelineConfig, PolicyConfig
+from coevolve.optional import optional_module
+from coevolve.records import Message, Trajectory
+from tasks.common import open_warehouse
+from tasks.launch import launch_update
+from tasks.update import grpo_update
+
+safetensors_torch = optional_module("safetensors.torch")
+
 
 def _policy(out: Path, hidden: int, layers: int, vocab: int) -> tuple[Path, int]:
     """A random-init tiny policy and the size of its vocabulary (BPE stops early on little text)."""
-    from agent.chat import render_tiny
-    from agent.tiny import build_model, train_tokenizer
-    from coevolve.config import PolicyConfig
-    from coevolve.records import Message
-
     texts = [
         render_tiny([Message("user", f"make a folder d{i} and list it"), Message("assistant", f"[mkdir(dir_name='d{i}'), ls()]")], False)
         for i in range(400)
@@ -47,8 +53,6 @@ def _policy(out: Path, hidden: int, layers: int, vocab: int) -> tuple[Path, int]
 
 
 def _groups(groups: int, group_size: int, prompt_tokens: int, completion_tokens: int, vocab: int, seed: int) -> list:
-    from coevolve.records import Trajectory
-
     rng = random.Random(seed)
     out = []
     for g in range(groups):
@@ -80,12 +84,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each variant, interleaved; the fastest is kept")
     args = parser.parse_args()
 
-    from safetensors.torch import load_file
 
-    from coevolve.config import PipelineConfig
-    from tasks.common import open_warehouse
-    from tasks.launch import launch_update
-    from tasks.update import grpo_update
 
     with tempfile.TemporaryDirectory(prefix="update-ranks-") as scratch:
         root = Path(scratch)
@@ -124,8 +123,8 @@ def main() -> None:
                 "processes": stats.get("processes", 1),
                 "groups_per_rank": sorted({len(v) for v in stats.get("rank_task_ids", {"0": stats["task_ids"]}).values()}),
             }
-        reference, two = load_file(root / "in_process" / "model.safetensors"), load_file(root / "torchrun_2" / "model.safetensors")
-        start = load_file(policy / "model.safetensors")
+        reference, two = safetensors_torch.load_file(root / "in_process" / "model.safetensors"), safetensors_torch.load_file(root / "torchrun_2" / "model.safetensors")
+        start = safetensors_torch.load_file(policy / "model.safetensors")
         print(
             json.dumps(
                 {

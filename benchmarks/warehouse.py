@@ -42,7 +42,6 @@ import gc
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,14 +49,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from coevolve.config import SignalConfig  # noqa: E402
-from coevolve.records import Candidate, Provenance, Signal, Step, Task, ToolCall, Trajectory, Verdict  # noqa: E402
-from storage.tables import _WRITE_OPTIONS  # noqa: E402
-from storage.columns import SCHEMAS  # noqa: E402
-from storage.warehouse import Warehouse  # noqa: E402
-from tasks.mine import mine_frames, mine_signals, mine_warehouse  # noqa: E402
+from coevolve.config import SignalConfig
+from coevolve.records import Candidate, Provenance, Signal, Step, Task, ToolCall, Trajectory, Verdict
+from storage.columns import SCHEMAS
+from storage.tables import _WRITE_OPTIONS
+from storage.warehouse import Warehouse
+from tasks.mine import mine_frames, mine_signals, mine_warehouse
 
 RUN = "bench"
 GROUP = 8  # samples per task per round

@@ -45,7 +45,6 @@ def apply_settings(config: PipelineConfig, *, prefect_home: bool = False) -> Non
             os.environ.setdefault(key, value)
     state = config.state_dir.resolve()
     state.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("BFCL_PROJECT_ROOT", str(state / "bfcl"))
     if prefect_home:
         os.environ.setdefault("PREFECT_HOME", str(state / "prefect"))
         # The per-round table is the main output; Prefect's own INFO lines go to its API and UI.

@@ -11,25 +11,20 @@ import copy
 import importlib
 import inspect
 import json
-import os
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
-# Importing bfcl_eval.utils writes folders under BFCL_PROJECT_ROOT (site-packages by default).
-os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path(tempfile.gettempdir()) / "bfcl_root"))
-
-import bfcl_eval  # noqa: E402
-from bfcl_eval.constants.executable_backend_config import (  # noqa: E402
+import bfcl_eval
+from bfcl_eval.constants.executable_backend_config import (
     CLASS_FILE_PATH_MAPPING,
     MULTI_TURN_FUNC_DOC_FILE_MAPPING,
     STATELESS_CLASSES,
 )
 
-from coevolve.errors import EnvSetupError  # noqa: E402
-from coevolve.records import ToolCall  # noqa: E402
-from envs.calls import POSITIONAL_PREFIX  # noqa: E402
+from coevolve.errors import EnvSetupError
+from coevolve.records import ToolCall
+from envs.calls import POSITIONAL_PREFIX
 
 DATA_DIR = Path(bfcl_eval.__file__).parent / "data"
 MULTI_TURN_CLASSES: tuple[str, ...] = (

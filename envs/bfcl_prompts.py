@@ -35,17 +35,16 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-# envs.bfcl_api first: it points BFCL_PROJECT_ROOT away from site-packages before bfcl-eval creates folders there.
-from envs import bfcl_api  # isort: skip
-from bfcl_eval.model_handler.local_inference.llama_3_1 import LlamaHandler_3_1  # noqa: E402
-from bfcl_eval.model_handler.local_inference.qwen import QwenHandler  # noqa: E402
-from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler  # noqa: E402
-from bfcl_eval.model_handler.utils import system_prompt_pre_processing_chat_model  # noqa: E402
+from bfcl_eval.model_handler.local_inference.llama_3_1 import LlamaHandler_3_1
+from bfcl_eval.model_handler.local_inference.qwen import QwenHandler
+from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
+from bfcl_eval.model_handler.utils import system_prompt_pre_processing_chat_model
 
-from coevolve.records import Task, ToolCall  # noqa: E402
-from envs.base import StepOutcome  # noqa: E402
-from envs.bfcl import REVEAL_PROMPT, BfclEnvironment, official_meta  # noqa: E402
-from envs.calls import POSITIONAL_PREFIX  # noqa: E402
+from coevolve.records import Task, ToolCall
+from envs import bfcl_api
+from envs.base import StepOutcome
+from envs.bfcl import REVEAL_PROMPT, BfclEnvironment, official_meta
+from envs.calls import POSITIONAL_PREFIX
 
 HANDLERS: tuple[str, ...] = ("qwen_fc", "qwen", "llama_3_1", "chat")
 # bfcl-eval appends this to every multi-turn function description (its python-language hint).

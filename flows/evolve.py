@@ -7,6 +7,7 @@ the next evolution resumes from the first unfinished round.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import flow
@@ -14,13 +15,30 @@ from prefect import flow
 from coevolve.config import PipelineConfig
 from coevolve.settings import apply_settings
 from flows.round import coevolve_round
+from flows.table import COLUMNS, format_row, summary_row
 from tasks.prepare import next_round_task
 
 
 @flow(name="coevolve-evolve")
-def coevolve_evolve(rounds: int = 3, config: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Run ``rounds`` rounds, starting after the run's last finished round."""
+def coevolve_evolve(rounds: int = 3, config: dict[str, Any] | None = None, print_table: bool = False) -> list[dict[str, Any]]:
+    """Run ``rounds`` rounds, starting after the run's last finished round.
+
+    ``print_table``: print the per-round table to stdout as each round finishes (``coevolve evolve``).
+    """
     cfg = PipelineConfig.model_validate(config or {})
     apply_settings(cfg)  # a worker started anywhere runs like the CLI
     start = next_round_task(cfg)
-    return [coevolve_round(round_=r, config=cfg.model_dump(mode="json")) for r in range(start, start + rounds)]
+    show = print if print_table else (lambda *args, **kwargs: None)
+    show(f"run {cfg.run_id!r}: rounds {start}..{start + rounds - 1}, state in {cfg.state_dir.resolve()}")
+    show(format_row(COLUMNS))
+    began = time.perf_counter()
+    summaries = []
+    for round_ in range(start, start + rounds):
+        t0 = time.perf_counter()
+        summary = coevolve_round(round_=round_, config=cfg.model_dump(mode="json"))
+        if round_ == 0 and summary.get("baseline_heldout_success") is not None:
+            show(f"{'':>5}  checkpoint 0 held-out success: {summary['baseline_heldout_success']:.3f}")
+        show(summary_row(summary, time.perf_counter() - t0), flush=True)
+        summaries.append(summary)
+    show(f"done in {time.perf_counter() - began:.0f}s; query with: coevolve sql \"SELECT * FROM v_success_by_round\"")
+    return summaries

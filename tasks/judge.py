@@ -15,6 +15,8 @@ from typing import Callable
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Task, Verdict
+from envs.bfcl import BfclEnvironment
+from tasks.llm_client import ChatClient, LLMRequestError
 from tasks.llm_synthesis import Chat, extract_json_object
 
 CRITERIA = ("api_matching", "parameter_usage", "logical_flow", "final_result", "failed_or_skipped_steps")
@@ -66,9 +68,6 @@ def make_llm_judge(chat: Chat) -> Callable[[Task], Verdict]:
     """A judge function for tasks.validate.validate_candidates."""
 
     def judge(task: Task) -> Verdict:
-        from envs.bfcl import BfclEnvironment
-        from tasks.llm_client import LLMRequestError
-
         env = BfclEnvironment()
         env.reset(task)
         observations = [o for turn in task.reference for o in env.execute(turn)]
@@ -82,8 +81,6 @@ def make_llm_judge(chat: Chat) -> Callable[[Task], Verdict]:
 
 
 def judge_from_config(config: SynthesisConfig) -> Callable[[Task], Verdict]:
-    from tasks.llm_client import ChatClient
-
     return make_llm_judge(ChatClient.from_config(config))
 
 

@@ -25,15 +25,17 @@ from __future__ import annotations
 import json
 import random
 import re
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import replace
+from typing import Any, Protocol
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Candidate, Provenance, Signal, Task, ToolCall
+from envs import bfcl_api
+from envs.bfcl import BfclEnvironment
 from envs.calls import parse_tool_calls
+from envs.explorer import Triplet, abstract, is_ok
+from tasks.llm_client import LLMRequestError
 from tasks.synthesis_base import GUIDANCE, provenance_of, synthesize_each, tools_of
-
-if TYPE_CHECKING:
-    from envs.explorer import Triplet
 
 CONTEXT_KEYS = (
     "summary",
@@ -174,8 +176,6 @@ def parse_abstraction(text: str) -> tuple[dict[str, str] | None, str | None]:
 
 # -- prompts -----------------------------------------------------------------------------------------
 def _tool_lines(task: Task) -> list[str]:
-    from envs import bfcl_api
-
     return [bfcl_api.tool_line(doc, "signatures") for cls in task.involved_classes for doc in bfcl_api.func_docs(cls)]
 
 
@@ -253,8 +253,6 @@ class LLMSynthesizer:
         self.chat = chat
 
     def _ask(self, messages: list[dict[str, str]], seed: int) -> tuple[str | None, str | None]:
-        from tasks.llm_client import LLMRequestError
-
         try:
             return self.chat.complete(messages, seed=seed), None
         except LLMRequestError as exc:
@@ -316,8 +314,6 @@ class LLMSynthesizer:
         run_id: str,
     ) -> tuple[list[Triplet], list[str]]:
         """One multi-step run: the model proposes each call after seeing the previous observations."""
-        from envs.bfcl import BfclEnvironment
-
         env = BfclEnvironment()
         env.reset(task)
         lines = _tool_lines(task)
@@ -353,9 +349,6 @@ class LLMSynthesizer:
         rng: random.Random,
     ) -> tuple[Task | None, str | None]:
         """The run's minimal replayable sequence, with a description and query the model writes."""
-        from envs.bfcl import BfclEnvironment
-        from envs.explorer import abstract
-
         minimal = abstract(
             triplets,
             task.initial_config,
@@ -384,8 +377,6 @@ def run_step(env: Any, reply: str, tools: list[str], run_id: str) -> tuple[Tripl
     tool executes nothing (triplet None, with the reason); a call that runs but fails is kept as a
     triplet (the model sees the error next step) and the reason says so.
     """
-    from envs.explorer import Triplet, is_ok
-
     call, done, reason = parse_next_call(reply, tools)
     if call is None:
         return None, done, reason
@@ -398,8 +389,6 @@ def run_step(env: Any, reply: str, tools: list[str], run_id: str) -> tuple[Tripl
 
 def write_query(minimal: Task, reply: str) -> tuple[Task | None, str | None]:
     """The abstracted task with the model's description and query, or the reason the reply is rejected."""
-    from dataclasses import replace
-
     written, reason = parse_abstraction(reply)
     if written is None:
         return None, reason

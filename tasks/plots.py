@@ -12,18 +12,26 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from coevolve.optional import optional_module
 from coevolve.records import SIGNAL_KINDS, RoundSummary
+from tasks.curves import ACCEPTED_KINDS, dev_curve, heldout_curve
 
-# Imported by tasks/report.py when it draws, so the report's curve data has one home there.
-from tasks.report import ACCEPTED_KINDS, dev_curve, heldout_curve
+# pyplot takes a while to import and picks a backend when it does: it is loaded on the first figure,
+# after the file-only Agg backend is chosen (workers and servers have no display).
+matplotlib = optional_module("matplotlib")
+matplotlib_pyplot = optional_module("matplotlib.pyplot")
+matplotlib_ticker = optional_module("matplotlib.ticker")
+
+
+def _agg_pyplot():
+    """pyplot, drawing to files only."""
+    matplotlib.use("Agg")
+    return matplotlib_pyplot
 
 
 def learning_curve(summaries: list[RoundSummary], path: Path) -> Path:
     """Writes a PNG with three panels (success rates, pool size, signals per kind) by round; returns path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _agg_pyplot()
 
     ordered = sorted(summaries, key=lambda s: s.round)
     rounds = [s.round for s in ordered]
@@ -54,10 +62,7 @@ def learning_curve(summaries: list[RoundSummary], path: Path) -> Path:
 
 def ablation_curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     """learning_curves.png (held-out success and pool size per arm by round) and signal_mix.png (signals per arm)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _agg_pyplot()
 
     arms = sorted({r["arm"] for r in results})
     paths = []
@@ -84,10 +89,8 @@ def ablation_curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
 def _save_by_round(fig: Any, axes: Any, path: Path) -> Path:
     """Whole-number round ticks on every axis in ``axes``, then the figure written to ``path``."""
-    from matplotlib.ticker import MaxNLocator
-
     for axis in axes:
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.xaxis.set_major_locator(matplotlib_ticker.MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
@@ -105,10 +108,7 @@ def _totals_by_arm(results: list[dict[str, Any]], field: str, kinds: tuple[str, 
 
 def _stacked_bars(totals: dict[str, dict[str, float]], kinds: list[str], title: str, ylabel: str, path: Path) -> Path:
     """One bar per arm (``totals``' keys), stacked by ``kinds`` in that order; written to ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _agg_pyplot()
 
     arms = list(totals)
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -130,10 +130,7 @@ def _stacked_bars(totals: dict[str, dict[str, float]], kinds: list[str], title: 
 
 def mechanism_figures(results: list[dict[str, Any]], mechanism: dict[str, list[dict[str, Any]]], out_dir: Path) -> list[Path]:
     """mechanism.png (2x2 over rounds, one line per arm) and acceptance_by_kind.png (stacked bars per arm)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _agg_pyplot()
 
     arms = sorted(mechanism)
     paths = []

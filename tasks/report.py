@@ -19,11 +19,19 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
 from coevolve.config import PipelineConfig
 from coevolve.records import SIGNAL_KINDS
-import numpy as np
-
+from storage.pool import pool_digest
+from storage.tracking import Tracker
+from tasks.common import HELDOUT_ROUND, open_warehouse
+from tasks.curves import ACCEPTED_KINDS, baseline_of, mean_present, number
+from tasks.evaluate import HELDOUT_SPLIT
 from tasks.inference import detectable_effect, holm, seed_level_array_test, two_way_test
+from tasks.plots import ablation_curves, mechanism_figures
 
 # Evaluation split of the final held-out split's rows (tasks/splits.build_final_heldout), scored by the ablation flow.
 FINAL_SPLIT = "final-heldout"
@@ -115,28 +123,6 @@ def _comparison(a: dict[int, Any], b: Any, a_by_seed: dict[int, float], b_by_see
 
 # --- mechanism: per arm and round, mean over seeds --------------------------------------------------
 
-ACCEPTED_KINDS = (*SIGNAL_KINDS, "random")
-
-
-def _number(value: Any) -> float:
-    """A summary value as a float; nan when missing (summaries written before the field existed) or None."""
-    return math.nan if value is None else float(value)
-
-
-def _mean(values: list[float]) -> float:
-    """Mean of the values that exist; nan when none does."""
-    present = [v for v in values if not math.isnan(v)]
-    return statistics.fmean(present) if present else math.nan
-
-
-def baseline_of(run: dict[str, Any], key: str = "baseline_heldout_success") -> float | None:
-    """Checkpoint 0's score of a run: on the run itself or on its round 0 summary (as coevolve_round returns it)."""
-    value = run.get(key)
-    if value is None:
-        value = run["rounds"][0].get(key)
-    return None if value is None else float(value)
-
-
 def mechanism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per round of the arm's runs, each value the mean over seeds (nan where no seed recorded it).
 
@@ -149,41 +135,19 @@ def mechanism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "round": int(rounds[0].get("round", i)),
-                "informative": _mean([_number(s.get("informative_groups")) for s in rounds]),
-                "coverage": _mean([_number(s.get("heldout_coverage")) for s in rounds]),
-                "signals": {k: _mean([float(s["signals"].get(k, 0)) for s in rounds]) for k in SIGNAL_KINDS},
+                "informative": mean_present([number(s.get("informative_groups")) for s in rounds]),
+                "coverage": mean_present([number(s.get("heldout_coverage")) for s in rounds]),
+                "signals": {k: mean_present([float(s["signals"].get(k, 0)) for s in rounds]) for k in SIGNAL_KINDS},
                 # Summaries without the field have no per-kind counts: nan, not 0.
                 "accepted": {
-                    k: _mean([float((s.get("accepted_by_kind") or {}).get(k, 0)) if "accepted_by_kind" in s else math.nan for s in rounds])
+                    k: mean_present([float((s.get("accepted_by_kind") or {}).get(k, 0)) if "accepted_by_kind" in s else math.nan for s in rounds])
                     for k in ACCEPTED_KINDS
                 },
-                "dev": _mean([_number(s.get("dev_success")) for s in rounds]),
-                "heldout": _mean([_number(s.get("heldout_success")) for s in rounds]),
+                "dev": mean_present([number(s.get("dev_success")) for s in rounds]),
+                "heldout": mean_present([number(s.get("heldout_success")) for s in rounds]),
             }
         )
     return rows
-
-
-def heldout_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
-    """Mean held-out success over ``runs`` by round: x = 0 is checkpoint 0 (when recorded), x = r + 1 follows round r."""
-    rounds = len(runs[0]["rounds"])
-    x = list(range(1, rounds + 1))
-    y = [statistics.fmean(r["rounds"][i]["heldout_success"] for r in runs) for i in range(rounds)]
-    baseline = [r["rounds"][0].get("baseline_heldout_success") for r in runs]
-    if all(b is not None for b in baseline):
-        x, y = [0, *x], [statistics.fmean(baseline), *y]
-    return x, y
-
-
-def dev_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
-    """Mean dev success by round like ``heldout_curve`` (x = 0 when checkpoint 0 was scored); nan where no seed was scored."""
-    rounds = min(len(r["rounds"]) for r in runs)
-    x = list(range(1, rounds + 1))
-    y = [_mean([_number(r["rounds"][i].get("dev_success")) for r in runs]) for i in range(rounds)]
-    baseline = _mean([_number(baseline_of(r, "baseline_dev_success")) for r in runs])
-    if not math.isnan(baseline):
-        x, y = [0, *x], [baseline, *y]
-    return x, y
 
 
 def _cell(value: float, spec: str = ".3f") -> str:
@@ -249,8 +213,6 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str, power
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(results)
-    from tasks.plots import ablation_curves, mechanism_figures
-
     figures = ablation_curves(results, out_dir) + mechanism_figures(results, summary["mechanism"], out_dir)
     lines = [
         f"# {title}",
@@ -377,13 +339,6 @@ def seed_level_recheck(runs: dict[tuple[str, int], tuple[float, float]]) -> list
 
 
 # --- Prefect task -------------------------------------------------------------------------------
-from prefect import get_run_logger, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from storage.pool import pool_digest  # noqa: E402
-from storage.tracking import Tracker  # noqa: E402
-from tasks.common import HELDOUT_ROUND, open_warehouse  # noqa: E402
-from tasks.evaluate import HELDOUT_SPLIT  # noqa: E402
 
 
 def _tested_outcomes(wh: Any, run: dict[str, Any]) -> dict[str, Any]:

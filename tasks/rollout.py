@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 
 class Engine(Protocol):
-    """What rollout needs from a generation backend (agent/engine.py)."""
+    """What rollout needs from a generation backend (agent/transformers_engine.py)."""
 
     tokenizer: object
     chat: object

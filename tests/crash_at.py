@@ -105,6 +105,6 @@ def arm(spec: str) -> None:
 
 if __name__ == "__main__":
     arm(sys.argv[1])
-    from coevolve.cli import main
+    from flows.cli import main
 
     sys.exit(main(sys.argv[2:]))

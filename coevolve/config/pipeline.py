@@ -31,6 +31,12 @@ class PipelineConfig(Section):
     )
     seed: int = Field(0, description="Seeds exploration, sampling and training.")
     rounds: int = Field(3, ge=1, description="Rounds the evolve command runs.")
+    # Two: a round's torch work uses one thread (policy.torch_threads), so one seed's chain of runs keeps one
+    # core busy, and two chains at once fill the 2-core machine this default is for. More than the cores
+    # only makes the chains take turns. Never changes a result: each seed's runs are the same either way.
+    ablation_workers: int = Field(
+        2, ge=1, description="Seeds whose runs the ablation command plays at the same time, each in its own process."
+    )
     environment: EnvironmentConfig = EnvironmentConfig()
     policy: PolicyConfig = PolicyConfig()
     rollout: RolloutConfig = RolloutConfig()

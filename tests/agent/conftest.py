@@ -57,7 +57,7 @@ def tokenizer(tiny_dir: Path):
 @pytest.fixture(scope="module")
 def engine(tiny_dir):
     """The tiny policy in the transformers engine (per module: the engine's own generator is state)."""
-    from agent.engine import TransformersEngine
+    from agent.transformers_engine import TransformersEngine
 
     return TransformersEngine(tiny_dir, torch_threads=1, seed=0)
 

@@ -6,7 +6,7 @@ import json
 import time
 
 from agent.chat import ChatFormat
-from agent.engine import TransformersEngine
+from agent.transformers_engine import TransformersEngine
 from agent.tiny import MARKER, build_tiny_policy, is_built
 
 

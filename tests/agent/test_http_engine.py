@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from agent.engine import TransformersEngine
+from agent.transformers_engine import TransformersEngine
 from agent.http_engine import OpenAICompatibleEngine, parse_token_id
 from coevolve.errors import InfrastructureError
 

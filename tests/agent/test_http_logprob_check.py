@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from agent.engine import TransformersEngine
+from agent.transformers_engine import TransformersEngine
 from agent.http_engine import (
     LOGPROB_TOLERANCE,
     LOGPROBS_FLAG,

@@ -141,7 +141,7 @@ def _server_logs(config) -> list[Path]:
 def test_round_one_was_served_by_a_server_started_on_checkpoint_one(evolved):
     import torch
 
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
     from agent.http_engine import local_logprobs
     from storage.warehouse import Warehouse
 

@@ -38,7 +38,7 @@ def test_the_gguf_file_is_found_without_importing_the_package():
 
 
 def test_the_checkpoint_is_plain_safetensors_with_the_tokenizer_and_its_chat_template(smollm2_dir):
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     assert (smollm2_dir / MARKER).is_file() and (smollm2_dir / "model.safetensors").is_file()
     assert not list(smollm2_dir.glob("*.gguf"))
@@ -72,7 +72,7 @@ def test_the_checkpoint_computes_what_the_gguf_file_computes(smollm2_dir, tokeni
     import torch
     from transformers import AutoModelForCausalLM, GgufConfig
 
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     gguf = smollm2_gguf()
     original = AutoModelForCausalLM.from_pretrained(

@@ -121,7 +121,7 @@ def _served_and_local(server_url: str, name: str, checkpoint: Path, prompts: lis
     """Seeded samples of one server: their token ids, served logprobs, and local logprobs of ``checkpoint``."""
     import torch
 
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
     from agent.http_engine import OpenAICompatibleEngine, local_logprobs
 
     with OpenAICompatibleEngine(server_url, name, tokenizer_path=checkpoint, logprob_tolerance=None, max_retries=1) as engine:
@@ -139,7 +139,7 @@ def _max_difference(a: list[list[float]], b: list[list[float]]) -> float:
 @pytest.fixture(scope="module")
 def prompts(served_policy_dir, served_conversations):
     from agent.chat import ChatFormat
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     chat = ChatFormat(load_policy(served_policy_dir)[1])
     return [chat.prompt_ids(conversation[:2]) for conversation in served_conversations]
@@ -148,7 +148,7 @@ def prompts(served_policy_dir, served_conversations):
 def test_round_one_logprobs_from_every_server_match_checkpoint_one(rounds, prompts, served_policy_dir):
     import torch
 
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
     from agent.http_engine import local_logprobs
 
     checkpoint, name = rounds["checkpoints"][1], rounds["names"][1]
@@ -206,7 +206,7 @@ def test_a_checkpoint_that_changed_tied_embeddings_is_reloaded_with_its_output_l
     """vLLM 0.32's reload leaves a tied output layer as it was; servers started as `coevolve serve` does rebuild it."""
     import torch
 
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
     from agent.engines import make_engine
 
     model, tokenizer = load_policy(served_policy_dir)

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from agent.serve import REPO, ServeOptions, free_port, port_is_free, server_command, server_env, wait_until_ready
-from coevolve.cli import main
+from flows.cli import main
 from coevolve.config import load_config
 from tests.doc_blocks import command_block
 
@@ -153,7 +153,7 @@ def serve_processes(vllm_python, served_policy_dir, tmp_path_factory) -> Iterato
         for name in STOP_SIGNALS:
             port, log_path = free_port(), tmp_path_factory.mktemp("serve") / "serve.log"
             command = [
-                sys.executable, "-m", "coevolve.cli", "serve", "--model", str(served_policy_dir), "--port", str(port),
+                sys.executable, "-m", "flows.cli", "serve", "--model", str(served_policy_dir), "--port", str(port),
                 "--cpu", "--python", str(vllm_python), "--set", "rollout.vllm_max_model_len=2048",
             ]  # fmt: skip
             with log_path.open("w") as log:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.engine import TransformersEngine
+from agent.transformers_engine import TransformersEngine
 from tests.conftest import run_vllm_probe
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.engine import TransformersEngine
+from agent.transformers_engine import TransformersEngine
 from tests.conftest import run_vllm_probe
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def _perturbed(source: Path, out: Path, embeddings: bool) -> Path:
     """``source`` with its layers' weights perturbed (seeded), and its tied embeddings too if asked."""
     import torch
 
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     model, tokenizer = load_policy(source)
     generator = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ PINS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 
 PROBE = """
 import sys
-from coevolve.cli import prepare_environment
+from flows.cli import prepare_environment
 from coevolve.config import load_config
 prepare_environment(load_config(overrides=sys.argv[1:]))
 import torch

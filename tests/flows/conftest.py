@@ -55,7 +55,7 @@ def start_round(
     """``coevolve round --round R --config FILE`` in a new process group (its temporary Prefect API joins it)."""
     with log.open("a") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "coevolve.cli", "round", "--round", str(round_), "--config", str(config_file)],
+            [sys.executable, "-m", "flows.cli", "round", "--round", str(round_), "--config", str(config_file)],
             cwd=REPO, env=cli_env(state_dir, prefect_home), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
 

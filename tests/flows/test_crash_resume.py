@@ -115,7 +115,7 @@ def _evolve(config_file, state_dir, log, crash_at: str | None = None):
 
     from tests.flows.conftest import REPO, cli_env
 
-    entry = ["-m", "tests.crash_at", crash_at] if crash_at else ["-m", "coevolve.cli"]
+    entry = ["-m", "tests.crash_at", crash_at] if crash_at else ["-m", "flows.cli"]
     with log.open("a") as out:
         return subprocess.Popen(
             [sys.executable, *entry, "evolve", "--rounds", "1", "--config", str(config_file)],
@@ -192,7 +192,7 @@ def test_a_round_is_not_finished_before_its_version_stage_is_recorded(both_runs)
 
 def test_status_shows_the_round_finished_with_its_real_duration(both_runs, capsys) -> None:
     """Round 0 ran from the first attempt's start to the last one's finish: far more than a second."""
-    from coevolve.cli import main
+    from flows.cli import main
 
     import os
 
@@ -210,7 +210,7 @@ def test_status_shows_the_round_finished_with_its_real_duration(both_runs, capsy
 
 def assert_same_rows(table: str, actual: list[dict], expected: list[dict]) -> None:
     """Rows equal, behaviour logprobs included: episodes replayed after the kill in the middle of the
-    rollout are sampled in smaller batches, and their logprobs are scored per episode (agent/engine.py),
+    rollout are sampled in smaller batches, and their logprobs are scored per episode (agent/transformers_engine.py),
     so they carry the same bits as the uninterrupted run's."""
     assert len(actual) == len(expected)
     assert actual == expected

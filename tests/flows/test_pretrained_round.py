@@ -164,7 +164,7 @@ def behaviour_logprob_gap(model, trajectory, temperature: float) -> float:
 
 
 def check_round(config, summary, smollm2_dir) -> dict:
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     model, tokenizer = load_policy(smollm2_dir)
     tasks, trajectories = stored_trajectories(config)
@@ -221,7 +221,7 @@ def sequence_logprobs(model_dir, trajectories) -> list[float]:
     """Sum of the model tokens' logprobs (mask 1) of each trajectory under the checkpoint at model_dir."""
     import torch
 
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     model, _ = load_policy(model_dir)
     sums = []

@@ -147,7 +147,7 @@ def test_lineage_walks_version_two_back_to_checkpoint_zero_and_d0(finished_round
 
 
 def test_coevolve_lineage_prints_the_chain(finished_round, second_round, cli, capsys):
-    from coevolve.cli import main
+    from flows.cli import main
 
     config, _ = finished_round
     file = cli.write_config_file(config, config.state_dir / "lineage.yaml")

@@ -174,7 +174,7 @@ def test_a_round_with_its_warehouse_on_s3_answers_coevolve_sql(s3: str, tmp_path
     t0 = time.monotonic()
     with log.open("w") as out:
         done = subprocess.run(
-            [sys.executable, "-m", "coevolve.cli", "round", "--round", "0", "--config", str(config_file)],
+            [sys.executable, "-m", "flows.cli", "round", "--round", "0", "--config", str(config_file)],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=900,
         )  # fmt: skip
     assert done.returncode == 0, log.read_text()[-4000:]
@@ -189,7 +189,7 @@ def test_a_round_with_its_warehouse_on_s3_answers_coevolve_sql(s3: str, tmp_path
     assert any(k.startswith("e2e/catalog/stage_runs/run_id=e2e/round=0/") and k.endswith("version.json") for k in stored)
 
     query = subprocess.run(
-        [sys.executable, "-m", "coevolve.cli", "sql", "SELECT * FROM v_success_by_round", "--config", str(config_file)],
+        [sys.executable, "-m", "flows.cli", "sql", "SELECT * FROM v_success_by_round", "--config", str(config_file)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert query.returncode == 0, query.stderr

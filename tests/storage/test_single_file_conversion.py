@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from coevolve.cli import main
+from flows.cli import main
 from coevolve.errors import DataError
 from coevolve.records import Task, Trajectory
 from storage.single_file_check import TABLES

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from tasks.report import heldout_curve, summarize, write_report
+from tasks.curves import dev_curve, heldout_curve
+from tasks.report import summarize, write_report
 
 
 def run(arm, seed, heldout, pool=(110, 120), official=0.0):
@@ -167,8 +168,6 @@ def test_the_report_has_the_mechanism_table_and_figures(tmp_path):
 
 
 def test_the_dev_curve_starts_at_checkpoint_0_when_it_was_scored():
-    from tasks.report import dev_curve
-
     assert dev_curve(MECH[:2]) == ([0, 1, 2], pytest.approx([0.1, 0.3, 0.5]))
     x, y = dev_curve(MECH[2:])
     assert x == [1, 2] and all(math.isnan(v) for v in y)

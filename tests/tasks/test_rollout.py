@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from agent.chat import ChatFormat
-from agent.engine import Generation
+from agent.transformers_engine import Generation
 from agent.tiny import train_tokenizer
 from coevolve.config import EnvironmentConfig, PolicyConfig
 from envs.bfcl import official_tasks
@@ -22,7 +22,7 @@ def tasks():
 @pytest.fixture(scope="module")
 def untrained_engine(tmp_path_factory, tasks):
     """A random-init policy: its output is garbage, which is exactly what this module needs."""
-    from agent.engine import TransformersEngine
+    from agent.transformers_engine import TransformersEngine
     from agent.tiny import build_tiny_policy
 
     env = make_environment(EnvironmentConfig())
@@ -71,7 +71,7 @@ def test_trajectory_ids_name_run_round_task_and_sample(untrained_engine, tasks):
 
 
 def test_two_rounds_of_one_run_sample_from_different_streams(untrained_engine, tasks):
-    from agent.engine import TransformersEngine
+    from agent.transformers_engine import TransformersEngine
 
     # Every round's rollout stage loads a fresh engine, seeded alike.
     def fresh():

@@ -33,7 +33,7 @@ def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _completion_logprobs(model_dir: Path, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
     import torch
 
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     model, _ = load_policy(model_dir)
     with torch.inference_mode():
@@ -43,7 +43,7 @@ def _completion_logprobs(model_dir: Path, prompt: list[int], completion: list[in
 
 def _batch(policy_dir: Path, temperature: float, rewards: dict[str, list[float]]) -> list[Trajectory]:
     """Per task, alternate the good and the bad message; the good one also gets a tool result appended."""
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
     from agent.chat import ChatFormat
 
     _, tokenizer = load_policy(policy_dir)
@@ -76,7 +76,7 @@ def _config(tmp_path: Path, **training) -> PipelineConfig:
 
 def _mean_logprob(model_dir: Path, policy_dir: Path, text: str) -> float:
     from agent.chat import ChatFormat
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     _, tokenizer = load_policy(policy_dir)
     chat = ChatFormat(tokenizer)
@@ -135,7 +135,7 @@ def test_a_skipped_lora_update_of_the_base_carries_an_adapter_chain_to_it(policy
     """LoRA weight sync serves checkpoint r+1 as adapters on the served base: a copy needs a chain that reaches it."""
     import torch
 
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
     from agent.weights import adapter_chain
 
     trajectories = _batch(policy_dir, 0.9, {"t-a": [1.0] * 4})
@@ -191,7 +191,7 @@ def later_checkpoint(policy_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     """A checkpoint a few rounds on from policy_dir (checkpoint 0): the same model with perturbed weights."""
     import torch
 
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     model, tokenizer = load_policy(policy_dir)
     noise = torch.Generator().manual_seed(1)
@@ -260,7 +260,7 @@ def _with_second_segment(policy_dir: Path, trajectories: list[Trajectory], sampl
     import dataclasses
 
     from agent.chat import ChatFormat
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
 
     _, tokenizer = load_policy(policy_dir)
     chat = ChatFormat(tokenizer)

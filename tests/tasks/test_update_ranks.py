@@ -57,7 +57,7 @@ def _config(state_dir: Path, **training) -> PipelineConfig:
 def _groups(policy_dir: Path) -> list[Trajectory]:
     """One group per task of REWARDS: the good message where the reward is 1, the bad one elsewhere."""
     from agent.chat import ChatFormat
-    from agent.engine import load_policy
+    from agent.transformers_engine import load_policy
     from coevolve.records import Message
 
     chat = ChatFormat(load_policy(policy_dir)[1])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.engine import TransformersEngine
+from agent.transformers_engine import TransformersEngine
 from agent.engines import context_length, make_engine
 from agent.http_engine import OpenAICompatibleEngine
 from coevolve.config import load_config

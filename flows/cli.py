@@ -19,18 +19,39 @@ PREFECT_API_URL points at a server.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from coevolve.config import PipelineConfig, load_config
 from coevolve.errors import PipelineError
-
+from coevolve.optional import optional_module
 from coevolve.settings import apply_settings
+from flows.table import COLUMNS, WIDTHS, format_row, summary_row
+
+# Each command applies the configuration's settings (offline switches, CPU kernels, Prefect's home)
+# before Prefect, MLflow, torch or bfcl-eval load: Prefect reads its settings once, when it
+# is imported, and torch picks its CPU kernels then. So the flows and the storage below them are
+# imported when a command first uses them (which also keeps `coevolve config` quick).
+duckdb = optional_module("duckdb")
+pl = optional_module("polars")
+ablation_flow = optional_module("flows.ablation")
+evaluate_flow = optional_module("flows.evaluate")
+evolve_flow = optional_module("flows.evolve")
+round_flow = optional_module("flows.round")
+serve = optional_module("agent.serve")
+evaluate_stage = optional_module("tasks.evaluate")
+migrate = optional_module("storage.single_file_conversion")
+tracking = optional_module("storage.tracking")
+warehouse = optional_module("storage.warehouse")
 
 
 def prepare_environment(config: PipelineConfig) -> None:
@@ -38,36 +59,9 @@ def prepare_environment(config: PipelineConfig) -> None:
     apply_settings(config, prefect_home=True)
 
 
-COLUMNS = ("round", "pool", "rollouts", "success", "signals f/b/r", "accepted", "rejected", "held-out", "time")
-WIDTHS = (5, 6, 8, 7, 13, 8, 8, 8, 7)
-
-
-def format_row(values: tuple[Any, ...]) -> str:
-    return "  ".join(str(v).rjust(w) for v, w in zip(values, WIDTHS))
-
-
-def summary_row(summary: dict[str, Any], seconds: float) -> str:
-    s = summary["signals"]
-    return format_row(
-        (
-            summary["round"],
-            summary["pool_size"],
-            summary["rollouts"],
-            f"{summary['success_rate']:.3f}",
-            f"{s.get('forgetting', 0)}/{s.get('boundary', 0)}/{s.get('rare', 0)}",
-            summary["accepted"],
-            summary["rejected"],
-            f"{summary['heldout_success']:.3f}",
-            f"{seconds:.0f}s",
-        )
-    )
-
-
 def _load(args: argparse.Namespace) -> PipelineConfig:
     config = load_config(args.config, args.set)
     prepare_environment(config)
-    import logging
-
     # MLflow and its migrations log at INFO on first use; the table is the output people read.
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -105,31 +99,15 @@ def _store_errors(config: PipelineConfig, root: str | Path) -> Iterator[None]:
 
 def cmd_evolve(args: argparse.Namespace) -> int:
     config = _load(args)
-    rounds = args.rounds or config.rounds
-    from flows.round import coevolve_round
-    from tasks.common import open_warehouse
-
-    with open_warehouse(config) as wh:
-        start = max((s.round for s in wh.rounds(config.run_id)), default=-1) + 1
-    print(f"run {config.run_id!r}: rounds {start}..{start + rounds - 1}, state in {config.state_dir.resolve()}")
-    print(format_row(COLUMNS))
-    began = time.perf_counter()
-    for round_ in range(start, start + rounds):
-        t0 = time.perf_counter()
-        summary = coevolve_round(round_=round_, config=config.model_dump(mode="json"))
-        if round_ == 0 and summary.get("baseline_heldout_success") is not None:
-            print(f"{'':>5}  checkpoint 0 held-out success: {summary['baseline_heldout_success']:.3f}")
-        print(summary_row(summary, time.perf_counter() - t0), flush=True)
-    print(f"done in {time.perf_counter() - began:.0f}s; query with: coevolve sql \"SELECT * FROM v_success_by_round\"")
+    # The flow prints the table as each round finishes (the nightly deployment runs the same flow).
+    evolve_flow.coevolve_evolve(rounds=args.rounds or config.rounds, config=config.model_dump(mode="json"), print_table=True)
     return 0
 
 
 def cmd_round(args: argparse.Namespace) -> int:
     config = _load(args)
-    from flows.round import coevolve_round
-
     t0 = time.perf_counter()
-    summary = coevolve_round(round_=args.round, config=config.model_dump(mode="json"))
+    summary = round_flow.coevolve_round(round_=args.round, config=config.model_dump(mode="json"))
     print(format_row(COLUMNS))
     print(summary_row(summary, time.perf_counter() - t0))
     return 0
@@ -137,15 +115,11 @@ def cmd_round(args: argparse.Namespace) -> int:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     config = _load(args)
-    from storage.warehouse import Warehouse
-
     root = args.database or config.warehouse_path
     if _no_local_warehouse(root):
         raise PipelineError(f"No warehouse at {root}; run `coevolve evolve` first or pass --database.")
-    import duckdb
-
     # Read-only and lock-free: the views scan the table files, which writers replace atomically.
-    with _store_errors(config, root), Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
+    with _store_errors(config, root), warehouse.Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
         try:
             frame = wh.sql(args.query)
         except duckdb.Error as exc:
@@ -153,8 +127,6 @@ def cmd_sql(args: argparse.Namespace) -> int:
             lines = (line.strip() for line in str(exc).splitlines())
             message = " ".join(line for line in lines if line.strip("^") and not line.startswith("LINE "))
             raise PipelineError(f"query failed: {message}") from None
-    import polars as pl
-
     with pl.Config(tbl_rows=args.limit, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
         print(frame)
     return 0
@@ -163,16 +135,14 @@ def cmd_sql(args: argparse.Namespace) -> int:
 def cmd_warehouse_migrate(args: argparse.Namespace) -> int:
     """Convert a single-file warehouse to the open-table layout and compare every table; 1 when any differs."""
     config = load_config(args.config, args.set)
-    from storage.single_file_conversion import compare, default_target, migrate
-
     source = Path(args.path) if args.path else config.state_dir / "warehouse.duckdb"
-    target = args.target or str(default_target(source))
+    target = args.target or str(migrate.default_target(source))
     options = config.warehouse.storage_options
     if args.check:
-        report = compare(source, target, storage_options=options)
+        report = migrate.compare(source, target, storage_options=options)
     else:
         print(f"converting {source} to {target}")
-        report = migrate(source, target, storage_options=options)
+        report = migrate.migrate(source, target, storage_options=options)
     print(report.format())
     if not report.ok:
         print(
@@ -187,10 +157,8 @@ def cmd_warehouse_migrate(args: argparse.Namespace) -> int:
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     config = _load(args)
-    from storage.tracking import Tracker
-
     name = args.model or config.registered_model_name
-    tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
+    tracker = tracking.Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
     chain = tracker.lineage(name, args.version)
     alias = "" if args.version.isdigit() else f" (alias {args.version})"
     print(f"lineage of {name} version {chain[0]['version']}{alias}, newest first")
@@ -220,8 +188,6 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    import yaml
-
     config = load_config(args.config, args.set)
     print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     return 0
@@ -229,18 +195,15 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     config = _load(args)
-    from flows.evaluate import coevolve_evaluate
-    from tasks.evaluate import category_name, multi_turn_overall
-
     # Checked before the flow starts, so a typo fails in a second with the valid names.
-    categories = [category_name(c.strip()) for c in args.categories.split(",") if c.strip()]
-    results = coevolve_evaluate(
+    categories = [evaluate_stage.category_name(c.strip()) for c in args.categories.split(",") if c.strip()]
+    results = evaluate_flow.coevolve_evaluate(
         checkpoint=args.checkpoint, categories=categories, heldout=not args.no_heldout,
         config=config.model_dump(mode="json"), limit=args.limit, dev=args.dev,
     )
     for split, accuracy in results.items():
         print(f"{split:<26} {accuracy:.3f}")
-    overall = multi_turn_overall(results)
+    overall = evaluate_stage.multi_turn_overall(results)
     if overall is not None:
         missing = [c for c in ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context") if c not in results]
         note = f"  ({', '.join(missing)} not evaluated: counted as 0, as the leaderboard does)" if missing else ""
@@ -250,15 +213,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     config = _load(args)
-    from storage.warehouse import Warehouse
-
-    from datetime import datetime
-
     root = config.warehouse_path
     if _no_local_warehouse(root):
         records = []
     else:
-        with _store_errors(config, root), Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
+        with _store_errors(config, root), warehouse.Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
             records = wh.round_records(config.run_id)
     print(format_row(COLUMNS))
     for r in records:
@@ -275,17 +234,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_ablation(args: argparse.Namespace) -> int:
     config = _load(args)
-    from flows.ablation import ARMS, coevolve_ablation
-
-    arms = args.arms.split(",") if args.arms else list(ARMS)
-    unknown = [a for a in arms if a not in ARMS]
+    arms = args.arms.split(",") if args.arms else list(ablation_flow.ARMS)
+    unknown = [a for a in arms if a not in ablation_flow.ARMS]
     if unknown:
-        raise PipelineError(f"Unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}.")
+        raise PipelineError(f"Unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ablation_flow.ARMS)}.")
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.workers is not None:
         config = config.with_overrides({"ablation_workers": args.workers})
     t0 = time.perf_counter()
-    out = coevolve_ablation(
+    out = ablation_flow.coevolve_ablation(
         arms=arms, seeds=seeds, rounds=args.rounds, official_limit=args.official_limit, name=args.name,
         config=config.model_dump(mode="json"),
     )
@@ -299,10 +256,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     Stopping this process (SIGTERM, SIGINT, SIGHUP) stops the server and every process it started.
     """
-    # Imported here, like the other commands' modules: the agent package loads torch, which a module-level
-    # import would load before any command applies its settings.
-    from agent.serve import ServeOptions, serve_foreground, server_command
-
     config = load_config(args.config, args.set)
     model = Path(args.model).expanduser()
     if not model.exists() and (model.is_absolute() or args.model.startswith(".") or len(model.parts) > 2):
@@ -313,13 +266,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {"host": args.host, "port": args.port}
     if args.cpu is not None:
         overrides["cpu"] = args.cpu
-    options = ServeOptions.from_config(config, args.model, **overrides)
-    command = " ".join(server_command(options, args.python))
+    options = serve.ServeOptions.from_config(config, args.model, **overrides)
+    command = " ".join(serve.server_command(options, args.python))
     if args.dry_run:
         print(command)
         return 0
     print(command, file=sys.stderr, flush=True)
-    return serve_foreground(options, args.python)
+    return serve.serve_foreground(options, args.python)
 
 
 def build_parser() -> argparse.ArgumentParser:

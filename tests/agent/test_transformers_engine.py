@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 
-from agent.engine import TransformersEngine
+from agent.transformers_engine import TransformersEngine
 
 
 def test_every_token_has_one_logprob(engine, prompts):

@@ -4,7 +4,7 @@ import json
 
 import yaml
 
-from coevolve.cli import format_row, main, summary_row
+from flows.cli import format_row, main, summary_row
 
 
 def test_config_show_prints_the_effective_values(capsys):
@@ -75,7 +75,7 @@ def test_sql_with_a_bad_query_exits_non_zero_without_a_traceback(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo), "PREFECT_HOME": str(tmp_path / "prefect")}
     done = subprocess.run(
-        [sys.executable, "-m", "coevolve.cli", "sql", "SELEC 1", "--set", f"state_dir={tmp_path}"],
+        [sys.executable, "-m", "flows.cli", "sql", "SELEC 1", "--set", f"state_dir={tmp_path}"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode != 0 and done.stdout == ""
@@ -105,3 +105,4 @@ def test_sql_on_an_unreachable_object_store_names_the_endpoint_and_the_setting_o
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"cannot reach the warehouse s3://bucket/prefix at endpoint {endpoint}" in err
     assert "warehouse.storage_options" in err and "AWS_ENDPOINT_URL" in err
+

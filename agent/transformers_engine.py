@@ -19,6 +19,11 @@ from pathlib import Path
 from typing import Any, Self
 
 from agent.chat import ChatFormat
+from coevolve.optional import optional_module
+
+peft = optional_module("peft")
+torch = optional_module("torch")
+transformers = optional_module("transformers")
 
 
 @dataclass
@@ -36,20 +41,15 @@ def load_policy(model: str | Path) -> tuple[Any, Any]:
     A folder holding only a LoRA adapter is loaded onto its base model and merged, so callers
     always get a plain model.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     source = str(model)
     adapter_config = Path(source) / "adapter_config.json"
     if adapter_config.is_file() and not (Path(source) / "config.json").is_file():
-        from peft import PeftConfig, PeftModel
-
-        base_name = PeftConfig.from_pretrained(source).base_model_name_or_path
-        base = AutoModelForCausalLM.from_pretrained(base_name, dtype=torch.float32)
-        policy = PeftModel.from_pretrained(base, source).merge_and_unload()
+        base_name = peft.PeftConfig.from_pretrained(source).base_model_name_or_path
+        base = transformers.AutoModelForCausalLM.from_pretrained(base_name, dtype=torch.float32)
+        policy = peft.PeftModel.from_pretrained(base, source).merge_and_unload()
     else:
-        policy = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(source)
+        policy = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     policy.eval()
@@ -58,8 +58,6 @@ def load_policy(model: str | Path) -> tuple[Any, Any]:
 
 def free_device_memory() -> None:
     """Collect the models an engine dropped and, on a GPU, hand their cached memory back for the update stage."""
-    import torch
-
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -82,8 +80,6 @@ class TransformersEngine(ClosedOnExit):
     """Batched sampling from a local policy checkpoint with per-token behaviour logprobs."""
 
     def __init__(self, model_path: str | Path, torch_threads: int = 1, seed: int = 0) -> None:
-        import torch
-
         torch.set_num_threads(torch_threads)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -109,8 +105,6 @@ class TransformersEngine(ClosedOnExit):
         ``seeds`` (one per prompt) fixes each row's sample whatever batch it is generated in; greedy
         decoding (temperature 0) ignores them.
         """
-        import torch
-
         if not prompts:
             return []
         if any(not p for p in prompts):
@@ -187,8 +181,6 @@ class TransformersEngine(ClosedOnExit):
         a function of the checkpoint, the prompt and the tokens only: GRPO's "old" logprobs, and so the
         checkpoint an update writes, then do not depend on how the rollout was batched.
         """
-        import torch
-
         ids = torch.tensor([prompt + tokens], dtype=torch.long, device=self.device)
         with torch.inference_mode():
             logits = self.model(input_ids=ids, logits_to_keep=len(tokens) + 1).logits[0, :-1].float()
@@ -199,8 +191,6 @@ class TransformersEngine(ClosedOnExit):
 
     def _uniforms(self, seeds: list[int] | None, batch: int, max_new_tokens: int) -> Any:
         """One uniform in (0, 1] per (row, token position): from each row's own seed, else from the engine's generator."""
-        import torch
-
         if seeds is None:
             draws = torch.rand((batch, max_new_tokens), generator=self._generator, device=self.device)
         else:
