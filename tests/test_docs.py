@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from coevolve.cli import build_parser
+from flows.cli import build_parser
 from coevolve.config import load_config
 from tests.doc_blocks import REPO, command_blocks, doc_pages
 
