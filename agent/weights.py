@@ -36,14 +36,17 @@ Which path applies (``rollout.weight_sync``), and on which vLLM:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
+from agent.checkpoints import ADAPTER_SUBDIR, save_atomically
 from coevolve.errors import ConfigError, InfrastructureError
+from coevolve.optional import optional_module
 
-ADAPTER_SUBDIR = "adapter"
+safetensors_torch = optional_module("safetensors.torch")
 
 
 def served_name(model: str | Path) -> str:
@@ -124,12 +127,11 @@ def _scaling(config: dict[str, Any]) -> float:
 def stack_adapters(adapters: list[Path], out_dir: Path) -> Path:
     """One adapter equal to applying ``adapters`` in turn: ranks add up, scaling folded into B (alpha = rank)."""
     import torch
-    from safetensors.torch import load_file, save_file
 
     if (out_dir / "adapter_config.json").is_file():
         return out_dir  # named by content: already written
     configs = [json.loads((a / "adapter_config.json").read_text()) for a in adapters]
-    tensors = [load_file(str(a / "adapter_model.safetensors")) for a in adapters]
+    tensors = [safetensors_torch.load_file(str(a / "adapter_model.safetensors")) for a in adapters]
     modules = sorted({key.rsplit(".lora_A.", 1)[0] for key in tensors[0] if ".lora_A." in key})
     for adapter, weights in zip(adapters, tensors):
         if sorted({key.rsplit(".lora_A.", 1)[0] for key in weights if ".lora_A." in key}) != modules:
@@ -143,12 +145,15 @@ def stack_adapters(adapters: list[Path], out_dir: Path) -> Path:
     rank = sum(int(c["r"]) for c in configs)
     config = {**configs[0], "r": rank, "lora_alpha": rank, "use_rslora": False, "rank_pattern": {}, "alpha_pattern": {}}
     config["target_modules"] = sorted({m for c in configs for m in (c.get("target_modules") or [])})
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    staging.mkdir(parents=True, exist_ok=True)
-    save_file(stacked, str(staging / "adapter_model.safetensors"))
-    (staging / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    staging.rename(out_dir)
+    save_atomically(out_dir, functools.partial(_write_adapter, stacked, config))
     return out_dir
+
+
+def _write_adapter(tensors: dict[str, Any], config: dict[str, Any], folder: Path) -> None:
+    """A peft adapter folder: its weights and its adapter_config.json."""
+    folder.mkdir()
+    safetensors_torch.save_file(tensors, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
 
 
 def sync_lora(fleet: Any, checkpoint: str | Path, stack_dir: Path) -> str:

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from agent.checkpoints import save_atomically
 from agent.engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError, is_retryable
@@ -217,17 +218,6 @@ def replay_rows(prompts: list[str], groups: dict[str, list[Trajectory]], slots: 
         out["env_mask"].append([int(m) for m in segment.completion_mask])
         out["stored_reward"].append(float(trajectory.reward))
     return out
-
-
-def save_atomically(out_dir: Path, write: Any) -> None:
-    """Publish a checkpoint folder whole: ``write(staging)`` fills a folder beside ``out_dir``, which then replaces it."""
-    # Write beside the target and swap it in, so a retried or interrupted update never leaves half a checkpoint.
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    write(staging)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    staging.rename(out_dir)
 
 
 def uses_launcher(config: PipelineConfig) -> bool:
