@@ -42,9 +42,9 @@ from flows.stage import run_slot
 from storage.pool import pool_digest
 from tasks.common import DEV_ROUND, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, open_warehouse, round_lock
 from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, evaluate_checkpoint
+from tasks.grpo_groups import trained_on
 from tasks.prepare import prepare_task
 from tasks.report import FINAL_SPLIT, report_task
-from tasks.update import trained_on
 from tasks.version import round_settings
 
 # Arm name -> configuration overrides. "full" is the configuration as given.
