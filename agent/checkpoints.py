@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from coevolve.errors import DataError
 from coevolve.optional import optional_module

@@ -114,7 +114,7 @@ class StoredRollouts:
         return replay_rows(prompts, self.round_groups.groups, slots, self.pad_token_id)
 
 
-def stored_reward(prompts: list[str], completions: list[Any], stored_reward: list[float], **_: Any) -> list[float]:
+def stored_reward(prompts: list[str], completions: list[Any], stored_reward: list[float], **_: Any) -> list[float | None]:
     """TRL's reward function: the reward stored with each row's episode."""
     return list(stored_reward)
 
@@ -183,7 +183,7 @@ def use_reference(trainer: GRPOTrainer, reference_checkpoint: Path) -> None:
     # LoRA: TRL keeps no reference model and disables the adapter instead, which gives the input
     # checkpoint. A reference model, when present, takes precedence; prepare it as TRL does its own
     # (grpo_arguments leaves cast_lm_head_to_fp32 off, so the head stays as loaded).
-    if trainer.args.disable_dropout:
+    if isinstance(trainer.args, GRPOConfig) and trainer.args.disable_dropout:
         disable_dropout_in_model(reference)
     add_fused_lm_head(reference, temperature=trainer.temperature, cast_lm_head_to_fp32=False)
     trainer.ref_model = trainer.accelerator.prepare_model(reference, evaluation_mode=True)

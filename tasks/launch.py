@@ -173,12 +173,12 @@ def collect_ranks(work: Path, processes: int, returncode: int) -> list[dict[str,
         )
     missing = [rank for rank in range(processes) if not (work / f"rank-{rank}.json").is_file()]
     if returncode != 0 or missing:
-        rank = missing[0] if missing else None
-        log = work / (f"rank-{rank}.log" if rank is not None else "launcher.log")
+        silent = missing[0] if missing else None
+        log = work / (f"rank-{silent}.log" if silent is not None else "launcher.log")
         raise RankFailedError(
             f"The update's launcher exited with status {returncode}; ranks without statistics: {missing or 'none'}.\n"
             f"Last lines of {log}:\n{_tail(log)}\nLast lines of {work / 'launcher.log'}:\n{_tail(work / 'launcher.log')}",
-            rank,
+            silent,
             log,
         )
     return [json.loads((work / f"rank-{rank}.json").read_text()) for rank in range(processes)]
