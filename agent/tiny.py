@@ -11,8 +11,8 @@ with the same inputs returns at once.
 
 from __future__ import annotations
 
+import functools
 import json
-import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.chat import END_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TINY_CHAT_TEMPLATE, ChatFormat, render_tiny
+from agent.checkpoints import save_atomically
 from coevolve.config import PolicyConfig
 from coevolve.optional import optional_module
 from coevolve.records import Message, digest
@@ -175,14 +176,8 @@ def build_tiny_policy(out_dir: Path, conversations: list[list[Message]], config:
     model = build_model(tokenizer, config, seed)
     losses = sft(model, tokenizer, examples, config, seed) if config.sft_steps else []
 
-    # Write to a sibling folder and swap it in, so an interrupted build never looks finished.
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     model.generation_config.eos_token_id = chat.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(staging, safe_serialization=True)
-    tokenizer.save_pretrained(staging)
     summary = {
         "digest": _build_digest(conversations, config, seed),
         "conversations": len(conversations),
@@ -193,7 +188,14 @@ def build_tiny_policy(out_dir: Path, conversations: list[list[Message]], config:
         "final_loss": losses[-1] if losses else None,
         "duration_s": round(time.perf_counter() - started, 2),
     }
-    (staging / MARKER).write_text(json.dumps(summary, indent=2))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    staging.rename(out_dir)
+    # Written beside out_dir and swapped in, so an interrupted build never looks finished.
+    save_atomically(out_dir, functools.partial(_write_policy, model, tokenizer, summary))
     return out_dir
+
+
+def _write_policy(model: Any, tokenizer: Any, summary: dict[str, Any], folder: Path) -> None:
+    """The policy's checkpoint folder: weights, tokenizer, and last the build report that marks it finished."""
+    folder.mkdir()
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    (folder / MARKER).write_text(json.dumps(summary, indent=2))

@@ -36,6 +36,7 @@ Which path applies (``rollout.weight_sync``), and on which vLLM:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -44,13 +45,12 @@ from typing import Any
 import httpx
 from safetensors import safe_open
 
+from agent.checkpoints import ADAPTER_SUBDIR, save_atomically
 from coevolve.errors import ConfigError, InfrastructureError
 from coevolve.optional import optional_module
 
 safetensors_torch = optional_module("safetensors.torch")
 torch = optional_module("torch")
-
-ADAPTER_SUBDIR = "adapter"
 
 
 def served_name(model: str | Path) -> str:
@@ -147,12 +147,15 @@ def stack_adapters(adapters: list[Path], out_dir: Path) -> Path:
     rank = sum(int(c["r"]) for c in configs)
     config = {**configs[0], "r": rank, "lora_alpha": rank, "use_rslora": False, "rank_pattern": {}, "alpha_pattern": {}}
     config["target_modules"] = sorted({m for c in configs for m in (c.get("target_modules") or [])})
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    staging.mkdir(parents=True, exist_ok=True)
-    safetensors_torch.save_file(stacked, str(staging / "adapter_model.safetensors"))
-    (staging / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    staging.rename(out_dir)
+    save_atomically(out_dir, functools.partial(_write_adapter, stacked, config))
     return out_dir
+
+
+def _write_adapter(tensors: dict[str, Any], config: dict[str, Any], folder: Path) -> None:
+    """A peft adapter folder: its weights and its adapter_config.json."""
+    folder.mkdir()
+    safetensors_torch.save_file(tensors, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
 
 
 def sync_lora(fleet: Any, checkpoint: str | Path, stack_dir: Path) -> str:

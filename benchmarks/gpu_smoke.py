@@ -243,6 +243,7 @@ def part_update(model: Path, batch: list[list[int]], samples: int, generations: 
     from coevolve.config import PipelineConfig
     from coevolve.records import Trajectory
     from tasks.common import open_warehouse
+    from tasks.grpo_groups import group_round
     from tasks.launch import launch_update
 
     config = PipelineConfig(
@@ -268,7 +269,7 @@ def part_update(model: Path, batch: list[list[int]], samples: int, generations: 
             wh.write_trajectories(trajectories)
         out = work / "checkpoints" / f"round-{round_ + 1:03d}"
         started = time.perf_counter()
-        stats = launch_update(Path(checkpoint), trajectories, config, round_, out)
+        stats = launch_update(Path(checkpoint), group_round(trajectories, samples), config, round_, out)
         wall = time.perf_counter() - started
         if stats.get("skipped"):
             raise SystemExit(f"The update of round {round_} was skipped: {stats.get('reason')}")

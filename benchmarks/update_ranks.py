@@ -34,6 +34,7 @@ from coevolve.config import PipelineConfig, PolicyConfig
 from coevolve.optional import optional_module
 from coevolve.records import Message, Trajectory
 from tasks.common import open_warehouse
+from tasks.grpo_groups import group_round
 from tasks.launch import launch_update
 from tasks.update import grpo_update
 
@@ -102,10 +103,10 @@ def main() -> None:
         runs = {
             "in_process": lambda out: grpo_update(policy, trajectories, config, out),
             "torchrun_1": lambda out: launch_update(
-                policy, trajectories, config.with_overrides({"training": {"num_processes": 1}}), 0, out
+                policy, group_round(trajectories, args.group_size), config.with_overrides({"training": {"num_processes": 1}}), 0, out
             ),
             "torchrun_2": lambda out: launch_update(
-                policy, trajectories, config.with_overrides({"training": {"num_processes": 2}}), 0, out
+                policy, group_round(trajectories, args.group_size), config.with_overrides({"training": {"num_processes": 2}}), 0, out
             ),
         }
         for _, (name, run) in ((r, item) for r in range(args.repeat) for item in runs.items()):

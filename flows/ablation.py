@@ -37,6 +37,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.task_runners import ProcessPoolTaskRunner
 
+from agent.checkpoints import checkpoint_digest, save_atomically
 from coevolve.config import PipelineConfig
 from coevolve.settings import apply_settings
 from coevolve.errors import ConfigError, DataError
@@ -46,11 +47,11 @@ from flows.round import coevolve_round
 from flows.stage import run_slot
 from storage.pool import pool_digest
 from storage.tracking import Tracker
-from tasks.common import DEV_ROUND, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, checkpoint_digest, open_warehouse, round_lock
+from tasks.common import DEV_ROUND, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, open_warehouse, round_lock
 from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, evaluate_checkpoint
+from tasks.grpo_groups import trained_on
 from tasks.prepare import prepare_task
 from tasks.report import FINAL_SPLIT, report_task
-from tasks.update import save_atomically, trained_on
 from tasks.version import round_settings
 
 # Arm name -> configuration overrides. "full" is the configuration as given.

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import duckdb
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from coevolve.errors import DataError
 from coevolve.records import Segment, Step, Trajectory
@@ -71,10 +73,15 @@ class TrajectoryRows(WarehouseViews):
         table = self._partition("trajectories", run_id, round_, ["trajectory_id", "tool_sequence"])
         return dict(zip(table.column("trajectory_id").to_pylist(), table.column("tool_sequence").to_pylist()))
 
-    def trajectories(self, run_id: str, round: int) -> list[Trajectory]:
-        """Full trajectories of a round, steps included, ordered by task then sample."""
-        heads = self._partition("trajectories", run_id, round).to_pylist()
-        step_rows = self._partition("steps", run_id, round).to_pylist()
+    def trajectories(self, run_id: str, round: int, task_ids: Iterable[str] | None = None) -> list[Trajectory]:
+        """Full trajectories of a round, steps included, ordered by task then sample; of ``task_ids`` only when given."""
+        head_table, step_table = self._partition("trajectories", run_id, round), self._partition("steps", run_id, round)
+        if task_ids is not None:
+            # Filtered as Arrow columns: only the wanted rows become Python objects.
+            head_table = head_table.filter(pc.is_in(head_table["task_id"], pa.array(sorted(set(task_ids)), pa.string())))
+            step_table = step_table.filter(pc.is_in(step_table["trajectory_id"], head_table["trajectory_id"].combine_chunks()))
+        heads = head_table.to_pylist()
+        step_rows = step_table.to_pylist()
         steps: dict[str, list[tuple[int, Step]]] = {}
         for row in step_rows:
             steps.setdefault(row["trajectory_id"], []).append(

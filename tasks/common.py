@@ -8,13 +8,11 @@ where it stopped without duplicating rows.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from coevolve.config import EnvironmentConfig, PipelineConfig
-from coevolve.errors import DataError, RoundLockedError
+from coevolve.errors import RoundLockedError
 
 # Pool membership round that holds the run's held-out split: never drawn for training.
 HELDOUT_ROUND = -1
@@ -117,28 +115,3 @@ def round_lock(config: PipelineConfig, round_: int) -> Iterator[None]:
         yield
     finally:
         lock.release()
-
-
-
-# The builtin tiny policy's build report (agent/tiny.py): it holds wall-clock timings, so two
-# identical builds differ there; the weights, config and tokenizer are what the digest covers.
-_NOT_DIGESTED = frozenset({"tiny_policy.json"})
-
-
-def checkpoint_digest(directory: str | Path) -> str:
-    """sha256 over every file of a checkpoint directory: names relative to it and contents, sorted.
-
-    Recorded by the version stage and checked before the next round loads the checkpoint, so a
-    truncated, replaced or partly deleted checkpoint is caught by name instead of training on.
-    """
-    root = Path(directory)
-    if not root.is_dir():
-        raise DataError(f"Checkpoint {root} does not exist; it cannot be digested.")
-    outer = hashlib.sha256()
-    for file in sorted(p for p in root.rglob("*") if p.is_file() and p.name not in _NOT_DIGESTED):
-        inner = hashlib.sha256()
-        with file.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                inner.update(block)
-        outer.update(f"{file.relative_to(root).as_posix()}\0{inner.hexdigest()}\n".encode())
-    return outer.hexdigest()

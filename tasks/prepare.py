@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pathlib import Path
-
+from agent.checkpoints import checkpoint_digest, checkpoint_folder, verify_checkpoint
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from coevolve.records import Task, digest
@@ -88,52 +87,6 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
     return str(build_tiny_policy(out_dir, conversations, config.policy, config.start_seed))
 
 
-def checkpoint_folder(checkpoint: str, local_only: bool = False) -> Path:
-    """The local folder holding a checkpoint's files, so it can be digested.
-
-    A local path must exist. A name that is not a path (a hub model id given as ``policy.model``)
-    resolves to its snapshot in the hub cache unless ``local_only`` (every checkpoint an update
-    wrote); a model that is neither stops the round.
-    """
-    local = Path(checkpoint).expanduser()
-    if local.is_dir():
-        return local
-    if local_only or local.is_absolute() or checkpoint.startswith((".", "~")) or local.exists():
-        raise DataError(f"Checkpoint {checkpoint} is missing (no such folder); it cannot be verified or loaded.")
-    try:
-        from huggingface_hub import snapshot_download
-
-        # Downloads into the hub cache when the hub is reachable and allowed (HF_HUB_OFFLINE unset or 0);
-        # offline it resolves the cached snapshot, so the digest covers the files the engines load.
-        return Path(snapshot_download(checkpoint))
-    except Exception as exc:  # noqa: BLE001 - any failure means the model is not on this machine
-        raise DataError(
-            f"Checkpoint {checkpoint!r} is neither a local folder nor in the local hub cache ({type(exc).__name__}); "
-            "give policy.model as a local path, or download the model into the hub cache first "
-            "(HF_HUB_OFFLINE=0 on a machine that reaches the hub)."
-        ) from None
-
-
-def verify_checkpoint(checkpoint: str, expected: str | None, what: str, local_only: bool = True) -> None:
-    """Check a recorded checkpoint against its recorded digest; DataError naming the folder otherwise."""
-    from tasks.common import checkpoint_digest
-
-    folder = checkpoint_folder(checkpoint, local_only)
-    if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
-        raise DataError(f"{what} at {folder} is incomplete (no config.json or *.safetensors weights).")
-    if not expected:
-        raise DataError(
-            f"{what} at {folder} has no recorded digest, so it cannot be verified; its round was recorded by an older "
-            "version or by hand. Re-run that round (coevolve round --round R) or start a new run_id."
-        )
-    actual = checkpoint_digest(folder)
-    if actual != expected:
-        raise DataError(
-            f"{what} at {folder} has digest {actual[:16]}, but {expected[:16]} was recorded: the files changed after "
-            "they were recorded. Restore them from MLflow (coevolve lineage shows the version) or re-run the round."
-        )
-
-
 def verify_pool(config: PipelineConfig, round_: int, expected: str | None) -> None:
     """Pool ``round_``'s snapshot file and the warehouse's membership must both match the recorded digest."""
     from storage.pool import pool_digest, read_pool_snapshot
@@ -198,7 +151,6 @@ def prepare_task(config: PipelineConfig, round_: int) -> dict:
 
     def compute(wh: Warehouse) -> dict:
         from storage.pool import pool_digest, write_pool_snapshot
-        from tasks.common import checkpoint_digest
         from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, dev_eval_tasks, evaluate_splits
 
         seed_pool, heldout = build_initial_pools(config)

@@ -180,7 +180,7 @@ def version_task(config: PipelineConfig, round_: int, outputs: dict[str, dict[st
     from storage.mechanism import round_mechanism
     from storage.pool import write_pool_snapshot
     from storage.tracking import Tracker
-    from tasks.common import checkpoint_digest
+    from agent.checkpoints import checkpoint_digest
     from tasks.plots import learning_curve
 
     def compute(wh: Warehouse) -> dict:

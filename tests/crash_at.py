@@ -31,12 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent.checkpoints import STAGING_SUFFIX  # what every checkpoint folder is staged under
 from storage import pool, single_file_conversion
 from storage.tables import TableFiles
 from storage.tracking import Tracker
 
 CRASH_EXIT = 86
-STAGING_SUFFIX = ".partial"  # what tasks/update.py, agent/tiny.py, agent/weights.py stage a folder under
 
 
 def _watch(on_write: Callable[[str, Callable[[], Any]], Any]) -> None:

@@ -140,7 +140,7 @@ def test_later_arms_of_a_seed_copy_round_0s_rollout_update_and_evaluation_from_t
     import dataclasses
 
     from storage.warehouse import Warehouse
-    from tasks.common import checkpoint_digest
+    from agent.checkpoints import checkpoint_digest
 
     config, _ = ablation_run
     for first, later in (("t-static-s1", "t-random-s1"), ("t-static-s2", "t-random-s2")):
@@ -184,7 +184,7 @@ def test_a_round_0_copy_killed_midway_is_finished_by_the_next_attempt(ablation_r
 
     from flows.ablation import copy_round0
     from storage.warehouse import Warehouse
-    from tasks.common import checkpoint_digest
+    from agent.checkpoints import checkpoint_digest
     from tasks.prepare import prepare_task
     from tests.crash_at import CRASH_EXIT
     from tests.flows.conftest import REPO, cli_env

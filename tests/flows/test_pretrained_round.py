@@ -187,7 +187,7 @@ def test_transformers_round_stores_exactly_the_tokens_smollm2_was_given_and_prod
 
 def test_transformers_round_goes_through_update_and_version(transformers_round):
     from storage.warehouse import Warehouse
-    from tasks.common import checkpoint_digest
+    from agent.checkpoints import checkpoint_digest
 
     config, summary, _ = transformers_round
     with Warehouse(config.warehouse_path, read_only=True) as wh:
@@ -246,7 +246,7 @@ def test_server_round_stores_exactly_the_tokens_smollm2_was_given_and_produced(s
 
 def test_server_round_goes_through_update_and_version(server_round):
     from storage.warehouse import Warehouse
-    from tasks.common import checkpoint_digest
+    from agent.checkpoints import checkpoint_digest
 
     config, summary, _ = server_round
     with Warehouse(config.warehouse_path, read_only=True) as wh:

@@ -83,7 +83,7 @@ def second_round(finished_round):
 
 def test_the_next_round_starts_from_the_recorded_checkpoint_and_pool(finished_round, second_round):
     from storage.warehouse import Warehouse
-    from tasks.common import checkpoint_digest
+    from agent.checkpoints import checkpoint_digest
 
     config, first = finished_round
     assert second_round["round"] == 1 and second_round["model_version"] == "2"

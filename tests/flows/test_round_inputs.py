@@ -14,7 +14,7 @@ from coevolve.errors import DataError  # noqa: E402
 from coevolve.records import Provenance, Task, ToolCall  # noqa: E402
 from storage.pool import write_pool_snapshot  # noqa: E402
 from storage.warehouse import Warehouse  # noqa: E402
-from tasks.common import checkpoint_digest  # noqa: E402
+from agent.checkpoints import checkpoint_digest  # noqa: E402
 from tasks.prepare import verify_round_inputs  # noqa: E402
 
 
@@ -182,7 +182,7 @@ def test_a_changed_d0_snapshot_is_named(prepared_round_zero) -> None:
 
 
 def test_a_hub_model_id_that_is_not_on_this_machine_stops_the_round_with_the_reason(monkeypatch) -> None:
-    from tasks.prepare import checkpoint_folder
+    from agent.checkpoints import checkpoint_folder
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(DataError, match="'coevolve-tests/absent-model' is neither a local folder nor in the local hub cache"):

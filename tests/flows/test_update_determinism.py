@@ -8,7 +8,7 @@ import pytest
 
 from coevolve.config import PipelineConfig, PolicyConfig
 from coevolve.records import Message, Trajectory
-from tasks.common import checkpoint_digest
+from agent.checkpoints import checkpoint_digest
 from tasks.update import grpo_update
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,8 @@ import pytest
 
 from coevolve.config import PipelineConfig, PolicyConfig
 from coevolve.records import Message, Segment, Trajectory
-from tasks.update import group_trajectories, grpo_update, replay_rows, segment_groups
+from tasks.grpo_groups import group_trajectories, replay_rows, segment_groups
+from tasks.update import grpo_update
 
 GROUP_SIZE = 4
 GOOD = "[mkdir(dir_name='temp')]"
@@ -180,7 +181,7 @@ def test_a_trl_batch_without_rollout_logprobs_fails_naming_the_tested_trl_versio
     import torch
 
     from coevolve.errors import DataError
-    from tasks.update import use_behaviour_logprobs
+    from tasks.grpo_trainer import use_behaviour_logprobs
 
     with pytest.raises(DataError, match=r"trl==1\.16\.0"):
         use_behaviour_logprobs({"old_per_token_logps": torch.zeros(2, 3), "advantages": torch.zeros(2)})
@@ -240,16 +241,17 @@ def test_kl_reference_initial_is_checkpoint_zero_of_the_run_and_round_the_input(
     assert config.training.kl_reference == "initial"  # the paper's penalty against the initial policy
     with open_warehouse(config) as wh:
         wh.mark_stage(config.run_id, 0, "prepare", {"checkpoint": str(policy_dir)})
-    assert kl_reference_checkpoint(config, later_checkpoint) == policy_dir
-    assert kl_reference_checkpoint(_config(tmp_path, kl_reference="round"), later_checkpoint) == later_checkpoint
+        assert kl_reference_checkpoint(config, wh, later_checkpoint) == policy_dir
+        assert kl_reference_checkpoint(_config(tmp_path, kl_reference="round"), wh, later_checkpoint) == later_checkpoint
 
 
 def test_kl_reference_initial_without_a_recorded_checkpoint_zero_fails(later_checkpoint, tmp_path):
     from coevolve.errors import DataError
+    from tasks.common import open_warehouse
     from tasks.update import kl_reference_checkpoint
 
-    with pytest.raises(DataError, match="checkpoint 0"):
-        kl_reference_checkpoint(_config(tmp_path), later_checkpoint)
+    with open_warehouse(_config(tmp_path)) as wh, pytest.raises(DataError, match="checkpoint 0"):
+        kl_reference_checkpoint(_config(tmp_path), wh, later_checkpoint)
 
 
 # --- episodes of several segments (a prompt that rewrote history started a new one) -----------------
@@ -299,19 +301,19 @@ def test_every_segment_is_handed_to_trl_once_and_fillers_hold_no_trained_token(p
 
 
 def test_trls_advantage_of_a_segment_slot_is_its_episodes(policy_dir, tmp_path, monkeypatch):
-    import tasks.update
+    import tasks.grpo_trainer
 
     trajectories = _with_second_segment(
         policy_dir, _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0], "t-b": [0.0, 1.0, 0.0, 0.0]}), {0, 1}
     )
     batches = []
-    behaviour = tasks.update.use_behaviour_logprobs
+    behaviour = tasks.grpo_trainer.use_behaviour_logprobs
 
     def record(batch):
         batches.append(batch["advantages"].tolist())
         return behaviour(batch)
 
-    monkeypatch.setattr(tasks.update, "use_behaviour_logprobs", record)
+    monkeypatch.setattr(tasks.grpo_trainer, "use_behaviour_logprobs", record)
     stats = grpo_update(policy_dir, trajectories, _config(tmp_path, steps_per_round=1), tmp_path / "round-001")
     assert stats["groups"] == 2 and stats["segment_groups"] == 4 and stats["steps"] == 1
     # TRL's rows, group by group in dataset order: t-a, t-a#1, t-b, t-b#1.

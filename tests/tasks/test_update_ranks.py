@@ -14,6 +14,7 @@ import pytest
 from coevolve.config import PipelineConfig
 from coevolve.errors import ConfigError
 from coevolve.records import Trajectory
+from tasks.grpo_groups import group_round
 from tasks.launch import RankFailedError, launch_command, launch_dir, launch_update, processes_for
 from tasks.update import grpo_update
 from tests.tasks.test_update import BAD, GOOD, GROUP_SIZE, _completion_logprobs, policy_dir  # noqa: F401 - a fixture
@@ -103,7 +104,7 @@ def stored(policy_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
 def two_ranks(policy_dir: Path, stored) -> tuple[dict, Path]:
     config, trajectories = stored
     out = config.checkpoint_dir(1)
-    return launch_update(policy_dir, trajectories, config, 0, out), out
+    return launch_update(policy_dir, group_round(trajectories, GROUP_SIZE), config, 0, out), out
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +167,7 @@ def test_a_failing_rank_fails_the_update_with_its_error_and_the_end_of_its_log(p
     ]
     _store(config, broken)
     with pytest.raises(RankFailedError, match=r"Rank 1 of 2 failed the update: IndexError") as failure:
-        launch_update(policy_dir, broken, config, 0, config.checkpoint_dir(1))
+        launch_update(policy_dir, group_round(broken, GROUP_SIZE), config, 0, config.checkpoint_dir(1))
     assert failure.value.rank == 1 and failure.value.log_path == launch_dir(config, 0) / "rank-1.log"
     log_end = "\n".join(failure.value.log_path.read_text().splitlines()[-5:])
     assert log_end in str(failure.value)  # the rank's own log, quoted
@@ -178,7 +179,7 @@ def test_lora_on_two_ranks_saves_the_adapter_and_merged_weights_that_match_one_r
     config, trajectories = stored
     lora = config.with_overrides({"state_dir": str(tmp_path), "training": {"use_lora": True, "lora_rank": 4}})
     _store(lora, trajectories)
-    stats = launch_update(policy_dir, trajectories, lora, 0, tmp_path / "two")
+    stats = launch_update(policy_dir, group_round(trajectories, GROUP_SIZE), lora, 0, tmp_path / "two")
     grpo_update(policy_dir, trajectories, lora, tmp_path / "one")
     assert stats["processes"] == 2 and stats["steps"] == STEPS
     assert (tmp_path / "two" / "adapter" / "adapter_config.json").is_file()

@@ -1,0 +1,105 @@
+"""A checkpoint: a folder of weights, config and tokenizer, written whole, digested, verified, found.
+
+Everything the pipeline knows about a checkpoint as files lives here:
+
+- its layout: a LoRA round keeps its adapter under ``<checkpoint>/adapter`` (`ADAPTER_SUBDIR`), next
+  to the merged weights;
+- `save_atomically`: a checkpoint is filled in a staging folder beside its target and renamed onto
+  it, so a retried or interrupted writer never leaves half a checkpoint;
+- `checkpoint_digest`: sha256 over its files, recorded by the version stage;
+- `checkpoint_folder`: the local folder of a checkpoint named by path or by hub model id (its
+  snapshot in the local hub cache);
+- `verify_checkpoint`: a recorded checkpoint checked against its recorded digest before a round
+  loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from coevolve.errors import DataError
+from coevolve.optional import optional_module
+
+huggingface_hub = optional_module("huggingface_hub")
+
+# Where a LoRA round's adapter lives inside its checkpoint (its base_model_name_or_path names the round before).
+ADAPTER_SUBDIR = "adapter"
+# Suffix of the folder a checkpoint is written into before it is renamed onto its target.
+STAGING_SUFFIX = ".partial"
+# The builtin tiny policy's build report (agent/tiny.py): it holds wall-clock timings, so two
+# identical builds differ there; the weights, config and tokenizer are what the digest covers.
+_NOT_DIGESTED = frozenset({"tiny_policy.json"})
+
+
+def save_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
+    """Publish a checkpoint folder whole: ``write(staging)`` fills a folder beside ``out_dir``, which then replaces it."""
+    staging = out_dir.with_name(out_dir.name + STAGING_SUFFIX)
+    shutil.rmtree(staging, ignore_errors=True)  # what an interrupted writer left
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    write(staging)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    staging.rename(out_dir)
+
+
+def checkpoint_digest(directory: str | Path) -> str:
+    """sha256 over every file of a checkpoint directory: names relative to it and contents, sorted.
+
+    Recorded by the version stage and checked before the next round loads the checkpoint, so a
+    truncated, replaced or partly deleted checkpoint is caught by name instead of training on.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise DataError(f"Checkpoint {root} does not exist; it cannot be digested.")
+    outer = hashlib.sha256()
+    for file in sorted(p for p in root.rglob("*") if p.is_file() and p.name not in _NOT_DIGESTED):
+        inner = hashlib.sha256()
+        with file.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                inner.update(block)
+        outer.update(f"{file.relative_to(root).as_posix()}\0{inner.hexdigest()}\n".encode())
+    return outer.hexdigest()
+
+
+def checkpoint_folder(checkpoint: str, local_only: bool = False) -> Path:
+    """The local folder holding a checkpoint's files, so it can be digested.
+
+    A local path must exist. A name that is not a path (a hub model id given as ``policy.model``)
+    resolves to its snapshot in the hub cache unless ``local_only`` (every checkpoint an update
+    wrote); a model that is neither stops the round.
+    """
+    local = Path(checkpoint).expanduser()
+    if local.is_dir():
+        return local
+    if local_only or local.is_absolute() or checkpoint.startswith((".", "~")) or local.exists():
+        raise DataError(f"Checkpoint {checkpoint} is missing (no such folder); it cannot be verified or loaded.")
+    try:
+        # Downloads into the hub cache when the hub is reachable and allowed (HF_HUB_OFFLINE unset or 0);
+        # offline it resolves the cached snapshot, so the digest covers the files the engines load.
+        return Path(huggingface_hub.snapshot_download(checkpoint))
+    except Exception as exc:  # noqa: BLE001 - any failure means the model is not on this machine
+        raise DataError(
+            f"Checkpoint {checkpoint!r} is neither a local folder nor in the local hub cache ({type(exc).__name__}); "
+            "give policy.model as a local path, or download the model into the hub cache first "
+            "(HF_HUB_OFFLINE=0 on a machine that reaches the hub)."
+        ) from None
+
+
+def verify_checkpoint(checkpoint: str, expected: str | None, what: str, local_only: bool = True) -> None:
+    """Check a recorded checkpoint against its recorded digest; DataError naming the folder otherwise."""
+    folder = checkpoint_folder(checkpoint, local_only)
+    if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
+        raise DataError(f"{what} at {folder} is incomplete (no config.json or *.safetensors weights).")
+    if not expected:
+        raise DataError(
+            f"{what} at {folder} has no recorded digest, so it cannot be verified; its round was recorded by an older "
+            "version or by hand. Re-run that round (coevolve round --round R) or start a new run_id."
+        )
+    actual = checkpoint_digest(folder)
+    if actual != expected:
+        raise DataError(
+            f"{what} at {folder} has digest {actual[:16]}, but {expected[:16]} was recorded: the files changed after "
+            "they were recorded. Restore them from MLflow (coevolve lineage shows the version) or re-run the round."
+        )

@@ -1,0 +1,284 @@
+"""One GRPO update through TRL's GRPOTrainer on a round's stored rollouts (`train`).
+
+The round's rollouts already exist (the rollout stage wrote them, with behaviour logprobs), so
+nothing is generated here: TRL's GRPOTrainer receives them through its ``rollout_func`` hook and does
+everything else itself: group-normalized advantages, the clipped objective (epsilon_low/high), the
+KL penalty (beta), the optimizer, LoRA through peft.
+
+How a round maps onto TRL (the groups themselves: tasks/grpo_groups.py):
+- segment slot j of a task's group_size episodes is one TRL group: one dataset row per slot, which
+  TRL repeats group_size times; the rollout hook hands back row i as episode i's segment j, or a
+  filler row without trained tokens. Every row carries its episode's stored reward, so the rewards
+  of every slot of a task are the same list and TRL's own group advantage of each slot equals the
+  episode-level advantage of that task's group;
+- the fillers change no loss: TRL's default loss_type 'dapo' (left as it is) sums the loss over the
+  trained tokens (completion mask x env_mask) of a micro-batch and divides by the trained tokens of
+  the whole generation batch, so a row without trained tokens adds nothing to either, and the loss
+  is the token mean over every produced token of every step. (Under 'grpo', 'bnpo' or 'dr_grpo' the
+  per-row or per-micro-batch means would count fillers.) TRL pads each micro-batch's completions to
+  its longest; every slot group holds at least one real segment of one token or more, so a filler
+  never lengthens a batch (and mask_truncated_completions is off, so its token need not be an EOS);
+- one generation batch holds every group; each optimizer step accumulates over all groups, and
+  the batch is reused for ``steps_per_round`` steps (TRL's ``num_iterations``);
+- under several processes (tasks/launch.py starts them) the generation batch is shared: each rank
+  takes an equal number of whole groups (micro-batches of group_size rows), so every group enters every
+  optimizer step exactly once, on one rank, and DDP averages the gradients; rank 0 writes the
+  checkpoint. TRL sizes a generation batch as per-device batch x processes x steps_per_generation
+  and drops an incomplete one, so steps_per_generation is the groups per rank, not all groups
+  (with all of them, two ranks would ask for twice the rows there are and train zero steps);
+- ``completion_mask`` becomes TRL's ``env_mask``, so tool results never enter the loss;
+- the stored logprobs replace TRL's recomputed "old" logprobs, so the importance ratio is taken
+  against the policy that actually sampled (same checkpoint: ratio ~1 at the first step). This
+  overrides a private TRL method, tested against TRL 1.16.0 (the version pyproject pins); a TRL
+  that no longer hands the rollout's logprobs to it fails the stage instead of training on
+  recomputed ones;
+- the KL penalty is taken against a reference checkpoint: TRL's own (the input checkpoint) or
+  another one loaded into TRL's reference model (`use_reference`);
+- the reward function returns the stored reward.
+
+This module imports torch, trl and peft at its top; modules above it name it with
+``optional_module("tasks.grpo_trainer")`` so that importing the flows stays cheap.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+from peft import LoraConfig, get_peft_model
+from transformers.trainer_callback import PrinterCallback
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+
+from agent.checkpoints import ADAPTER_SUBDIR, save_atomically
+from agent.engine import load_policy
+from coevolve.config import PipelineConfig
+from coevolve.errors import DataError
+from tasks.grpo_groups import RoundGroups, replay_rows
+
+# The TRL version whose GRPOTrainer internals (the batch keys below, the reference model) this module is tested against.
+TESTED_TRL = "1.16.0"
+# Where TRL 1.16 puts the rollout function's logprobs, and the "old" logprobs its importance ratio divides by.
+BEHAVIOUR_KEY = "sampling_per_token_logps"
+OLD_KEY = "old_per_token_logps"
+# Keys of TRL's per-step logs that describe bookkeeping rather than training.
+_IGNORED_LOG_KEYS = {"epoch", "step", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+def use_behaviour_logprobs(batch: dict[str, Any]) -> dict[str, Any]:
+    """Make the rollouts' stored logprobs TRL's "old" logprobs in a batch from _generate_and_score_completions.
+
+    Raises DataError when the batch has no rollout logprobs: training on without them would silently
+    take the importance ratio against the trainer's own recomputed logprobs.
+    """
+    if batch.get(BEHAVIOUR_KEY) is None:
+        raise DataError(
+            f"TRL's GRPO batch has no {BEHAVIOUR_KEY!r}, so the stored behaviour logprobs cannot replace its "
+            f"{OLD_KEY!r}. The update stage is tested with trl=={TESTED_TRL} only; install that version."
+        )
+    batch[OLD_KEY] = batch[BEHAVIOUR_KEY]
+    return batch
+
+
+class ReplayGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose "old" logprobs are the behaviour logprobs stored with the rollouts."""
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        return use_behaviour_logprobs(super()._generate_and_score_completions(inputs))
+
+
+class StoredRollouts:
+    """TRL's ``rollout_func``: hands back the stored rollouts of the groups TRL asks for, in sample order.
+
+    Under several processes TRL calls it on every rank with that rank's share of the prompts;
+    ``task_ids`` records, in order, the tasks this process trained.
+    """
+
+    def __init__(self, round_groups: RoundGroups, pad_token_id: int) -> None:
+        self.round_groups = round_groups
+        self.pad_token_id = pad_token_id
+        self.task_ids: list[str] = []
+
+    def __call__(self, prompts: list[str], trainer: Any) -> dict[str, list]:
+        slots = self.round_groups.slots
+        asked = dict.fromkeys(slots[key][0] for key in prompts)
+        self.task_ids.extend(t for t in asked if t not in self.task_ids)
+        return replay_rows(prompts, self.round_groups.groups, slots, self.pad_token_id)
+
+
+def stored_reward(prompts: list[str], completions: list[Any], stored_reward: list[float], **_: Any) -> list[float | None]:
+    """TRL's reward function: the reward stored with each row's episode."""
+    return list(stored_reward)
+
+
+def world_size() -> int:
+    """Training processes of this process group: WORLD_SIZE, which torchrun and accelerate launch set; 1 otherwise."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def lora_config(config: PipelineConfig) -> LoraConfig | None:
+    """The LoRA adapter the update trains (alpha = 2 x rank on every linear layer), or None for full fine-tuning."""
+    if not config.training.use_lora:
+        return None
+    rank = config.training.lora_rank
+    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def grpo_arguments(config: PipelineConfig, round_groups: RoundGroups, world: int, output_dir: str) -> GRPOConfig:
+    """TRL's settings for one update of the round: one generation batch of every group, reused for every step."""
+    per_rank = len(round_groups.slots) // world
+    return GRPOConfig(
+        output_dir=output_dir,
+        # One generation batch holds every group once: each rank takes per_rank whole groups (TRL hands
+        # each rank a consecutive block of the repeated prompts) in micro-batches of group_size rows, and
+        # each optimizer step accumulates over all of them: every group enters every step on one rank.
+        per_device_train_batch_size=config.rollout.group_size,
+        gradient_accumulation_steps=per_rank,
+        steps_per_generation=per_rank,
+        num_generations=config.rollout.group_size,
+        num_iterations=config.training.steps_per_round,
+        max_steps=config.training.steps_per_round,
+        learning_rate=config.training.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        beta=config.training.beta,
+        epsilon=config.training.epsilon_low,
+        epsilon_high=config.training.epsilon_high,
+        # TRL scales logits by this before taking logprobs: it must match the sampling temperature.
+        temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0,
+        max_completion_length=round_groups.longest_completion,
+        mask_truncated_completions=False,
+        shuffle_dataset=False,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=config.seed,
+        dataloader_num_workers=0,
+    )
+
+
+def use_reference(trainer: GRPOTrainer, reference_checkpoint: Path) -> None:
+    """Make ``reference_checkpoint`` the model TRL's KL penalty is taken against, prepared the way TRL prepares its own."""
+    reference, _ = load_policy(reference_checkpoint)
+    if trainer.ref_model is not None:
+        # Full weights: TRL built its reference from the input checkpoint and prepared it (dropout off,
+        # fused log-prob head, accelerator placement); only the weights change.
+        target = trainer.accelerator.unwrap_model(trainer.ref_model)
+        try:
+            target.load_state_dict(reference.state_dict())
+        except RuntimeError as exc:
+            raise DataError(f"The KL reference {reference_checkpoint} does not fit the policy's architecture: {exc}") from exc
+        return
+    # LoRA: TRL keeps no reference model and disables the adapter instead, which gives the input
+    # checkpoint. A reference model, when present, takes precedence; prepare it as TRL does its own
+    # (grpo_arguments leaves cast_lm_head_to_fp32 off, so the head stays as loaded).
+    if isinstance(trainer.args, GRPOConfig) and trainer.args.disable_dropout:
+        disable_dropout_in_model(reference)
+    add_fused_lm_head(reference, temperature=trainer.temperature, cast_lm_head_to_fp32=False)
+    trainer.ref_model = trainer.accelerator.prepare_model(reference, evaluation_mode=True)
+
+
+def write_trained(model: Any, tokenizer: Any, lora: bool, folder: Path) -> None:
+    """A checkpoint folder of the trained policy: merged weights and tokenizer, with LoRA its adapter too."""
+    if lora:
+        model.save_pretrained(folder / ADAPTER_SUBDIR, safe_serialization=True)
+        model = model.merge_and_unload()
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+
+
+def save_from_ranks(trainer: GRPOTrainer, checkpoint_in: Path, out_dir: Path, tokenizer: Any, lora: LoraConfig | None) -> None:
+    """Save a checkpoint trained by several ranks: every rank helps gather the weights, rank 0 alone writes them.
+
+    Gathering is a collective (DeepSpeed ZeRO-3 and FSDP hold a shard per rank), so every rank calls it;
+    rank 0 then loads the gathered weights into a fresh copy of the input checkpoint and writes the
+    same files as a single-process update, atomically.
+    """
+    accelerator = trainer.accelerator
+    state_dict = accelerator.get_state_dict(trainer.model_wrapped)
+    if accelerator.is_main_process:
+        trained, _ = load_policy(checkpoint_in)
+        if lora is not None:
+            trained = get_peft_model(trained, lora)
+        trained.load_state_dict({k: v.detach().cpu() for k, v in state_dict.items()})
+        save_atomically(out_dir, functools.partial(write_trained, trained, tokenizer, lora is not None))
+    accelerator.wait_for_everyone()
+
+
+def summarize_logs(log_history: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean over optimizer steps of every numeric value TRL logged (loss, kl, clip ratios, rewards...)."""
+    sums: dict[str, list[float]] = defaultdict(list)
+    for entry in log_history:
+        for key, value in entry.items():
+            if key not in _IGNORED_LOG_KEYS and isinstance(value, (int, float)):
+                sums[key].append(float(value))
+    return {key: sum(values) / len(values) for key, values in sums.items()}
+
+
+def train(checkpoint_in: Path, round_groups: RoundGroups, config: PipelineConfig, out_dir: Path, reference_checkpoint: Path) -> dict[str, Any]:
+    """Train the policy at checkpoint_in on this process's groups of the round; the checkpoint goes to out_dir.
+
+    Returns the update's statistics: the per-step means of what TRL logged (kl, clip_ratio/*, reward,
+    ...), the round's group counts, loss, steps, this process's rank and the task ids it trained.
+    """
+    started = time.perf_counter()
+    world = world_size()
+    slots = round_groups.slots
+    if len(slots) % world:
+        raise DataError(
+            f"{len(slots)} groups (segment slots of {round_groups.task_groups} tasks) cannot be shared evenly by {world} "
+            "training processes: every rank trains on whole groups and the same number of them. Launch a process count "
+            "that divides the groups (tasks/launch.py does)."
+        )
+    torch.set_num_threads(config.policy.torch_threads)
+    model, tokenizer = load_policy(checkpoint_in)
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    rollouts = StoredRollouts(round_groups, pad_token_id)
+    lora = lora_config(config)
+    with tempfile.TemporaryDirectory(prefix="grpo-") as scratch:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the rollout hook is flagged experimental on every construction
+            trainer = ReplayGRPOTrainer(
+                model=model,
+                reward_funcs=[stored_reward],
+                args=grpo_arguments(config, round_groups, world, scratch),
+                train_dataset=Dataset.from_dict({"prompt": list(slots)}),
+                processing_class=tokenizer,
+                rollout_func=rollouts,
+                peft_config=lora,
+            )
+        # TRL's own reference is the input checkpoint; another one is loaded only when the penalty is on.
+        if config.training.beta > 0 and reference_checkpoint.resolve() != checkpoint_in.resolve():
+            use_reference(trainer, reference_checkpoint)
+        # The stage returns TRL's logs as statistics; printing every step would bury the round table.
+        trainer.remove_callback(PrinterCallback)
+        result = trainer.train()
+        if world == 1:
+            save_atomically(out_dir, functools.partial(write_trained, trainer.model, tokenizer, lora is not None))
+        else:
+            save_from_ranks(trainer, checkpoint_in, out_dir, tokenizer, lora)
+    return {
+        **summarize_logs(trainer.state.log_history),
+        **round_groups.statistics(),
+        "skipped": False,
+        "loss": float(result.training_loss),
+        "steps": int(result.global_step),
+        "groups": round_groups.task_groups,
+        "segment_groups": len(slots),
+        "processes": world,
+        "rank": trainer.accelerator.process_index,
+        "task_ids": rollouts.task_ids,
+        "kl_reference_checkpoint": str(reference_checkpoint),
+        "duration_s": round(time.perf_counter() - started, 3),
+    }
