@@ -59,7 +59,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
 from agent.checkpoints import ADAPTER_SUBDIR, save_atomically
-from agent.engine import load_policy
+from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from tasks.grpo_groups import RoundGroups, replay_rows

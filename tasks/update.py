@@ -28,7 +28,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from agent.checkpoints import ADAPTER_SUBDIR, save_atomically
-from agent.engine import load_policy
+from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError, is_retryable
 from coevolve.optional import optional_module
