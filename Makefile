@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # A CPU build on machines without CUDA; set TORCH_SPEC="torch" on a GPU machine to take the CUDA build.
+# The lock (constraints.txt) leaves torch to this spec, so a bare "torch" takes the newest release there;
+# TORCH_SPEC="torch==2.13.0" from the package registry is the CUDA build of the version the tests ran on.
 TORCH_SPEC ?= torch==2.13.0
 BFCL_SPEC ?= bfcl-eval==2026.3.23
 # all-MiniLM-L6-v2 for the optional near-duplicate check; its declared sentence-transformers is not needed.
