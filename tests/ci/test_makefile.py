@@ -1,0 +1,43 @@
+"""The Makefile's contract with CI and fresh clones, read from `make -n` (commands printed, none run):
+`make test` lints before it tests, and every resolving install goes through the lock."""
+
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _planned(tmp_path: Path, *targets: str) -> list[str]:
+    # A venv path that does not exist yet, so make plans the whole install as on a fresh clone.
+    venv = tmp_path / "venv"
+    out = subprocess.run(
+        ["make", "-n", f"VENV={venv}", f"VLLM_VENV={tmp_path / 'vllm'}", *targets],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return out.stdout.splitlines()
+
+
+def test_make_test_runs_ruff_format_and_mypy_before_the_tests(tmp_path):
+    lines = _planned(tmp_path, "test")
+    position = {
+        tool: next(i for i, line in enumerate(lines) if tool in line)
+        for tool in ("ruff check", "ruff format --check", "bin/mypy", "-m pytest")
+    }
+    assert position["ruff check"] < position["-m pytest"]
+    assert position["ruff format --check"] < position["-m pytest"]
+    assert position["bin/mypy"] < position["-m pytest"]
+
+
+def test_every_resolving_install_is_constrained_and_torch_stays_free_on_gpu_machines(tmp_path):
+    lines = _planned(tmp_path, "setup", "setup-vllm", "TORCH_SPEC=torch")
+    installs = [line for line in lines if "pip install" in line and "--no-deps" not in line]
+    assert installs
+    for line in installs:
+        assert "-c constraints" in line, line
+    torch_line = next(line for line in installs if '"torch"' in line)
+    assert "+cpu" not in torch_line
+    assert "torch" not in (REPO / "constraints.txt").read_text().split()
