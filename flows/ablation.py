@@ -35,14 +35,15 @@ from coevolve.config import PipelineConfig
 from coevolve.settings import apply_settings
 from coevolve.errors import ConfigError, DataError
 from coevolve.records import Task, canonical_json, digest
+from coevolve.stages import PrepareInput
 from flows.evaluate import coevolve_evaluate
 from flows.round import coevolve_round
-from flows.stage import run_slot
+from flows.stage import run_slot, run_stage
 from storage.pool import pool_digest
-from tasks.common import DEV_ROUND, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, checkpoint_digest, open_warehouse, round_lock
-from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, evaluate_checkpoint
-from tasks.prepare import prepare_task
+from tasks.common import checkpoint_digest, open_warehouse, round_lock
+from tasks.evaluate import evaluate_checkpoint
 from tasks.report import FINAL_SPLIT, report_task
+from tasks.splits import DEV_ROUND, DEV_SPLIT, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, HELDOUT_SPLIT
 from tasks.update import save_atomically, trained_on
 from tasks.version import round_settings
 
@@ -203,8 +204,8 @@ def score_once(config: PipelineConfig, checkpoint: str, tasks: list[Task], round
     with open_warehouse(config) as wh:
         stored = wh.evaluation_outcomes(config.run_id, round_, FINAL_SPLIT)
     if len(stored) < len(tasks):
-        evaluate_checkpoint(config, checkpoint, tasks, round_, FINAL_SPLIT)
         with open_warehouse(config) as wh:
+            evaluate_checkpoint(config, wh, checkpoint, tasks, round_, FINAL_SPLIT)
             stored = wh.evaluation_outcomes(config.run_id, round_, FINAL_SPLIT)
     return stored
 
@@ -268,7 +269,7 @@ def coevolve_ablation(
         source = first_of_seed.setdefault(seed, cfg)
         if source is not cfg and rounds > 0:
             with run_slot(cfg, 0), round_lock(cfg, 0):
-                prepare_task(cfg, 0)  # recorded, so the round resumes after it
+                run_stage(cfg, PrepareInput(round_=0))  # recorded, so the round resumes after it
                 copied = copy_round0(source, cfg)
             shared = f"copied from {copied}" if copied else "computed here"
             get_run_logger().info("%s: round 0's rollout, update and evaluation %s", cfg.run_id, shared)

@@ -41,6 +41,7 @@ import pyarrow as pa
 
 from coevolve.errors import DataError
 from coevolve.records import Candidate, RoundSummary, Segment, Signal, Step, Task, Trajectory
+from coevolve.stages import CLEARING_ORDER
 from storage.catalog import PLACEHOLDER_RUN, Catalog
 from storage.columns import SCHEMAS, conform, read_calls, tool_call_counts, trajectory_tables
 from storage.migrations import LATEST_VERSION, VIEWS
@@ -49,8 +50,8 @@ from storage.tables import STALE_PARTIAL_S, TableFiles
 # The file the single-file layout kept beside today's warehouse folder (``<state_dir>/warehouse.duckdb``).
 SINGLE_FILE_NAME = "warehouse.duckdb"
 
-# Stage order of one round; clear_round drops a stage and every stage after it.
-STAGES: tuple[str, ...] = ("rollout", "mine", "synthesize", "validate", "update", "evaluate", "version")
+# The stages a round may clear, in round order; clear_round drops a stage and every stage after it.
+STAGES: tuple[str, ...] = CLEARING_ORDER
 
 # Rows a stage writes for its own round, deleted when that stage is cleared for a re-run.
 _STAGE_TABLES: dict[str, tuple[str, ...]] = {

@@ -382,8 +382,8 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from storage.pool import pool_digest  # noqa: E402
 from storage.tracking import Tracker  # noqa: E402
-from tasks.common import HELDOUT_ROUND, open_warehouse  # noqa: E402
-from tasks.evaluate import HELDOUT_SPLIT  # noqa: E402
+from tasks.common import open_warehouse  # noqa: E402
+from tasks.splits import HELDOUT_ROUND, HELDOUT_SPLIT  # noqa: E402
 
 
 def _tested_outcomes(wh: Any, run: dict[str, Any]) -> dict[str, Any]:

@@ -56,13 +56,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
+from prefect import get_run_logger
 
 from agent.engine import load_policy
 from coevolve.config import PipelineConfig
-from coevolve.errors import DataError, is_retryable
+from coevolve.errors import DataError
 from coevolve.records import Segment, Trajectory, digest
+from coevolve.stages import UpdateInput, UpdateOutput
+from tasks.registry import stage
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -457,24 +458,18 @@ def grpo_update(
     }
 
 
-@task(name="update", retries=1, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
-def update_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
+@stage("update", retries=1)
+def update_stage(config: PipelineConfig, wh: Warehouse, inputs: UpdateInput) -> UpdateOutput:
     """Train checkpoint ``round_`` on the round's stored groups; checkpoint ``round_ + 1`` goes to the run folder."""
-    from prefect import get_run_logger
+    from tasks.launch import launch_update  # tasks/launch.py imports this module
 
-    from tasks.common import resumable
-
-    def compute(wh: Warehouse) -> dict:
-        trajectories = wh.trajectories(config.run_id, round_)
-        out_dir = config.checkpoint_dir(round_ + 1)
-        reference = kl_reference_checkpoint(config, checkpoint)
-        if uses_launcher(config):
-            from tasks.launch import launch_update
-
-            stats = launch_update(Path(checkpoint), trajectories, config, round_, out_dir, reference_checkpoint=reference)
-        else:
-            stats = grpo_update(Path(checkpoint), trajectories, config, out_dir, reference_checkpoint=reference)
-        get_run_logger().info("round %d: GRPO %s", round_, {k: stats[k] for k in ("groups", "steps", "loss", "skipped") if k in stats})
-        return {"checkpoint": str(out_dir), "stats": stats, "trained_on": trained_on(trajectories, config.rollout.group_size)}
-
-    return resumable(config, round_, "update", compute)
+    round_, checkpoint = inputs.round_, inputs.checkpoint
+    trajectories = wh.trajectories(config.run_id, round_)
+    out_dir = config.checkpoint_dir(round_ + 1)
+    reference = kl_reference_checkpoint(config, checkpoint)
+    if uses_launcher(config):
+        stats = launch_update(Path(checkpoint), trajectories, config, round_, out_dir, reference_checkpoint=reference)
+    else:
+        stats = grpo_update(Path(checkpoint), trajectories, config, out_dir, reference_checkpoint=reference)
+    get_run_logger().info("round %d: GRPO %s", round_, {k: stats[k] for k in ("groups", "steps", "loss", "skipped") if k in stats})
+    return UpdateOutput(checkpoint=str(out_dir), stats=stats, trained_on=trained_on(trajectories, config.rollout.group_size))
