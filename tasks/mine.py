@@ -15,11 +15,11 @@ reward, tool_sequence), as a frame or as a lazy scan of the warehouse's files (t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import dataclasses
 import gc
 from fractions import Fraction
+from typing import TYPE_CHECKING
+
 from prefect import get_run_logger
 
 from coevolve.config import PipelineConfig, SignalConfig

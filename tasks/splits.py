@@ -12,9 +12,8 @@ which no training round ever draws) and the names its evaluation rows carry.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import random
+from typing import TYPE_CHECKING
 
 from coevolve.config import PipelineConfig
 from coevolve.records import Message, Task, digest
