@@ -42,16 +42,17 @@ from coevolve.config import PipelineConfig
 from coevolve.settings import apply_settings
 from coevolve.errors import ConfigError, DataError
 from coevolve.records import Task, canonical_json, digest
+from coevolve.stages import PrepareInput
 from flows.evaluate import coevolve_evaluate
 from flows.round import coevolve_round
-from flows.stage import run_slot
+from flows.stage import run_slot, run_stage
 from storage.pool import pool_digest
 from storage.tracking import Tracker
-from tasks.common import DEV_ROUND, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, open_warehouse, round_lock
-from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, evaluate_checkpoint
+from tasks.common import open_warehouse, round_lock
+from tasks.evaluate import evaluate_checkpoint
 from tasks.grpo_groups import trained_on
-from tasks.prepare import prepare_task
 from tasks.report import FINAL_SPLIT, report_task
+from tasks.splits import DEV_ROUND, DEV_SPLIT, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, HELDOUT_SPLIT
 from tasks.version import round_settings
 
 # Arm name -> configuration overrides. "full" is the configuration as given.
@@ -211,8 +212,8 @@ def score_once(config: PipelineConfig, checkpoint: str, tasks: list[Task], round
     with open_warehouse(config) as wh:
         stored = wh.evaluation_outcomes(config.run_id, round_, FINAL_SPLIT)
     if len(stored) < len(tasks):
-        evaluate_checkpoint(config, checkpoint, tasks, round_, FINAL_SPLIT)
         with open_warehouse(config) as wh:
+            evaluate_checkpoint(config, wh, checkpoint, tasks, round_, FINAL_SPLIT)
             stored = wh.evaluation_outcomes(config.run_id, round_, FINAL_SPLIT)
     return stored
 
@@ -260,7 +261,7 @@ def score_checkpoint0(base: PipelineConfig, name: str, first: PipelineConfig) ->
     0's held-out and dev scores from the first run (``checkpoint0_scores_from``) and share one baseline.
     """
     with run_slot(first, 0), round_lock(first, 0):
-        prepare_task(first, 0)  # recorded, so the run's round 0 resumes after it
+        run_stage(first, PrepareInput(round_=0))  # recorded, so the run's round 0 resumes after it
     tasks, prepared = final_heldout_of(first)
     if not tasks:
         return {}
@@ -290,7 +291,7 @@ def seed_chain(
         cfg = PipelineConfig.model_validate(cfg_data)
         if source is not None and rounds > 0:
             with run_slot(cfg, 0), round_lock(cfg, 0):
-                prepare_task(cfg, 0)  # recorded, so the round resumes after it
+                run_stage(cfg, PrepareInput(round_=0))  # recorded, so the round resumes after it
                 copied = copy_round0(source, cfg)
             shared = f"copied from {copied}" if copied else "computed here"
             get_run_logger().info("%s: round 0's rollout, update and evaluation %s", cfg.run_id, shared)

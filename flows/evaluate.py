@@ -16,8 +16,14 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from coevolve.config import PipelineConfig
+from coevolve.optional import optional_module
 from coevolve.settings import apply_settings
-from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, category_name, evaluate_split_task, evaluation_round, multi_turn_overall
+from tasks.common import open_warehouse
+from tasks.evaluate import category_name, evaluate_split_task, evaluation_round, multi_turn_overall
+from tasks.splits import DEV_SPLIT, HELDOUT_SPLIT
+
+# MLflow takes seconds to import; only logging an evaluation needs it.
+tracking = optional_module("storage.tracking")
 
 DEFAULT_CATEGORIES = ["multi_turn_base"]
 
@@ -30,9 +36,7 @@ def evaluation_run_name(config: PipelineConfig, checkpoint: str, round_: int) ->
 
 def log_evaluation(config: PipelineConfig, checkpoint: str, round_: int, results: dict[str, dict[str, Any]], flow_run_id: str) -> str:
     """Per-split accuracy and task counts as one MLflow run; returns its id."""
-    from storage.tracking import Tracker
-
-    tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
+    tracker = tracking.Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
     metrics = {f"accuracy.{split}": r["accuracy"] for split, r in results.items()}
     metrics.update({f"tasks.{split}": r["tasks"] for split, r in results.items()})
     overall = multi_turn_overall({split: r["accuracy"] for split, r in results.items()})
@@ -72,7 +76,9 @@ def coevolve_evaluate(
     cfg = PipelineConfig.model_validate(config or {})
     apply_settings(cfg)  # a worker started anywhere runs like the CLI
     splits = [category_name(c) for c in categories] + ([HELDOUT_SPLIT] if heldout else []) + ([DEV_SPLIT] if dev else [])
-    round_ = evaluation_round(cfg, checkpoint) if round_ is None else round_
+    if round_ is None:
+        with open_warehouse(cfg) as wh:
+            round_ = evaluation_round(cfg, wh, checkpoint)
     results = {split: evaluate_split_task(cfg, checkpoint, split, round_, limit) for split in splits}
     log_evaluation(cfg, checkpoint, round_, results, str(flow_run.get_id() or ""))
     return {split: r["accuracy"] for split, r in results.items()}

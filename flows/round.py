@@ -18,10 +18,19 @@ from prefect.runtime import flow_run
 
 from coevolve.config import PipelineConfig
 from coevolve.settings import apply_settings
+from coevolve.stages import (
+    EvaluateInput,
+    MineInput,
+    PrepareInput,
+    RolloutInput,
+    SynthesizeInput,
+    UpdateInput,
+    ValidateInput,
+    VersionInput,
+)
 from flows.stage import run_slot, run_stage
 from tasks.common import open_warehouse, round_lock
-from tasks.prepare import prepare_task
-from tasks.version import finish_round, round_settings, version_task
+from tasks.version import finish_round, round_settings
 
 
 @flow(name="coevolve-round", flow_run_name="round-{round_}")
@@ -35,18 +44,16 @@ def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dic
         with open_warehouse(cfg) as wh:
             if round_ == 0 or wh.stage_output(cfg.run_id, round_ - 1, "version") is not None:
                 wh.start_round(cfg.run_id, round_, str(flow_run.get_id() or ""), round_settings(cfg))
-        prepared = prepare_task(cfg, round_)
-        rollout = run_stage(cfg, "rollout", round_=round_, checkpoint=prepared["checkpoint"])
-        mined = run_stage(cfg, "mine", round_=round_)
-        synthesized = run_stage(cfg, "synthesize", round_=round_, selected=mined.selected)
-        validated = run_stage(cfg, "validate", round_=round_, candidates=synthesized.candidates)
-        updated = run_stage(cfg, "update", round_=round_, checkpoint=prepared["checkpoint"])
-        evaluated = run_stage(cfg, "evaluate", round_=round_, checkpoint=updated.checkpoint)
-        outputs = {
-            name: output.model_dump(mode="json")
-            for name, output in (("rollout", rollout), ("mine", mined), ("validate", validated), ("update", updated), ("evaluate", evaluated))
-        }
-        summary = version_task(cfg, round_, outputs)
+        prepared = run_stage(cfg, PrepareInput(round_=round_))
+        rollout = run_stage(cfg, RolloutInput(round_=round_, checkpoint=prepared.checkpoint))
+        mined = run_stage(cfg, MineInput(round_=round_))
+        synthesized = run_stage(cfg, SynthesizeInput(round_=round_, selected=mined.selected))
+        validated = run_stage(cfg, ValidateInput(round_=round_, candidates=synthesized.candidates))
+        updated = run_stage(cfg, UpdateInput(round_=round_, checkpoint=prepared.checkpoint))
+        evaluated = run_stage(cfg, EvaluateInput(round_=round_, checkpoint=updated.checkpoint))
+        versioned = run_stage(
+            cfg, VersionInput(round_=round_, rollout=rollout, mine=mined, validate_=validated, update=updated, evaluate=evaluated)
+        )
         # After the version stage's record: a crash in between re-runs this step only (see finish_round).
-        finish_round(cfg, round_, summary)
-    return {**summary, "baseline_heldout_success": prepared.get("baseline_heldout_success")}
+        finish_round(cfg, round_, versioned)
+    return {**versioned.model_dump(mode="json"), "baseline_heldout_success": prepared.baseline_heldout_success}

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from coevolve.errors import DataError
+from coevolve.stages import CLEARING_ORDER
 from storage.catalog import PLACEHOLDER_RUN, Catalog, record_time
 from storage.columns import SCHEMAS
 from storage.layouts import LATEST_VERSION
@@ -44,8 +45,8 @@ from storage.views import CATALOG_COLUMNS
 # The file the single-file layout kept beside today's warehouse folder (``<state_dir>/warehouse.duckdb``).
 SINGLE_FILE_NAME = "warehouse.duckdb"
 
-# Stage order of one round; clear_round drops a stage and every stage after it.
-STAGES: tuple[str, ...] = ("rollout", "mine", "synthesize", "validate", "update", "evaluate", "version")
+# The stages a round may clear, in round order; clear_round drops a stage and every stage after it.
+STAGES: tuple[str, ...] = CLEARING_ORDER
 
 # Rows a stage writes for its own round, deleted when that stage is cleared for a re-run.
 _STAGE_TABLES: dict[str, tuple[str, ...]] = {

@@ -5,9 +5,9 @@ validator refuses any candidate equal to one, so the policy never trains on them
 categories are the BFCL v3 multi-turn entries (all 200 of multi_turn_base is the paper's protocol).
 Results go to the warehouse's ``evaluations`` table, one row per task, under
 (run, round, split); the split of an official category is its name, so a long-context entry and
-its base twin (same task_id) never share a key.
+its base twin (same task_id) never share a key. The splits themselves belong to tasks/splits.py.
 
-The round flow calls ``evaluate_task``; ``flows/evaluate.py`` (``coevolve evaluate``) calls
+The round flow runs the ``evaluate`` stage; ``flows/evaluate.py`` (``coevolve evaluate``) calls
 ``evaluate_split_task`` once per split.
 """
 
@@ -17,28 +17,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from agent.engines import context_length, open_engine, release
 from coevolve.config import PipelineConfig
-from coevolve.errors import ConfigError
+from coevolve.errors import ConfigError, is_retryable
 from coevolve.records import Task
-from agent.engines import release
-from envs.bfcl import CATEGORIES
-from tasks.common import DEV_ROUND, HELDOUT_ROUND, engine_session, load_engine, max_context, open_warehouse
+from coevolve.stages import EvaluateInput, EvaluateOutput
+from envs.bfcl import CATEGORIES, official_tasks
+from tasks.common import open_warehouse
+from tasks.registry import stage
 from tasks.rollout import play_episodes, success_rate
-from tasks.splits import build_dev_split, build_initial_pools
+from tasks.splits import DEV_SPLIT, EXTERNAL_ROUND, HELDOUT_ROUND, HELDOUT_SPLIT, dev_eval_tasks, dev_split, heldout_split
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
 
-HELDOUT_SPLIT = "heldout"
-# Synthetic tasks for choosing settings (tasks/prepare.build_dev_split); never trained on, never reported as held-out.
-DEV_SPLIT = "dev"
-# Evaluation rows of a checkpoint that no round of the run produced (a hub model, a checkpoint
-# from elsewhere): they share this round, so the newest such evaluation replaces the previous one.
-EXTERNAL_ROUND = -2
-
 
 def evaluate_checkpoint(
     config: PipelineConfig,
+    wh: Warehouse,
     checkpoint: str,
     tasks: list[Task],
     round_: int,
@@ -52,7 +51,7 @@ def evaluate_checkpoint(
     if not tasks:
         return 0.0
     owned = engine is None
-    engine = engine or load_engine(checkpoint, config)
+    engine = engine or open_engine(checkpoint, config)
     try:
         trajectories = play_episodes(
             engine,
@@ -63,7 +62,7 @@ def evaluate_checkpoint(
             env_config=config.environment,
             run_id=config.run_id,
             round_=round_,
-            max_context_tokens=max_context(engine),
+            max_context_tokens=context_length(engine),
             batch_size=config.rollout.generate_batch,
             desc=f"evaluate {split}",
             seed=config.seed,  # greedy ignores it; a sampled evaluation (eval_temperature > 0) replays
@@ -71,17 +70,13 @@ def evaluate_checkpoint(
     finally:
         if owned:
             release(engine)
-    with open_warehouse(config) as wh:
-        wh.write_evaluations(
-            config.run_id,
-            round_,
-            split,
-            [(t.task_id, t.success, t.reward, t.trajectory_id) for t in trajectories],
-        )
+    wh.write_evaluations(config.run_id, round_, split, [(t.task_id, t.success, t.reward, t.trajectory_id) for t in trajectories])
     return success_rate(trajectories)
 
 
-def evaluate_splits(config: PipelineConfig, checkpoint: str, splits: dict[str, list[Task]], round_: int) -> dict[str, float]:
+def evaluate_splits(
+    config: PipelineConfig, wh: Warehouse, checkpoint: str, splits: dict[str, list[Task]], round_: int
+) -> dict[str, float]:
     """``evaluate_checkpoint`` on several splits with one model load; no load at all when every split is empty.
 
     An empty split scores 0.0, as in ``evaluate_checkpoint``: a run without held-out or dev tasks
@@ -89,25 +84,12 @@ def evaluate_splits(config: PipelineConfig, checkpoint: str, splits: dict[str, l
     """
     if not any(splits.values()):
         return {split: 0.0 for split in splits}
-    with engine_session(checkpoint, config) as engine:
-        return {split: evaluate_checkpoint(config, checkpoint, tasks, round_, split, engine=engine) for split, tasks in splits.items()}
-
-
-def dev_eval_tasks(config: PipelineConfig, wh: Warehouse) -> list[Task]:
-    """The first ``rollout.dev_eval_tasks`` tasks of the dev split (tasks/splits.build_dev_split), none when it is 0.
-
-    The split is read from the run's pool DEV_ROUND (the prepare stage stores it there); a run
-    without it gets it built and stored there, where validation reads it to refuse dev tasks.
-    """
-    limit = config.rollout.dev_eval_tasks
-    if limit <= 0:
-        return []
-    dev = wh.pool(config.run_id, DEV_ROUND)
-    if not dev:
-        from tasks.prepare import store_dev_split
-
-        dev = store_dev_split(config)
-    return dev[:limit]
+    # Released before returning: vLLM shut down, GPU memory and connections freed.
+    engine = open_engine(checkpoint, config)
+    try:
+        return {split: evaluate_checkpoint(config, wh, checkpoint, tasks, round_, split, engine=engine) for split, tasks in splits.items()}
+    finally:
+        release(engine)
 
 
 def multi_turn_overall(accuracies: Mapping[str, float]) -> float | None:
@@ -131,33 +113,21 @@ def category_name(name: str) -> str:
     return full
 
 
-def split_tasks(config: PipelineConfig, split: str, limit: int | None = None) -> list[Task]:
-    """The tasks of one split: the run's held-out pool, the dev split, or every entry of an official category.
+def split_tasks(config: PipelineConfig, wh: Warehouse, split: str, limit: int | None = None) -> list[Task]:
+    """The tasks of one split: the run's held-out split, its dev split, or every entry of an official category.
 
-    A run without a held-out split yet gets the one its round 0 would build (same seed, same tasks).
+    A run without a held-out or dev split yet gets the one its round 0 would build (same seed, same tasks).
     """
     if split == DEV_SPLIT:
-
-        tasks = build_dev_split(config)
-        with open_warehouse(config) as wh:
-            wh.write_tasks(tasks)
+        tasks = dev_split(config, wh)
     elif split == HELDOUT_SPLIT:
-        with open_warehouse(config) as wh:
-            tasks = wh.pool(config.run_id, HELDOUT_ROUND)
-        if not tasks:
-
-            tasks = build_initial_pools(config)[1]
-            with open_warehouse(config) as wh:
-                wh.write_tasks(tasks)
-                wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in tasks])
+        tasks = heldout_split(config, wh)
     else:
-        from envs.bfcl import official_tasks
-
         tasks = official_tasks(category_name(split))
     return tasks[:limit] if limit is not None else tasks
 
 
-def evaluation_round(config: PipelineConfig, checkpoint: str) -> int:
+def evaluation_round(config: PipelineConfig, wh: Warehouse, checkpoint: str) -> int:
     """The round a checkpoint's evaluation rows belong to, as the round flow stores them.
 
     Round r's update writes checkpoint r+1 and its held-out rows go under round r; checkpoint 0
@@ -167,47 +137,40 @@ def evaluation_round(config: PipelineConfig, checkpoint: str) -> int:
     def same(path: str | None) -> bool:
         return bool(path) and Path(path).resolve() == Path(checkpoint).resolve()
 
-    with open_warehouse(config) as wh:
-        for summary in wh.rounds(config.run_id):
-            if same(summary.checkpoint):
-                return summary.round
-        prepared = wh.stage_output(config.run_id, 0, "prepare") or {}
+    for summary in wh.rounds(config.run_id):
+        if same(summary.checkpoint):
+            return summary.round
+    prepared = wh.stage_output(config.run_id, 0, "prepare") or {}
     return HELDOUT_ROUND if same(prepared.get("checkpoint")) else EXTERNAL_ROUND
 
 
-# --- Prefect task -------------------------------------------------------------------------------
-from prefect import get_run_logger, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import resumable  # noqa: E402
+# --- Prefect tasks ------------------------------------------------------------------------------
 
 
-@task(name="evaluate", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
-def evaluate_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
+@stage("evaluate", retries=2, retry_delay_seconds=5)
+def evaluate_stage(config: PipelineConfig, wh: Warehouse, inputs: EvaluateInput) -> EvaluateOutput:
     """Score checkpoint ``round_ + 1`` on the held-out split, and on the first ``rollout.dev_eval_tasks`` dev tasks.
 
     Dev rows are stored under the round with split DEV_SPLIT; the output then also holds ``dev_success``.
     """
-
-    def compute(wh: Warehouse) -> dict:
-        heldout = wh.pool(config.run_id, HELDOUT_ROUND)
-        dev = dev_eval_tasks(config, wh)
-        rates = evaluate_splits(config, checkpoint, {HELDOUT_SPLIT: heldout, DEV_SPLIT: dev}, round_)
-        get_run_logger().info("round %d: held-out success %.3f on %d tasks", round_, rates[HELDOUT_SPLIT], len(heldout))
-        out = {"heldout_success": rates[HELDOUT_SPLIT], "heldout_tasks": len(heldout)}
-        if dev:
-            get_run_logger().info("round %d: dev success %.3f on %d tasks", round_, rates[DEV_SPLIT], len(dev))
-            out |= {"dev_success": rates[DEV_SPLIT], "dev_tasks": len(dev)}
-        return out
-
-    return resumable(config, round_, "evaluate", compute)
+    round_ = inputs.round_
+    heldout = wh.pool(config.run_id, HELDOUT_ROUND)
+    dev = dev_eval_tasks(config, wh)
+    rates = evaluate_splits(config, wh, inputs.checkpoint, {HELDOUT_SPLIT: heldout, DEV_SPLIT: dev}, round_)
+    get_run_logger().info("round %d: held-out success %.3f on %d tasks", round_, rates[HELDOUT_SPLIT], len(heldout))
+    if not dev:
+        return EvaluateOutput(heldout_success=rates[HELDOUT_SPLIT], heldout_tasks=len(heldout))
+    get_run_logger().info("round %d: dev success %.3f on %d tasks", round_, rates[DEV_SPLIT], len(dev))
+    return EvaluateOutput(
+        heldout_success=rates[HELDOUT_SPLIT], heldout_tasks=len(heldout), dev_success=rates[DEV_SPLIT], dev_tasks=len(dev)
+    )
 
 
 @task(name="evaluate-split", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
 def evaluate_split_task(config: PipelineConfig, checkpoint: str, split: str, round_: int, limit: int | None = None) -> dict:
-    """Score ``checkpoint`` greedily on one split (``heldout`` or an official category) and store the rows."""
-    tasks = split_tasks(config, split, limit)
-    rate = evaluate_checkpoint(config, checkpoint, tasks, round_, split)
+    """Score ``checkpoint`` greedily on one split (``heldout``, ``dev`` or an official category) and store the rows."""
+    with open_warehouse(config) as wh:
+        tasks = split_tasks(config, wh, split, limit)
+        rate = evaluate_checkpoint(config, wh, checkpoint, tasks, round_, split)
     get_run_logger().info("%s: accuracy %.3f on %d tasks", split, rate, len(tasks))
     return {"split": split, "accuracy": rate, "tasks": len(tasks)}

@@ -20,10 +20,16 @@ import gc
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-import polars as pl
+from prefect import get_run_logger
 
-from coevolve.config import SignalConfig
+from coevolve.config import PipelineConfig, SignalConfig
+from coevolve.optional import optional_module
 from coevolve.records import SIGNAL_KINDS, Signal
+from coevolve.stages import MineInput, MineOutput
+from tasks.registry import stage
+
+# polars takes about half a second to import; the flows import this module, and only mining needs it.
+pl = optional_module("polars")
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -277,24 +283,14 @@ def count_by_kind(signals: list[Signal]) -> dict[str, int]:
 
 
 # --- Prefect task -------------------------------------------------------------------------------
-from prefect import get_run_logger, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from coevolve.config import PipelineConfig  # noqa: E402
-from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import resumable  # noqa: E402
 
 
-@task(name="mine", retries=2, retry_delay_seconds=2, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
-def mine_task(config: PipelineConfig, round_: int) -> dict:
+@stage("mine", retries=2, retry_delay_seconds=2)
+def mine_stage(config: PipelineConfig, wh: Warehouse, inputs: MineInput) -> MineOutput:
     """Mine the round's signals from the warehouse, store them, and pick those synthesis follows."""
-
-    def compute(wh: Warehouse) -> dict:
-        signals = mine_warehouse(wh, config.run_id, round_, config.signals)
-        wh.write_signals(signals)
-        selected = select_for_synthesis(signals, config.signals.max_signals_per_round)
-        counts = count_by_kind(signals)
-        get_run_logger().info("round %d: signals %s, %d selected for synthesis", round_, counts, len(selected))
-        return {"signals": counts, "selected": [s.signal_id for s in selected]}
-
-    return resumable(config, round_, "mine", compute)
+    signals = mine_warehouse(wh, config.run_id, inputs.round_, config.signals)
+    wh.write_signals(signals)
+    selected = select_for_synthesis(signals, config.signals.max_signals_per_round)
+    counts = count_by_kind(signals)
+    get_run_logger().info("round %d: signals %s, %d selected for synthesis", inputs.round_, counts, len(selected))
+    return MineOutput(signals=counts, selected=[s.signal_id for s in selected])

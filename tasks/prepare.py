@@ -11,39 +11,39 @@ of training on it.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
 from agent.checkpoints import checkpoint_digest, checkpoint_folder, verify_checkpoint
+from agent.tiny import build_tiny_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
+from coevolve.optional import optional_module
 from coevolve.records import Task, digest
-from tasks.splits import BUILTIN_TINY, build_dev_split, build_final_heldout, build_initial_pools, sft_demonstrations  # noqa: F401 - stage API
+from coevolve.stages import PrepareInput, PrepareOutput
+from tasks.common import open_warehouse
+from tasks.evaluate import evaluate_splits
+from tasks.registry import stage
+from tasks.splits import (
+    BUILTIN_TINY,
+    DEV_SPLIT,
+    HELDOUT_ROUND,
+    HELDOUT_SPLIT,
+    build_initial_pools,
+    dev_eval_tasks,
+    sft_demonstrations,
+    store_dev_split,
+    store_final_heldout,
+)
+
+# Pool snapshots are Parquet files written with polars: loaded when a pool is written or checked.
+storage_pool = optional_module("storage.pool")
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
-
-def store_dev_split(config: PipelineConfig) -> list[Task]:
-    """Build the dev split and store it under DEV_ROUND, where validation reads it to refuse its tasks."""
-    from tasks.common import DEV_ROUND, open_warehouse
-
-    dev = build_dev_split(config)
-    with open_warehouse(config) as wh:
-        wh.write_tasks(dev)
-        wh.set_pool(config.run_id, DEV_ROUND, [t.task_id for t in dev])
-    return dev
-
-
-def store_final_heldout(config: PipelineConfig) -> list[Task]:
-    """Build the final held-out split (empty when ``rollout.final_heldout_tasks`` is 0) and store it under FINAL_HELDOUT_ROUND.
-
-    Stored at round 0, before any round trains, so validation refuses its tasks from the first round on.
-    """
-    final = build_final_heldout(config)
-    if final:
-        with open_warehouse(config) as wh:
-            wh.write_tasks(final)
-            wh.set_pool(config.run_id, FINAL_HELDOUT_ROUND, [t.task_id for t in final])
-    return final
 
 
 def copied_baseline(wh: Warehouse, config: PipelineConfig, checkpoint_sha: str, splits: dict[str, list[Task]]) -> dict[str, float] | None:
@@ -72,8 +72,6 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
     """
     if config.policy.model != BUILTIN_TINY:
         return config.policy.model
-    from agent.tiny import build_tiny_policy
-
     task_ids, conversations = sft_demonstrations(config, seed_pool, heldout)
     key = digest(
         {
@@ -87,18 +85,13 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
     return str(build_tiny_policy(out_dir, conversations, config.policy, config.start_seed))
 
 
-def verify_pool(config: PipelineConfig, round_: int, expected: str | None) -> None:
+def verify_pool(config: PipelineConfig, wh: Warehouse, round_: int, expected: str | None) -> None:
     """Pool ``round_``'s snapshot file and the warehouse's membership must both match the recorded digest."""
-    from storage.pool import pool_digest, read_pool_snapshot
-    from tasks.common import open_warehouse
-
     path = config.pool_path(round_)
     if not expected:
         raise DataError(f"Pool {round_} of run {config.run_id!r} ({path}) has no recorded digest, so it cannot be verified.")
-    read_pool_snapshot(path, expected_digest=expected)
-    with open_warehouse(config) as wh:
-        pool = wh.pool(config.run_id, round_)
-    actual = pool_digest(pool)
+    storage_pool.read_pool_snapshot(path, expected_digest=expected)
+    actual = storage_pool.pool_digest(wh.pool(config.run_id, round_))
     if actual != expected:
         raise DataError(
             f"Pool {round_} of run {config.run_id!r} in the warehouse {config.warehouse_path} has digest "
@@ -107,7 +100,7 @@ def verify_pool(config: PipelineConfig, round_: int, expected: str | None) -> No
         )
 
 
-def verify_round_inputs(config: PipelineConfig, round_: int) -> str:
+def verify_round_inputs(config: PipelineConfig, wh: Warehouse, round_: int) -> str:
     """The checkpoint and pool round ``round_`` starts from, checked against their recorded digests.
 
     Round 0 starts from checkpoint 0 and D_0 (digests recorded by the prepare stage); round r > 0 from
@@ -115,84 +108,77 @@ def verify_round_inputs(config: PipelineConfig, round_: int) -> str:
     naming the file when the previous round did not finish, or when a checkpoint or pool is missing,
     has no recorded digest, or no longer matches it.
     """
-    from tasks.common import open_warehouse
-
-    with open_warehouse(config) as wh:
-        if round_ == 0:
-            prepared = wh.stage_output(config.run_id, 0, "prepare")
-            updated = versioned = prepared
-        else:
-            updated = wh.stage_output(config.run_id, round_ - 1, "update")
-            versioned = wh.stage_output(config.run_id, round_ - 1, "version")
+    if round_ == 0:
+        prepared = wh.stage_output(config.run_id, 0, "prepare")
+        updated = versioned = prepared
+    else:
+        updated = wh.stage_output(config.run_id, round_ - 1, "update")
+        versioned = wh.stage_output(config.run_id, round_ - 1, "version")
     if updated is None or versioned is None:
         missing = "prepare stage of round 0" if round_ == 0 else f"round {round_ - 1}"
         raise DataError(f"The {missing} of run {config.run_id!r} has not finished; run it before round {round_}.")
     checkpoint = str(updated["checkpoint"])
     what = f"Checkpoint {round_} of run {config.run_id!r}"
     verify_checkpoint(checkpoint, versioned.get("checkpoint_digest"), what, local_only=round_ > 0)
-    verify_pool(config, round_, versioned.get("pool_digest"))
+    verify_pool(config, wh, round_, versioned.get("pool_digest"))
     return checkpoint
 
 
-# --- Prefect task -------------------------------------------------------------------------------
-from prefect import get_run_logger, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import FINAL_HELDOUT_ROUND, HELDOUT_ROUND, open_warehouse, resumable  # noqa: E402
+# --- Prefect tasks ------------------------------------------------------------------------------
 
 
-@task(name="prepare", retries=1, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
-def prepare_task(config: PipelineConfig, round_: int) -> dict:
-    """Round 0: seed pool, held-out split, checkpoint 0. Later rounds: the previous round's checkpoint."""
+def _builds_starting_point(inputs: PrepareInput) -> bool:
+    """Round 0's prepare builds and records the run's starting point; a later round's only checks its inputs."""
+    return inputs.round_ == 0
+
+
+def _check_starting_point(config: PipelineConfig, wh: Warehouse, inputs: PrepareInput, output: PrepareOutput) -> None:
+    """Checkpoint 0 and D_0 against the digests just recorded, or recorded by an earlier attempt."""
+    verify_round_inputs(config, wh, 0)
+
+
+@stage("prepare", retries=1, recorded=_builds_starting_point, check=_check_starting_point)
+def prepare_stage(config: PipelineConfig, wh: Warehouse, inputs: PrepareInput) -> PrepareOutput:
+    """Round 0: seed pool, held-out split, checkpoint 0. Later rounds: the previous round's checkpoint, checked."""
+    if inputs.round_ > 0:
+        return PrepareOutput(checkpoint=verify_round_inputs(config, wh, inputs.round_))
     logger = get_run_logger()
-    if round_ > 0:
-        return {"checkpoint": verify_round_inputs(config, round_)}
-
-    def compute(wh: Warehouse) -> dict:
-        from storage.pool import pool_digest, write_pool_snapshot
-        from tasks.evaluate import DEV_SPLIT, HELDOUT_SPLIT, dev_eval_tasks, evaluate_splits
-
-        seed_pool, heldout = build_initial_pools(config)
-        wh.ensure_run(config.run_id, config.model_dump(mode="json"))
-        wh.write_tasks(seed_pool + heldout)
-        wh.set_pool(config.run_id, 0, [t.task_id for t in seed_pool])
-        wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in heldout])
-        logger.info("seed pool %d tasks, held-out split %d tasks", len(seed_pool), len(heldout))
-        checkpoint = initial_checkpoint(config, seed_pool, heldout)
-        # After checkpoint 0: the builtin policy's SFT set, which the dev split avoids, is built by then.
-        dev = store_dev_split(config)
-        logger.info("dev split %d tasks", len(dev))
-        final = store_final_heldout(config)
-        if final:
-            logger.info("final held-out split %d tasks", len(final))
-        # Checkpoint 0 and D_0 are digested like every later checkpoint and pool, so lineage starts
-        # from recorded files and a resumed round 0 checks them before using them.
-        checkpoint_sha = checkpoint_digest(checkpoint_folder(checkpoint))
-        pool_sha = write_pool_snapshot(seed_pool, config.pool_path(0))
-        # Checkpoint 0 on the first rollout.dev_eval_tasks dev tasks (rows under HELDOUT_ROUND, split "dev"), the dev curve's start.
-        scored = dev_eval_tasks(config, wh)
-        splits = {HELDOUT_SPLIT: heldout, DEV_SPLIT: scored}
-        rates = copied_baseline(wh, config, checkpoint_sha, splits)
-        scored_by = config.rollout.checkpoint0_scores_from if rates is not None else config.run_id
-        if rates is None:
-            rates = evaluate_splits(config, checkpoint, splits, HELDOUT_ROUND)
-        else:
-            logger.info("checkpoint 0's scores copied from run %s (same checkpoint digest, same tasks)", scored_by)
-        baseline, dev_baseline = rates[HELDOUT_SPLIT], (rates[DEV_SPLIT] if scored else None)
-        logger.info("checkpoint 0 at %s: held-out success %.3f", checkpoint, baseline)
-        if scored:
-            logger.info("checkpoint 0: dev success %.3f on %d tasks", dev_baseline, len(scored))
-        return {
-            "checkpoint": checkpoint, "checkpoint_digest": checkpoint_sha, "pool_digest": pool_sha,
-            "pool_size": len(seed_pool), "heldout": len(heldout), "baseline_heldout_success": baseline,
-            "baseline_dev_success": dev_baseline, "checkpoint0_scored_by": scored_by, "final_heldout": len(final),
-            "final_heldout_digest": pool_digest(final) if final else None,
-        }
-
-    prepared = resumable(config, round_, "prepare", compute)
-    verify_round_inputs(config, 0)
-    return prepared
+    seed_pool, heldout = build_initial_pools(config)
+    wh.ensure_run(config.run_id, config.model_dump(mode="json"))
+    wh.write_tasks(seed_pool + heldout)
+    wh.set_pool(config.run_id, 0, [t.task_id for t in seed_pool])
+    wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in heldout])
+    logger.info("seed pool %d tasks, held-out split %d tasks", len(seed_pool), len(heldout))
+    checkpoint = initial_checkpoint(config, seed_pool, heldout)
+    # After checkpoint 0: the builtin policy's SFT set, which the dev split avoids, is built by then.
+    dev = store_dev_split(config, wh)
+    logger.info("dev split %d tasks", len(dev))
+    final = store_final_heldout(config, wh)
+    if final:
+        logger.info("final held-out split %d tasks", len(final))
+    # Checkpoint 0 and D_0 are digested like every later checkpoint and pool, so lineage starts
+    # from recorded files and a resumed round 0 checks them before using them.
+    checkpoint_sha = checkpoint_digest(checkpoint_folder(checkpoint))
+    pool_sha = storage_pool.write_pool_snapshot(seed_pool, config.pool_path(0))
+    # Checkpoint 0 on the first rollout.dev_eval_tasks dev tasks (rows under HELDOUT_ROUND, split "dev"), the dev curve's start.
+    scored = dev_eval_tasks(config, wh)
+    splits = {HELDOUT_SPLIT: heldout, DEV_SPLIT: scored}
+    rates = copied_baseline(wh, config, checkpoint_sha, splits)
+    scored_by = config.rollout.checkpoint0_scores_from if rates is not None else config.run_id
+    if rates is None:
+        rates = evaluate_splits(config, wh, checkpoint, splits, HELDOUT_ROUND)
+    else:
+        logger.info("checkpoint 0's scores copied from run %s (same checkpoint digest, same tasks)", scored_by)
+    baseline, dev_baseline = rates[HELDOUT_SPLIT], (rates[DEV_SPLIT] if scored else None)
+    logger.info("checkpoint 0 at %s: held-out success %.3f", checkpoint, baseline)
+    if scored:
+        logger.info("checkpoint 0: dev success %.3f on %d tasks", dev_baseline, len(scored))
+    return PrepareOutput(
+        checkpoint=checkpoint, checkpoint_digest=checkpoint_sha, pool_digest=pool_sha, pool_size=len(seed_pool),
+        heldout=len(heldout), baseline_heldout_success=baseline, baseline_dev_success=dev_baseline,
+        checkpoint0_scored_by=scored_by, final_heldout=len(final),
+        final_heldout_digest=storage_pool.pool_digest(final) if final else None,
+    )  # fmt: skip
 
 
 def first_unfinished_round(finished: list[int]) -> int:

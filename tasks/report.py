@@ -27,9 +27,9 @@ from coevolve.config import PipelineConfig
 from coevolve.records import SIGNAL_KINDS
 from storage.pool import pool_digest
 from storage.tracking import Tracker
-from tasks.common import HELDOUT_ROUND, open_warehouse
+from tasks.common import open_warehouse
 from tasks.curves import ACCEPTED_KINDS, baseline_of, mean_present, number
-from tasks.evaluate import HELDOUT_SPLIT
+from tasks.splits import HELDOUT_ROUND, HELDOUT_SPLIT
 from tasks.inference import detectable_effect, holm, seed_level_array_test, two_way_test
 from tasks.plots import ablation_curves, mechanism_figures
 

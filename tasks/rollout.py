@@ -35,21 +35,30 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections import Counter
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
+from prefect import get_run_logger
 from tqdm.auto import tqdm
 
-from coevolve.config import EnvironmentConfig, RolloutConfig
-from coevolve.errors import ConfigError
+from agent.engines import context_length, open_engine, release
+from coevolve.config import EnvironmentConfig, PipelineConfig, RolloutConfig
+from coevolve.errors import ConfigError, DataError
+from coevolve.optional import optional_module
 from coevolve.records import Segment, Step, Task, Trajectory
-from envs.bfcl_prompts import BfclConversation
+from coevolve.stages import RolloutInput, RolloutOutput
 from tasks.common import make_environment
+from tasks.registry import stage
+
+# The BFCL prompt handlers load bfcl-eval's model handlers (and openai's types): seconds, needed only
+# when a rollout plays with prompt_style 'bfcl'.
+bfcl_prompts = optional_module("envs.bfcl_prompts")
 
 if TYPE_CHECKING:
+    from envs.bfcl_prompts import BfclConversation
     from storage.warehouse import Warehouse
 
 
@@ -157,7 +166,7 @@ def play_episodes(
             messages = env.reset(task)
             conversation = None
             if env_config.prompt_style == "bfcl":
-                conversation = BfclConversation(_handler(env_config), task, render_chat=engine.chat.render_chat)
+                conversation = bfcl_prompts.BfclConversation(_handler(env_config), task, render_chat=engine.chat.render_chat)
                 prompt_ids = engine.chat.encode(conversation.text())
             else:
                 prompt_ids = engine.chat.prompt_ids(messages)
@@ -351,52 +360,43 @@ def success_rate(trajectories: list[Trajectory]) -> float:
     return sum(t.success for t in trajectories) / len(trajectories) if trajectories else 0.0
 
 
-
 # --- Prefect task -------------------------------------------------------------------------------
-from prefect import get_run_logger, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from coevolve.config import PipelineConfig  # noqa: E402
-from coevolve.errors import DataError, is_retryable  # noqa: E402
-from tasks.common import engine_session, max_context, resumable  # noqa: E402
 
 
-@task(name="rollout", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
-def rollout_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
+@stage("rollout", retries=2, retry_delay_seconds=5)
+def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -> RolloutOutput:
     """Play the round's batch with checkpoint ``round_`` and store the trajectories."""
-
-    def compute(wh: Warehouse) -> dict:
-        pool = wh.pool(config.run_id, round_)
-        if not pool:
-            raise DataError(f"Pool {round_} of run {config.run_id!r} is empty; round {round_ - 1} must finish first.")
-        batch = draw_batch(pool, config.rollout.tasks_per_round, config.seed, round_)
-        # Episodes stored by an earlier, interrupted attempt are kept; only the missing ones are played.
-        stored = wh.stored_episodes(config.run_id, round_)
-        if stored:
-            get_run_logger().info("round %d: %d episodes already stored, playing the rest", round_, len(stored))
-
-        # Released before the update stage trains: vLLM shut down, GPU memory and connections freed.
-        with engine_session(checkpoint, config) as engine:
-            play_episodes(
-                engine,
-                batch,
-                samples=config.rollout.group_size,
-                temperature=config.rollout.temperature,
-                max_new_tokens=config.rollout.max_new_tokens,
-                env_config=config.environment,
-                run_id=config.run_id,
-                round_=round_,
-                max_context_tokens=max_context(engine),
-                batch_size=config.rollout.generate_batch,
-                seed=config.seed,  # same seed and round, same samples on a re-run
-                skip=stored,
-                on_finished=wh.write_trajectories,  # durable in batches as episodes end
-                flush_every=config.warehouse.flush_every,
-            )
-        outcomes = wh.outcomes(config.run_id, round_)
-        reasons = dict(sorted(Counter(outcomes["finish_reason"]).items()))
-        rate = sum(outcomes["success"]) / len(outcomes["success"]) if outcomes["success"] else 0.0
-        get_run_logger().info("round %d: %d episodes, success %.3f, finish reasons %s", round_, len(outcomes["success"]), rate, reasons)
-        return {"trajectories": len(outcomes["success"]), "tasks": len(batch), "success_rate": rate, "finish_reasons": reasons}
-
-    return resumable(config, round_, "rollout", compute)
+    round_ = inputs.round_
+    pool = wh.pool(config.run_id, round_)
+    if not pool:
+        raise DataError(f"Pool {round_} of run {config.run_id!r} is empty; round {round_ - 1} must finish first.")
+    batch = draw_batch(pool, config.rollout.tasks_per_round, config.seed, round_)
+    # Episodes stored by an earlier, interrupted attempt are kept; only the missing ones are played.
+    stored = wh.stored_episodes(config.run_id, round_)
+    if stored:
+        get_run_logger().info("round %d: %d episodes already stored, playing the rest", round_, len(stored))
+    engine = open_engine(inputs.checkpoint, config)
+    try:
+        play_episodes(
+            engine,
+            batch,
+            samples=config.rollout.group_size,
+            temperature=config.rollout.temperature,
+            max_new_tokens=config.rollout.max_new_tokens,
+            env_config=config.environment,
+            run_id=config.run_id,
+            round_=round_,
+            max_context_tokens=context_length(engine),
+            batch_size=config.rollout.generate_batch,
+            seed=config.seed,  # same seed and round, same samples on a re-run
+            skip=stored,
+            on_finished=wh.write_trajectories,  # durable in batches as episodes end
+            flush_every=config.warehouse.flush_every,
+        )
+    finally:
+        release(engine)  # before the update stage trains: vLLM shut down, GPU memory and connections freed
+    outcomes = wh.outcomes(config.run_id, round_)
+    reasons = dict(sorted(Counter(outcomes["finish_reason"]).items()))
+    rate = sum(outcomes["success"]) / len(outcomes["success"]) if outcomes["success"] else 0.0
+    get_run_logger().info("round %d: %d episodes, success %.3f, finish reasons %s", round_, len(outcomes["success"]), rate, reasons)
+    return RolloutOutput(trajectories=len(outcomes["success"]), tasks=len(batch), success_rate=rate, finish_reasons=reasons)

@@ -5,25 +5,44 @@ splits are disjoint by task id. D_0, dev and held-out are the target distributio
 over user turns of at most ``pool.calls_per_turn`` calls. Checkpoint 0's demonstrations are another
 distribution: single-turn tasks of ``policy.sft_min_calls`` to ``policy.sft_max_calls`` calls. The
 prepare stage stores the splits; the evaluate stage rebuilds a split it needs from the same configuration.
+
+This module owns the splits: how each is built, where it is stored (a pool under a negative round,
+which no training round ever draws) and the names its evaluation rows carry.
 """
 
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 from coevolve.config import PipelineConfig
 from coevolve.records import Message, Task, digest
+from envs.explorer import build_tasks, demonstration, in_turns
 from tasks.common import make_environment
 
-# envs.explorer is imported where used: it loads bfcl-eval's API classes.
+if TYPE_CHECKING:
+    from storage.warehouse import Warehouse
 
 BUILTIN_TINY = "builtin:tiny"
+
+# Pool rounds of the splits, and evaluation rounds of what no training round produced: all negative.
+# The held-out split; checkpoint 0's evaluation rows (round 0's prepare) are stored under it too.
+HELDOUT_ROUND = -1
+# Evaluation rows of a checkpoint that no round of the run produced (a hub model, a checkpoint
+# from elsewhere): they share this round, so the newest such evaluation replaces the previous one.
+EXTERNAL_ROUND = -2
+# The dev split, for choosing settings without looking at the held-out split.
+DEV_ROUND = -3
+# The final held-out split: refused by validation; the ablation scores checkpoint 0 and final checkpoints on it.
+FINAL_HELDOUT_ROUND = -4
+
+# The split names evaluation rows carry (an official BFCL category's rows carry the category's name).
+HELDOUT_SPLIT = "heldout"
+DEV_SPLIT = "dev"
 
 
 def build_initial_pools(config: PipelineConfig) -> tuple[list[Task], list[Task]]:
     """The seed pool and the held-out split, disjoint, both reproducible from ``config.start_seed``."""
-    from envs.explorer import build_tasks
-
     per_turn = config.pool.calls_per_turn
     seed_pool = build_tasks(config.pool.seed_size, config.start_seed, origin="seed", calls_per_turn=per_turn)
     heldout = build_tasks(
@@ -43,8 +62,6 @@ def build_dev_split(config: PipelineConfig, size: int = 200) -> list[Task]:
     (for the builtin policy) checkpoint 0's fine-tuning set, so a setting picked on it says nothing
     about the held-out scores the ablation reports.
     """
-    from envs.explorer import build_tasks
-
     seed_pool, heldout = build_initial_pools(config)
     exclude = {t.task_id for t in seed_pool + heldout}
     if config.policy.model == BUILTIN_TINY:
@@ -59,8 +76,6 @@ def build_final_heldout(config: PipelineConfig) -> list[Task]:
     the dev split and (for the builtin policy) checkpoint 0's demonstrations, which are built first and
     not changed by it. Empty when the size is 0.
     """
-    from envs.explorer import build_tasks
-
     size = config.rollout.final_heldout_tasks
     if size <= 0:
         return []
@@ -78,8 +93,6 @@ _DEMONSTRATIONS: dict[str, tuple[list[str], list[list[Message]]]] = {}
 
 def sft_demonstrations(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> tuple[list[str], list[list[Message]]]:
     """Sorted task ids and expert conversations of the SFT set: short single-turn unguided tasks, none of D_0 or held-out."""
-    from envs.explorer import build_tasks, demonstration, in_turns
-
     memo_key = digest(
         {
             "seed_pool": [t.task_id for t in seed_pool],
@@ -106,3 +119,53 @@ def sft_demonstrations(config: PipelineConfig, seed_pool: list[Task], heldout: l
         env = make_environment(config.environment)
         _DEMONSTRATIONS[memo_key] = (sorted(t.task_id for t in tasks), [demonstration(task, env) for task in tasks])
     return _DEMONSTRATIONS[memo_key]
+
+
+def store_dev_split(config: PipelineConfig, wh: Warehouse) -> list[Task]:
+    """Build the dev split and store it under DEV_ROUND, where validation reads it to refuse its tasks."""
+    dev = build_dev_split(config)
+    wh.write_tasks(dev)
+    wh.set_pool(config.run_id, DEV_ROUND, [t.task_id for t in dev])
+    return dev
+
+
+def dev_split(config: PipelineConfig, wh: Warehouse) -> list[Task]:
+    """The run's dev split as stored under DEV_ROUND; a run prepared before it was stored gets it built and stored.
+
+    The split is rebuilt from the seed, so a late store holds the same tasks round 0 would have.
+    """
+    return wh.pool(config.run_id, DEV_ROUND) or store_dev_split(config, wh)
+
+
+def dev_eval_tasks(config: PipelineConfig, wh: Warehouse) -> list[Task]:
+    """The first ``rollout.dev_eval_tasks`` tasks of the dev split, none when it is 0."""
+    limit = config.rollout.dev_eval_tasks
+    return dev_split(config, wh)[:limit] if limit > 0 else []
+
+
+def store_final_heldout(config: PipelineConfig, wh: Warehouse) -> list[Task]:
+    """Build the final held-out split (empty when ``rollout.final_heldout_tasks`` is 0) and store it under FINAL_HELDOUT_ROUND.
+
+    Stored at round 0, before any round trains, so validation refuses its tasks from the first round on.
+    """
+    final = build_final_heldout(config)
+    if final:
+        wh.write_tasks(final)
+        wh.set_pool(config.run_id, FINAL_HELDOUT_ROUND, [t.task_id for t in final])
+    return final
+
+
+def heldout_split(config: PipelineConfig, wh: Warehouse) -> list[Task]:
+    """The run's held-out split as stored under HELDOUT_ROUND; a run without one gets the one its round 0 would build."""
+    tasks = wh.pool(config.run_id, HELDOUT_ROUND)
+    if not tasks:
+        tasks = build_initial_pools(config)[1]
+        wh.write_tasks(tasks)
+        wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in tasks])
+    return tasks
+
+
+def sealed_splits(config: PipelineConfig, wh: Warehouse) -> tuple[list[Task], list[Task]]:
+    """The run's held-out splits (per-round and final) and its dev split, which no candidate may repeat."""
+    heldout = wh.pool(config.run_id, HELDOUT_ROUND) + wh.pool(config.run_id, FINAL_HELDOUT_ROUND)
+    return heldout, dev_split(config, wh)

@@ -22,8 +22,16 @@ import random
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from coevolve.config import SynthesisConfig
+from prefect import get_run_logger
+
+from coevolve.config import PipelineConfig, SynthesisConfig
+from coevolve.errors import DataError
 from coevolve.records import Candidate, Provenance, Signal, Task
+from coevolve.stages import SynthesizeInput, SynthesizeOutput
+from envs.explorer import abstract, explore, in_turns
+from tasks.llm_client import ChatClient
+from tasks.llm_synthesis import LLMSynthesizer
+from tasks.registry import stage
 from tasks.synthesis_base import GUIDANCE, Synthesizer, provenance_of, synthesize_each, tools_of  # noqa: F401 - the stage's API
 
 if TYPE_CHECKING:
@@ -61,8 +69,6 @@ def build_context(signal: Signal, task: Task, tool_sequence: list[str], known_to
 def _explore_and_abstract(
     task: Task, focus: list[str], provenance: Provenance, config: SynthesisConfig, rng: random.Random, run_prefix: str
 ) -> list[Task]:
-    from envs.explorer import abstract, explore
-
     made: list[Task] = []
     for run in range(config.explorations_per_signal):
         try:
@@ -131,9 +137,6 @@ class ProgrammaticSynthesizer:
 def make_synthesizer(config: SynthesisConfig) -> Synthesizer:
     """The synthesizer ``config.synthesizer`` names."""
     if config.synthesizer == "llm":
-        from tasks.llm_client import ChatClient  # httpx, only for the LLM synthesizer
-        from tasks.llm_synthesis import LLMSynthesizer
-
         return LLMSynthesizer(ChatClient.from_config(config))
     return ProgrammaticSynthesizer()
 
@@ -154,19 +157,6 @@ def random_targets(pool: list[Task], count: int, round_: int, seed: int) -> list
     return targets
 
 
-def synthesize_random(
-    pool: list[Task],
-    count: int,
-    config: SynthesisConfig,
-    round_: int,
-    seed: int,
-    progress: bool = True,
-    synthesizer: Synthesizer | None = None,
-) -> list[Candidate]:
-    """The control arm: ``count`` exploration targets drawn uniformly (state and tools)."""
-    return synthesize_targets(random_targets(pool, count, round_, seed), pool, config, round_, seed, progress, synthesizer)[0]
-
-
 def synthesize_targets(
     targets: list[Signal],
     pool: list[Task],
@@ -183,57 +173,45 @@ def synthesize_targets(
 
 
 # --- Prefect task -------------------------------------------------------------------------------
-from prefect import get_run_logger, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from coevolve.config import PipelineConfig  # noqa: E402
-from coevolve.errors import DataError, is_retryable  # noqa: E402
-from tasks.common import resumable  # noqa: E402
 
 
-@task(name="synthesize", retries=2, retry_delay_seconds=2, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
-def synthesize_task(config: PipelineConfig, round_: int, selected: list[str]) -> dict:
+@stage("synthesize", retries=2, retry_delay_seconds=2)
+def synthesize_stage(config: PipelineConfig, wh: Warehouse, inputs: SynthesizeInput) -> SynthesizeOutput:
     """Candidates for the round (``candidates``: dicts of task and signal_id) and how each was made (``contexts``).
 
     They come from the selected signals, as the mine stage stored them, or from the random control.
     """
-
-    def compute(wh: Warehouse) -> dict:
-        pool = wh.pool(config.run_id, round_)
-        sequences: dict[str, list[str]] = {}
-        if config.synthesis.mode == "off":
-            get_run_logger().info("round %d: synthesis is off; the pool stays static", round_)
-            return {"candidates": [], "contexts": {}}
-        if config.synthesis.mode == "random":
-            targets = random_targets(pool, len(selected), round_, config.seed)
-        else:
-            stored = {s.signal_id: s for s in wh.signals(config.run_id, round_)}
-            missing = [sid for sid in selected if sid not in stored]
-            if missing:
-                raise DataError(
-                    f"Round {round_} selected {len(missing)} signal(s) the warehouse does not hold (e.g. {missing[0]}); "
-                    f"run the round again from its mine stage (`coevolve round --round {round_}` after clearing it)."
-                )
-            targets = [stored[sid] for sid in selected]
-            sequences = wh.tool_sequences(config.run_id, round_)
-        candidates, contexts = synthesize_targets(targets, pool, config.synthesis, round_, config.seed, tool_sequences=sequences)
-        if config.synthesis.synthesizer == "programmatic":
-            # New tasks join the target distribution: the same job spread over user turns as D_0's tasks.
-            from envs.explorer import in_turns
-
-            candidates = [replace(c, task=in_turns(c.task, config.pool.calls_per_turn)) for c in candidates]
-        rejections = sum(len(c.get("rejections", [])) for c in contexts.values())
-        get_run_logger().info(
-            "round %d: %s synthesizer, %d candidates from %d targets (%d rejected model replies)",
-            round_,
-            config.synthesis.synthesizer,
-            len(candidates),
-            len(targets),
-            rejections,
-        )
-        return {
-            "candidates": [{"task": c.task.to_dict(), "signal_id": c.signal_id} for c in candidates],
-            "contexts": contexts,
-        }
-
-    return resumable(config, round_, "synthesize", compute)
+    round_, selected = inputs.round_, inputs.selected
+    pool = wh.pool(config.run_id, round_)
+    sequences: dict[str, list[str]] = {}
+    if config.synthesis.mode == "off":
+        get_run_logger().info("round %d: synthesis is off; the pool stays static", round_)
+        return SynthesizeOutput(candidates=[], contexts={})
+    if config.synthesis.mode == "random":
+        targets = random_targets(pool, len(selected), round_, config.seed)
+    else:
+        stored = {s.signal_id: s for s in wh.signals(config.run_id, round_)}
+        missing = [sid for sid in selected if sid not in stored]
+        if missing:
+            raise DataError(
+                f"Round {round_} selected {len(missing)} signal(s) the warehouse does not hold (e.g. {missing[0]}); "
+                f"run the round again from its mine stage (`coevolve round --round {round_}` after clearing it)."
+            )
+        targets = [stored[sid] for sid in selected]
+        sequences = wh.tool_sequences(config.run_id, round_)
+    candidates, contexts = synthesize_targets(targets, pool, config.synthesis, round_, config.seed, tool_sequences=sequences)
+    if config.synthesis.synthesizer == "programmatic":
+        # New tasks join the target distribution: the same job spread over user turns as D_0's tasks.
+        candidates = [replace(c, task=in_turns(c.task, config.pool.calls_per_turn)) for c in candidates]
+    rejections = sum(len(c.get("rejections", [])) for c in contexts.values())
+    get_run_logger().info(
+        "round %d: %s synthesizer, %d candidates from %d targets (%d rejected model replies)",
+        round_,
+        config.synthesis.synthesizer,
+        len(candidates),
+        len(targets),
+        rejections,
+    )
+    return SynthesizeOutput(
+        candidates=[{"task": c.task.to_dict(), "signal_id": c.signal_id} for c in candidates], contexts=contexts
+    )

@@ -1,6 +1,6 @@
 """The update stage: one GRPO update of the policy on a round's trajectory groups, through TRL.
 
-Read top to bottom, the stage (`run_update`) is:
+Read top to bottom, the stage (`update_stage`) is:
 
 1. read round r's trajectories and group them, once (tasks/grpo_groups.py): a task's group_size
    episodes are one group; groups whose rewards are all equal have zero advantage and are dropped;
@@ -24,17 +24,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import get_run_logger
 
 from agent.checkpoints import ADAPTER_SUBDIR, save_atomically
 from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
-from coevolve.errors import DataError, is_retryable
+from coevolve.errors import DataError
 from coevolve.optional import optional_module
 from coevolve.records import Trajectory
+from coevolve.stages import UpdateInput, UpdateOutput
 from tasks.grpo_groups import RoundGroups, check_segments, group_round
 from tasks.launch import launch_update
+from tasks.registry import stage
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -134,8 +135,10 @@ def grpo_update(
     return update_policy(checkpoint_in, round_groups, config, out_dir, reference)
 
 
-def run_update(config: PipelineConfig, wh: Warehouse, round_: int, checkpoint: str) -> dict[str, Any]:
-    """The stage: train checkpoint ``round_`` on the round's stored groups into checkpoint ``round_ + 1``."""
+@stage("update", retries=1)
+def update_stage(config: PipelineConfig, wh: Warehouse, inputs: UpdateInput) -> UpdateOutput:
+    """Train checkpoint ``round_`` on the round's stored groups; checkpoint ``round_ + 1`` goes to the run folder."""
+    round_, checkpoint = inputs.round_, inputs.checkpoint
     round_groups = group_round(wh.trajectories(config.run_id, round_), config.rollout.group_size)  # the round's only grouping
     out_dir = config.checkpoint_dir(round_ + 1)
     reference = kl_reference_checkpoint(config, wh, checkpoint)
@@ -143,12 +146,4 @@ def run_update(config: PipelineConfig, wh: Warehouse, round_: int, checkpoint: s
     launched_round = round_ if uses_launcher(config) else None
     stats = update_policy(Path(checkpoint), round_groups, config, out_dir, reference, launched_round)
     get_run_logger().info("round %d: GRPO %s", round_, {k: stats[k] for k in ("groups", "steps", "loss", "skipped") if k in stats})
-    return {"checkpoint": str(out_dir), "stats": stats, "trained_on": round_groups.trained_on}
-
-
-@task(name="update", retries=1, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
-def update_task(config: PipelineConfig, round_: int, checkpoint: str) -> dict:
-    """Train checkpoint ``round_`` on the round's stored groups; checkpoint ``round_ + 1`` goes to the run folder."""
-    from tasks.common import resumable
-
-    return resumable(config, round_, "update", functools.partial(run_update, config, round_=round_, checkpoint=checkpoint))
+    return UpdateOutput(checkpoint=str(out_dir), stats=stats, trained_on=round_groups.trained_on)

@@ -17,12 +17,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Callable
 
-from coevolve.config import PoolConfig, SynthesisConfig
+from prefect import get_run_logger
+
+from coevolve.config import PipelineConfig, PoolConfig, SynthesisConfig
 from coevolve.records import Candidate, Task, Verdict, digest, normal_value
+from coevolve.stages import ValidateInput, ValidateOutput
+from envs.explorer import replay
+from tasks.judge import judge_from_config
+from tasks.registry import stage
+from tasks.similarity import NearDuplicateIndex
+from tasks.splits import sealed_splits
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
-    from tasks.similarity import NearDuplicateIndex
 
 
 def action_key(task: Task) -> str:
@@ -31,10 +38,8 @@ def action_key(task: Task) -> str:
     return digest({"classes": sorted(task.involved_classes), "calls": calls})
 
 
-def judge(candidate: Task, min_steps: int) -> Verdict:
-    """Replay ``candidate`` in a fresh environment and decide on its own merits."""
-    from envs.explorer import replay
-
+def replay_verdict(candidate: Task, min_steps: int) -> Verdict:
+    """Replay ``candidate`` in a fresh environment and decide on its own merits (length, errors, state change)."""
     calls = candidate.num_reference_calls
     if calls < min_steps:
         return Verdict(False, f"too short: {calls} reference calls, at least {min_steps} required")
@@ -80,7 +85,7 @@ def validate_candidates(
         elif key in seen_actions:
             verdict = Verdict(False, f"same action sequence as {seen_actions[key]}")
         else:
-            verdict = judge(task, config.min_task_steps)
+            verdict = replay_verdict(task, config.min_task_steps)
         if verdict.accepted and near_duplicates is not None:
             nearest, score = near_duplicates.check(" ".join(task.turns))
             if nearest is not None:
@@ -113,60 +118,32 @@ def next_pool(pool: list[Task], judged: list[Candidate], config: PoolConfig) -> 
 
 
 # --- Prefect task -------------------------------------------------------------------------------
-from prefect import get_run_logger, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from coevolve.config import PipelineConfig  # noqa: E402
-from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import DEV_ROUND, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, open_warehouse, resumable  # noqa: E402
 
 
-def sealed_splits(config: PipelineConfig) -> tuple[list[Task], list[Task]]:
-    """The run's held-out splits (per-round and final) and dev split, which no candidate may repeat.
-
-    A run prepared before its dev split was stored gets the split ``coevolve evaluate --dev``
-    builds (the same tasks for the same seed), stored under DEV_ROUND for the next rounds.
-    """
-    with open_warehouse(config) as wh:
-        heldout = wh.pool(config.run_id, HELDOUT_ROUND) + wh.pool(config.run_id, FINAL_HELDOUT_ROUND)
-        dev = wh.pool(config.run_id, DEV_ROUND)
-    if not dev:
-        from tasks.prepare import store_dev_split
-
-        dev = store_dev_split(config)
-    return heldout, dev
-
-
-@task(name="validate", retries=2, retry_delay_seconds=2, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
-def validate_task(config: PipelineConfig, round_: int, candidates: list[dict]) -> dict:
+@stage("validate", retries=2, retry_delay_seconds=2)
+def validate_stage(config: PipelineConfig, wh: Warehouse, inputs: ValidateInput) -> ValidateOutput:
     """Judge the candidates, store every verdict, and write pool ``round_ + 1``."""
-
-    def compute(wh: Warehouse) -> dict:
-        pool = wh.pool(config.run_id, round_)
-        heldout, dev = sealed_splits(config)
-        parsed = [Candidate(task=Task.from_dict(c["task"]), signal_id=c.get("signal_id")) for c in candidates]
-        llm_judge = None
-        if config.validation.llm_judge:
-            from tasks.judge import judge_from_config
-
-            llm_judge = judge_from_config(config.synthesis)
-        near = None
-        if config.validation.embedding_dedupe:
-            from tasks.similarity import NearDuplicateIndex
-
-            near = NearDuplicateIndex([" ".join(t.turns) for t in pool], [t.task_id for t in pool], config.validation.similarity_threshold)
-        judged = validate_candidates(parsed, pool, heldout, config.synthesis, llm_judge, near, dev=dev)
-        grown = next_pool(pool, judged, config.pool)
-        accepted = [c.task for c in judged if c.verdict and c.verdict.accepted]
-        wh.write_candidates(config.run_id, round_, judged)
-        wh.write_tasks(accepted)
-        wh.set_pool(config.run_id, round_ + 1, [t.task_id for t in grown])
-        reasons: dict[str, int] = {}
-        for c in judged:
-            if c.verdict and not c.verdict.accepted:
-                key = c.verdict.reason.split(":")[0]
-                reasons[key] = reasons.get(key, 0) + 1
-        get_run_logger().info("round %d: accepted %d, rejected %d %s; pool %d -> %d", round_, len(accepted), len(judged) - len(accepted), reasons, len(pool), len(grown))
-        return {"accepted": len(accepted), "rejected": len(judged) - len(accepted), "pool_size": len(grown), "rejections": reasons}
-
-    return resumable(config, round_, "validate", compute)
+    round_ = inputs.round_
+    pool = wh.pool(config.run_id, round_)
+    heldout, dev = sealed_splits(config, wh)
+    parsed = [Candidate(task=Task.from_dict(c["task"]), signal_id=c.get("signal_id")) for c in inputs.candidates]
+    llm_judge = judge_from_config(config.synthesis) if config.validation.llm_judge else None
+    near = None
+    if config.validation.embedding_dedupe:
+        near = NearDuplicateIndex([" ".join(t.turns) for t in pool], [t.task_id for t in pool], config.validation.similarity_threshold)
+    judged = validate_candidates(parsed, pool, heldout, config.synthesis, llm_judge, near, dev=dev)
+    grown = next_pool(pool, judged, config.pool)
+    accepted = [c.task for c in judged if c.verdict and c.verdict.accepted]
+    wh.write_candidates(config.run_id, round_, judged)
+    wh.write_tasks(accepted)
+    wh.set_pool(config.run_id, round_ + 1, [t.task_id for t in grown])
+    reasons: dict[str, int] = {}
+    for c in judged:
+        if c.verdict and not c.verdict.accepted:
+            key = c.verdict.reason.split(":")[0]
+            reasons[key] = reasons.get(key, 0) + 1
+    get_run_logger().info(
+        "round %d: accepted %d, rejected %d %s; pool %d -> %d",
+        round_, len(accepted), len(judged) - len(accepted), reasons, len(pool), len(grown),
+    )  # fmt: skip
+    return ValidateOutput(accepted=len(accepted), rejected=len(judged) - len(accepted), pool_size=len(grown), rejections=reasons)

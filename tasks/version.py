@@ -20,15 +20,31 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefect import get_run_logger
+from prefect.runtime import flow_run
+
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
+from coevolve.optional import optional_module
 from coevolve.records import SIGNAL_KINDS, RoundSummary
+from coevolve.stages import VersionInput, VersionOutput
+from agent.checkpoints import checkpoint_digest
+from tasks.common import open_warehouse
+from tasks.registry import stage
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
+
+torch = optional_module("torch")
+# MLflow, matplotlib and the warehouse's data libraries take seconds to import; only the version stage needs them.
+tracking = optional_module("storage.tracking")
+plots = optional_module("tasks.plots")
+mechanism = optional_module("storage.mechanism")
+storage_pool = optional_module("storage.pool")
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -45,26 +61,25 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def build_summary(
     config: PipelineConfig,
-    round_: int,
-    outputs: dict[str, dict[str, Any]],
+    outputs: VersionInput,
     flow_run_id: str,
     mechanism: dict[str, Any] | None = None,
 ) -> RoundSummary:
     """The round's summary from its stages' outputs and its mechanism measurements (storage/mechanism.round_mechanism)."""
-    rollout, mined, validated = outputs["rollout"], outputs["mine"], outputs["validate"]
+    rollout, mined, validated = outputs.rollout, outputs.mine, outputs.validate_
     mechanism = mechanism or {}
-    dev = outputs["evaluate"].get("dev_success")
+    dev = outputs.evaluate.dev_success
     return RoundSummary(
         run_id=config.run_id,
-        round=round_,
-        pool_size=int(validated["pool_size"]),
-        rollouts=int(rollout["trajectories"]),
-        success_rate=float(rollout["success_rate"]),
-        signals=dict(mined["signals"]),
-        accepted=int(validated["accepted"]),
-        rejected=int(validated["rejected"]),
-        heldout_success=float(outputs["evaluate"]["heldout_success"]),
-        checkpoint=str(outputs["update"]["checkpoint"]),
+        round=outputs.round_,
+        pool_size=int(validated.pool_size),
+        rollouts=int(rollout.trajectories),
+        success_rate=float(rollout.success_rate),
+        signals=dict(mined.signals),
+        accepted=int(validated.accepted),
+        rejected=int(validated.rejected),
+        heldout_success=float(outputs.evaluate.heldout_success),
+        checkpoint=str(outputs.update.checkpoint),
         flow_run_id=flow_run_id,
         informative_groups=_measured(mechanism.get("informative_groups")),
         heldout_coverage=_measured(mechanism.get("heldout_coverage")),
@@ -98,12 +113,8 @@ def mechanism_metrics(summary: RoundSummary) -> dict[str, float]:
 
 def machine_params() -> dict[str, str]:
     """What the numbers depend on besides the configuration: torch, its CPU kernels and the pins set."""
-    import os
-
-    import torch
-
     return {
-        "machine.torch": torch.__version__,
+        "machine.torch": torch.version.__version__,  # the lazy module answers no dunder names
         "machine.cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "machine.cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
         **{f"machine.{k}": os.environ.get(k, "") for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")},
@@ -166,76 +177,64 @@ def round_settings(config: PipelineConfig) -> dict[str, Any]:
 
 
 # --- Prefect task -------------------------------------------------------------------------------
-from prefect import get_run_logger, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-from prefect.runtime import flow_run  # noqa: E402
-
-from coevolve.errors import is_retryable  # noqa: E402
-from tasks.common import open_warehouse, resumable  # noqa: E402
 
 
-@task(name="version", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
-def version_task(config: PipelineConfig, round_: int, outputs: dict[str, dict[str, Any]]) -> dict:
+@stage("version", retries=2, retry_delay_seconds=5)
+def version_stage(config: PipelineConfig, wh: Warehouse, inputs: VersionInput) -> VersionOutput:
     """Snapshot pool r+1, log the round to MLflow, and close the round in the warehouse."""
-    from storage.mechanism import round_mechanism
-    from storage.pool import write_pool_snapshot
-    from storage.tracking import Tracker
-    from agent.checkpoints import checkpoint_digest
-    from tasks.plots import learning_curve
-
-    def compute(wh: Warehouse) -> dict:
-        flow_run_id = str(flow_run.get_id() or "")
-        summary = build_summary(config, round_, outputs, flow_run_id, round_mechanism(wh, config.run_id, round_))
-        pool = wh.pool(config.run_id, round_ + 1)
-        pool_path = config.pool_path(round_ + 1)
-        summary.pool_digest = write_pool_snapshot(pool, pool_path)
-        weights_digest = checkpoint_digest(summary.checkpoint)
-        parent = parent_record(wh, config.run_id, round_)
-        tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
-        metrics = {
-            "pool_size": summary.pool_size,
-            "rollouts": summary.rollouts,
-            "success_rate": summary.success_rate,
-            "accepted": summary.accepted,
-            "rejected": summary.rejected,
-            "heldout_success": summary.heldout_success,
-            **{f"signals.{k}": v for k, v in summary.signals.items()},
-            **mechanism_metrics(summary),
-            **{f"update.{k}": v for k, v in outputs["update"].get("stats", {}).items() if isinstance(v, (int, float))},
-        }
-        info = tracker.log_round(
-            run_name=f"{config.run_id}-round-{round_:03d}",
-            params={**flatten(config.model_dump(mode="json")), **machine_params()},
-            metrics=metrics,
-            pool_path=pool_path,
-            pool_digest=summary.pool_digest,
-            checkpoint_dir=Path(summary.checkpoint),
-            registered_model=config.registered_model_name,
-            flow_run_id=flow_run_id,
-            tags=lineage_tags(config.run_id, round_, weights_digest, parent, outputs["update"].get("trained_on", {})),
-            training_pool_path=config.pool_path(round_),
-            training_pool_digest=parent["pool_digest"],
-            # 'uri': the version points at the checkpoint on shared storage instead of a copy in artifacts.
-            checkpoint_uri=Path(summary.checkpoint).resolve().as_uri() if config.tracking.register_checkpoints == "uri" else None,
-        )
-        summary.model_version = str(info["model_version"])
-        best = tracker.update_best(config.registered_model_name)
-        earlier = [s for s in wh.rounds(config.run_id) if s.round < round_]
-        figure = learning_curve(earlier + [summary], config.run_dir() / "figures" / f"learning-curve-{round_:03d}.png")
-        tracker.attach_artifact(info["mlflow_run_id"], figure)
-        get_run_logger().info("round %d: model version %s (best %s), pool digest %s", round_, summary.model_version, best, summary.pool_digest[:12])
-        return {**summary.to_dict(), "mlflow_run_id": info["mlflow_run_id"], "checkpoint_digest": weights_digest, "best_version": best}
-
-    return resumable(config, round_, "version", compute)
+    round_, updated = inputs.round_, inputs.update
+    flow_run_id = str(flow_run.get_id() or "")
+    summary = build_summary(config, inputs, flow_run_id, mechanism.round_mechanism(wh, config.run_id, round_))
+    pool = wh.pool(config.run_id, round_ + 1)
+    pool_path = config.pool_path(round_ + 1)
+    summary.pool_digest = storage_pool.write_pool_snapshot(pool, pool_path)
+    weights_digest = checkpoint_digest(summary.checkpoint)
+    parent = parent_record(wh, config.run_id, round_)
+    tracker = tracking.Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
+    metrics = {
+        "pool_size": summary.pool_size,
+        "rollouts": summary.rollouts,
+        "success_rate": summary.success_rate,
+        "accepted": summary.accepted,
+        "rejected": summary.rejected,
+        "heldout_success": summary.heldout_success,
+        **{f"signals.{k}": v for k, v in summary.signals.items()},
+        **mechanism_metrics(summary),
+        **{f"update.{k}": v for k, v in updated.stats.items() if isinstance(v, (int, float))},
+    }
+    info = tracker.log_round(
+        run_name=f"{config.run_id}-round-{round_:03d}",
+        params={**flatten(config.model_dump(mode="json")), **machine_params()},
+        metrics=metrics,
+        pool_path=pool_path,
+        pool_digest=summary.pool_digest,
+        checkpoint_dir=Path(summary.checkpoint),
+        registered_model=config.registered_model_name,
+        flow_run_id=flow_run_id,
+        tags=lineage_tags(config.run_id, round_, weights_digest, parent, updated.trained_on),
+        training_pool_path=config.pool_path(round_),
+        training_pool_digest=parent["pool_digest"],
+        # 'uri': the version points at the checkpoint on shared storage instead of a copy in artifacts.
+        checkpoint_uri=Path(summary.checkpoint).resolve().as_uri() if config.tracking.register_checkpoints == "uri" else None,
+    )
+    summary.model_version = str(info["model_version"])
+    best = tracker.update_best(config.registered_model_name)
+    earlier = [s for s in wh.rounds(config.run_id) if s.round < round_]
+    figure = plots.learning_curve(earlier + [summary], config.run_dir() / "figures" / f"learning-curve-{round_:03d}.png")
+    tracker.attach_artifact(info["mlflow_run_id"], figure)
+    get_run_logger().info("round %d: model version %s (best %s), pool digest %s", round_, summary.model_version, best, summary.pool_digest[:12])
+    return VersionOutput(
+        **summary.to_dict(), mlflow_run_id=info["mlflow_run_id"], checkpoint_digest=weights_digest, best_version=best
+    )
 
 
-def finish_round(config: PipelineConfig, round_: int, output: dict[str, Any]) -> None:
+def finish_round(config: PipelineConfig, round_: int, output: VersionOutput) -> None:
     """Mark the round finished from the version stage's recorded output: the round's last commit.
 
     It follows the version stage's record, so a crash between the two leaves a round that is not
     finished and whose stages are all recorded; running it again (or `coevolve evolve`) only writes this.
     """
     fields = {f.name for f in dataclasses.fields(RoundSummary)}
-    summary = RoundSummary(**{k: v for k, v in output.items() if k in fields})
+    summary = RoundSummary(**{k: v for k, v in output.model_dump(mode="json").items() if k in fields})
     with open_warehouse(config) as wh:
         wh.finish_round(config.run_id, round_, summary)

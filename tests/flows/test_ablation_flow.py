@@ -72,7 +72,7 @@ def test_the_report_shows_the_mechanism_per_arm_and_round_and_each_arm_against_c
 def test_the_final_held_out_split_is_frozen_at_round_0_and_checkpoint_0_is_scored_on_it_once(ablation_run):
     from storage.pool import pool_digest
     from storage.warehouse import Warehouse
-    from tasks.common import FINAL_HELDOUT_ROUND
+    from tasks.splits import FINAL_HELDOUT_ROUND
     from tasks.splits import build_final_heldout
 
     config, out = ablation_run
@@ -185,7 +185,8 @@ def test_a_round_0_copy_killed_midway_is_finished_by_the_next_attempt(ablation_r
     from flows.ablation import copy_round0
     from storage.warehouse import Warehouse
     from agent.checkpoints import checkpoint_digest
-    from tasks.prepare import prepare_task
+    from coevolve.stages import PrepareInput
+    from tasks.prepare import prepare_stage
     from tests.crash_at import CRASH_EXIT
     from tests.flows.conftest import REPO, cli_env
 
@@ -195,7 +196,7 @@ def test_a_round_0_copy_killed_midway_is_finished_by_the_next_attempt(ablation_r
     base = config.with_overrides({"state_dir": str(state)})
     source = arm_config(base, "static", 1, "t")
     target = arm_config(base, "full", 1, "t", checkpoint0_scores_from="t-static-s1")
-    prepare_task(target, 0)
+    prepare_stage(target, PrepareInput(round_=0))
     script = (
         "import sys; from tests.crash_at import arm; arm(sys.argv[1]); from coevolve.config import PipelineConfig as C; "
         "from flows.ablation import copy_round0; copy_round0(C.model_validate_json(sys.argv[2]), C.model_validate_json(sys.argv[3]))"

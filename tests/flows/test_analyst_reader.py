@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from coevolve.stages import STAGE_NAMES
+
 pytestmark = pytest.mark.slow
 
-STAGES = ("prepare", "rollout", "mine", "synthesize", "validate", "update", "evaluate", "version")
+STAGES = STAGE_NAMES
 
 # Reads a command per line on stdin ("query" or "quit") and answers each with one JSON line, in one
 # session opened at start. Between commands it keeps querying on its own, as an analyst would.

@@ -44,7 +44,7 @@ def test_flow_returns_accuracy_per_category_heldout_and_dev(evaluated):
 
 def test_rows_are_stored_per_split_and_long_context_twins_do_not_collide(evaluated):
     from storage.warehouse import Warehouse
-    from tasks.evaluate import EXTERNAL_ROUND
+    from tasks.splits import EXTERNAL_ROUND
 
     config, results = evaluated
     with Warehouse(config.warehouse_path, read_only=True) as wh:
@@ -59,8 +59,8 @@ def test_rows_are_stored_per_split_and_long_context_twins_do_not_collide(evaluat
 
 
 def test_a_run_without_a_heldout_split_gets_the_one_round_zero_would_build(evaluated):
-    from tasks.common import HELDOUT_ROUND, open_warehouse
-    from tasks.prepare import build_initial_pools
+    from tasks.common import open_warehouse
+    from tasks.splits import HELDOUT_ROUND, build_initial_pools
 
     config, _ = evaluated
     with open_warehouse(config) as wh:

@@ -15,7 +15,14 @@ from coevolve.records import Provenance, Task, ToolCall  # noqa: E402
 from storage.pool import write_pool_snapshot  # noqa: E402
 from storage.warehouse import Warehouse  # noqa: E402
 from agent.checkpoints import checkpoint_digest  # noqa: E402
+from tasks.common import open_warehouse  # noqa: E402
 from tasks.prepare import verify_round_inputs  # noqa: E402
+
+
+def _verified(config, round_: int) -> str:
+    """The checkpoint round ``round_`` starts from, checked in one warehouse session as the prepare stage does."""
+    with open_warehouse(config) as wh:
+        return verify_round_inputs(config, wh, round_)
 
 
 def _task(i: int) -> Task:
@@ -59,7 +66,7 @@ def test_the_digest_of_a_checkpoint_follows_its_bytes_not_its_location(tmp_path:
 
 def test_intact_inputs_give_the_recorded_checkpoint(finished_round_zero) -> None:
     config, checkpoint = finished_round_zero
-    assert verify_round_inputs(config, 1) == str(checkpoint)
+    assert _verified(config, 1) == str(checkpoint)
 
 
 def test_a_corrupt_checkpoint_is_named(finished_round_zero) -> None:
@@ -67,14 +74,14 @@ def test_a_corrupt_checkpoint_is_named(finished_round_zero) -> None:
     weights = checkpoint / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
     with pytest.raises(DataError, match=f"Checkpoint 1 of run 'r' at {checkpoint} has digest"):
-        verify_round_inputs(config, 1)
+        _verified(config, 1)
 
 
 def test_a_missing_checkpoint_is_named(finished_round_zero) -> None:
     config, checkpoint = finished_round_zero
     (checkpoint / "model.safetensors").unlink()
     with pytest.raises(DataError, match=f"Checkpoint 1 of run 'r' at {checkpoint} is incomplete"):
-        verify_round_inputs(config, 1)
+        _verified(config, 1)
 
 
 def test_a_replaced_pool_snapshot_is_named(finished_round_zero) -> None:
@@ -83,14 +90,14 @@ def test_a_replaced_pool_snapshot_is_named(finished_round_zero) -> None:
     snapshot.unlink()
     write_pool_snapshot([_task(i) for i in range(2)], snapshot)
     with pytest.raises(DataError, match=f"Pool snapshot {snapshot} has digest"):
-        verify_round_inputs(config, 1)
+        _verified(config, 1)
 
 
 def test_a_missing_pool_snapshot_is_named(finished_round_zero) -> None:
     config, _ = finished_round_zero
     config.pool_path(1).unlink()
     with pytest.raises(DataError, match=f"Pool snapshot {config.pool_path(1)} does not exist"):
-        verify_round_inputs(config, 1)
+        _verified(config, 1)
 
 
 def test_a_warehouse_pool_that_drifted_from_its_snapshot_is_named(finished_round_zero) -> None:
@@ -98,13 +105,13 @@ def test_a_warehouse_pool_that_drifted_from_its_snapshot_is_named(finished_round
     with Warehouse(config.warehouse_path) as wh:
         wh.set_pool("r", 1, [t.task_id for t in wh.pool("r", 1)][:2])
     with pytest.raises(DataError, match=f"Pool 1 of run 'r' in the warehouse {config.warehouse_path}"):
-        verify_round_inputs(config, 1)
+        _verified(config, 1)
 
 
 def test_a_round_after_an_unfinished_one_does_not_start(finished_round_zero) -> None:
     config, _ = finished_round_zero
     with pytest.raises(DataError, match="round 1 of run 'r' has not finished"):
-        verify_round_inputs(config, 2)
+        _verified(config, 2)
 
 
 def test_a_deleted_checkpoint_under_a_relative_state_dir_stops_the_round(tmp_path: Path, monkeypatch) -> None:
@@ -124,7 +131,7 @@ def test_a_deleted_checkpoint_under_a_relative_state_dir_stops_the_round(tmp_pat
         wh.mark_stage("r", 0, "version", {"pool_digest": write_pool_snapshot(tasks, config.pool_path(1)), "checkpoint_digest": checkpoint_digest(checkpoint)})
     shutil.rmtree(checkpoint)
     with pytest.raises(DataError, match="state/runs/r/checkpoints/round-001 is missing"):
-        verify_round_inputs(config, 1)
+        _verified(config, 1)
 
 
 def test_a_checkpoint_without_a_recorded_digest_cannot_be_verified(finished_round_zero) -> None:
@@ -133,7 +140,7 @@ def test_a_checkpoint_without_a_recorded_digest_cannot_be_verified(finished_roun
         recorded = wh.stage_output("r", 0, "version")
         wh.mark_stage("r", 0, "version", {**recorded, "checkpoint_digest": None})
     with pytest.raises(DataError, match=f"at {checkpoint} has no recorded digest, so it cannot be verified"):
-        verify_round_inputs(config, 1)
+        _verified(config, 1)
 
 
 def test_a_pool_without_a_recorded_digest_cannot_be_verified(finished_round_zero) -> None:
@@ -142,7 +149,7 @@ def test_a_pool_without_a_recorded_digest_cannot_be_verified(finished_round_zero
         recorded = wh.stage_output("r", 0, "version")
         wh.mark_stage("r", 0, "version", {**recorded, "pool_digest": ""})
     with pytest.raises(DataError, match=r"Pool 1 of run 'r' .* has no recorded digest"):
-        verify_round_inputs(config, 1)
+        _verified(config, 1)
 
 
 @pytest.fixture
@@ -166,10 +173,10 @@ def prepared_round_zero(tmp_path: Path):
 
 def test_checkpoint_zero_and_d0_are_checked_like_the_others(prepared_round_zero) -> None:
     config, checkpoint = prepared_round_zero
-    assert verify_round_inputs(config, 0) == str(checkpoint)
+    assert _verified(config, 0) == str(checkpoint)
     (checkpoint / "model.safetensors").write_bytes(b"checkpoint zerO")
     with pytest.raises(DataError, match=f"Checkpoint 0 of run 'r' at {checkpoint} has digest"):
-        verify_round_inputs(config, 0)
+        _verified(config, 0)
 
 
 def test_a_changed_d0_snapshot_is_named(prepared_round_zero) -> None:
@@ -178,7 +185,7 @@ def test_a_changed_d0_snapshot_is_named(prepared_round_zero) -> None:
     snapshot.unlink()
     write_pool_snapshot([_task(9)], snapshot)
     with pytest.raises(DataError, match=f"Pool snapshot {snapshot} has digest"):
-        verify_round_inputs(config, 0)
+        _verified(config, 0)
 
 
 def test_a_hub_model_id_that_is_not_on_this_machine_stops_the_round_with_the_reason(monkeypatch) -> None:

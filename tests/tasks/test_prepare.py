@@ -3,7 +3,7 @@
 import pytest
 
 from coevolve.config import load_config
-from tasks.prepare import build_dev_split, build_initial_pools, sft_demonstrations
+from tasks.splits import build_dev_split, build_initial_pools, sft_demonstrations
 
 
 def _config(tmp_path):
@@ -57,45 +57,6 @@ def test_single_turn_targets_when_calls_per_turn_is_none(tmp_path):
     assert {len(t.turns) for t in seed_pool} == {1}
 
 
-def test_round_zero_stores_the_dev_split_under_its_own_pool_round(tmp_path):
-    from storage.warehouse import Warehouse
-    from tasks.common import DEV_ROUND, HELDOUT_ROUND
-    from tasks.prepare import store_dev_split
-
-    config = _config(tmp_path)
-    stored = store_dev_split(config)
-    with Warehouse(config.warehouse_path, read_only=True) as wh:
-        dev = wh.pool(config.run_id, DEV_ROUND)
-    assert DEV_ROUND < 0 and DEV_ROUND != HELDOUT_ROUND
-    assert [t.task_id for t in dev] == [t.task_id for t in stored] == [t.task_id for t in build_dev_split(config)]
-
-
-def test_validation_seals_the_stored_held_out_and_dev_splits(tmp_path):
-    from tasks.common import HELDOUT_ROUND, open_warehouse
-    from tasks.prepare import store_dev_split
-    from tasks.validate import sealed_splits
-
-    config = _config(tmp_path)
-    _, heldout = build_initial_pools(config)
-    with open_warehouse(config) as wh:
-        wh.write_tasks(heldout)
-        wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in heldout])
-    dev = store_dev_split(config)
-    assert sealed_splits(config) == (heldout, dev)
-
-
-def test_a_run_prepared_without_a_stored_dev_split_gets_it_sealed(tmp_path):
-    from storage.warehouse import Warehouse
-    from tasks.common import DEV_ROUND
-    from tasks.validate import sealed_splits
-
-    config = _config(tmp_path)
-    _, dev = sealed_splits(config)
-    with Warehouse(config.warehouse_path, read_only=True) as wh:
-        stored = wh.pool(config.run_id, DEV_ROUND)
-    assert [t.task_id for t in dev] == [t.task_id for t in stored] == [t.task_id for t in build_dev_split(config)]
-
-
 # The default run's held-out split, defined before any ablation arm ran (README, "Evaluation protocol").
 # A change to the explorer, the templates or the split's seed changes this digest: the held-out
 # figures of earlier releases then no longer compare, and the README must say so.
@@ -140,24 +101,10 @@ def test_without_a_size_there_is_no_final_heldout_split(tmp_path):
     assert build_final_heldout(_config(tmp_path)) == []
 
 
-def test_validation_also_seals_the_final_heldout_split(tmp_path):
-    from tasks.common import HELDOUT_ROUND, open_warehouse
-    from tasks.prepare import store_dev_split, store_final_heldout
-    from tasks.validate import sealed_splits
-
-    config = _config(tmp_path).with_overrides({"rollout": {"final_heldout_tasks": 7}})
-    _, heldout = build_initial_pools(config)
-    with open_warehouse(config) as wh:
-        wh.write_tasks(heldout)
-        wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in heldout])
-    dev = store_dev_split(config)
-    final = store_final_heldout(config)
-    assert len(final) == 7 and sealed_splits(config) == (heldout + final, dev)
-
-
 def test_checkpoint_0s_scores_are_copied_only_from_a_run_with_the_same_checkpoint_and_tasks(tmp_path):
-    from tasks.common import HELDOUT_ROUND, open_warehouse
+    from tasks.common import open_warehouse
     from tasks.prepare import copied_baseline
+    from tasks.splits import HELDOUT_ROUND
 
     config = _config(tmp_path).with_overrides({"rollout": {"checkpoint0_scores_from": "first"}})
     _, heldout = build_initial_pools(config)

@@ -7,7 +7,7 @@ import pytest
 from coevolve.config import SynthesisConfig
 from coevolve.records import Provenance, Signal
 from envs.explorer import build_tasks
-from tasks.synthesize import random_targets, synthesize_random, synthesize_targets
+from tasks.synthesize import random_targets, synthesize_targets
 from tasks.validate import validate_candidates
 
 
@@ -38,7 +38,7 @@ def test_random_targets_are_reproducible_and_drawn_from_the_pool():
 @pytest.mark.parametrize("split, reason", [("heldout", "same as a held-out task"), ("dev", "same as a dev task")])
 def test_a_random_control_task_that_is_a_sealed_task_reworded_is_refused(split, reason):
     pool = build_tasks(2, seed=23)
-    [made, *_] = synthesize_random(pool, 2, SynthesisConfig(explorations_per_signal=1), 1, 0, progress=False)
+    [made, *_] = synthesize_targets(random_targets(pool, 2, 1, 0), pool, SynthesisConfig(explorations_per_signal=1), 1, 0, progress=False)[0]
     sealed = replace(made.task, turns=["Worded by a person, not by the template."], provenance=Provenance(split))
     heldout, dev = ([sealed], []) if split == "heldout" else ([], [sealed])
     [judged] = validate_candidates([made], pool, heldout, SynthesisConfig(), dev=dev)

@@ -7,7 +7,7 @@ import pytest
 from coevolve.config import SynthesisConfig
 from coevolve.records import Provenance, Signal
 from envs.explorer import build_tasks
-from tasks.synthesize import build_context, synthesize_from_signals, synthesize_random, tools_of
+from tasks.synthesize import build_context, random_targets, synthesize_from_signals, synthesize_targets, tools_of
 from tasks.validate import validate_candidates
 
 
@@ -58,7 +58,7 @@ def test_synthesis_is_reproducible_from_the_seed(task):
 
 def test_random_control_explores_the_same_number_of_targets(task):
     config = SynthesisConfig(explorations_per_signal=1)
-    candidates = synthesize_random([task], 4, config, 1, 0, progress=False)
+    candidates, _ = synthesize_targets(random_targets([task], 4, 1, 0), [task], config, 1, 0, progress=False)
     assert 0 < len(candidates) <= 4
     assert all(c.task.provenance.origin == "random" for c in candidates)
 

@@ -193,7 +193,8 @@ def test_the_update_stage_with_two_processes_launches_ranks_and_records_what_eac
     from prefect import flow
     from prefect.testing.utilities import prefect_test_harness
 
-    from tasks.update import update_task
+    from coevolve.stages import UpdateInput
+    from tasks.update import update_stage
 
     _, trajectories = stored
     config = _config(tmp_path, num_processes=2, kl_reference="round")
@@ -201,7 +202,7 @@ def test_the_update_stage_with_two_processes_launches_ranks_and_records_what_eac
 
     @flow
     def update_round() -> dict:
-        return update_task(config, 0, str(policy_dir))
+        return update_stage(config, UpdateInput(round_=0, checkpoint=str(policy_dir))).model_dump(mode="json")
 
     with prefect_test_harness(server_startup_timeout=120):
         output = update_round()

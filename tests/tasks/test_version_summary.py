@@ -6,13 +6,15 @@ import pytest
 
 from coevolve.config import PipelineConfig
 from coevolve.records import RoundSummary
+from coevolve.stages import VersionInput
 from tasks.version import build_summary, mechanism_metrics
 
 OUTPUTS = {
-    "rollout": {"trajectories": 8, "success_rate": 0.5},
-    "mine": {"signals": {"boundary": 2, "rare": 1}},
-    "validate": {"pool_size": 14, "accepted": 3, "rejected": 1},
-    "update": {"checkpoint": "/ckpt/1"},
+    "round_": 0,
+    "rollout": {"trajectories": 8, "tasks": 4, "success_rate": 0.5, "finish_reasons": {"stop": 8}},
+    "mine": {"signals": {"boundary": 2, "rare": 1}, "selected": []},
+    "validate": {"pool_size": 14, "accepted": 3, "rejected": 1, "rejections": {}},
+    "update": {"checkpoint": "/ckpt/1", "stats": {}, "trained_on": {}},
     "evaluate": {"heldout_success": 0.25, "heldout_tasks": 4},
 }
 MECHANISM = {"informative_groups": 0.75, "heldout_coverage": 0.5, "accepted_by_kind": {"boundary": 2, "random": 1}}
@@ -20,7 +22,7 @@ MECHANISM = {"informative_groups": 0.75, "heldout_coverage": 0.5, "accepted_by_k
 
 def summary(evaluate=None, mechanism=MECHANISM):
     outputs = {**OUTPUTS, "evaluate": {**OUTPUTS["evaluate"], **(evaluate or {})}}
-    return build_summary(PipelineConfig(run_id="r"), 0, outputs, "flow-1", mechanism)
+    return build_summary(PipelineConfig(run_id="r"), VersionInput.model_validate(outputs), "flow-1", mechanism)
 
 
 def test_the_summary_holds_the_mechanism_measurements_and_dev_success():

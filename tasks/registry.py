@@ -1,0 +1,119 @@
+"""The registry of stage functions: each stage of a round declared once, with `stage`.
+
+A stage is a typed function ``(config, warehouse session, inputs) -> outputs`` whose models are the
+stage's contract in coevolve/stages.py. `stage` registers it and makes its Prefect task, which adds:
+
+- retries of retryable failures (`coevolve.errors.is_retryable`), and no result caching;
+- resume: a stage the warehouse recorded as finished returns that record instead of running again,
+  so a round that failed midway resumes where it stopped without duplicating rows;
+- the stage record: the output is recorded last (``Warehouse.mark_stage``), so a stage that wrote
+  several tables counts as finished only once every write is done, and one that stopped midway runs
+  again, replacing what it wrote (rows are keyed or in files named after what they hold);
+- one warehouse session, opened for the stage and handed to it and to every helper it calls.
+
+Every later stage gets the recorded form of an output (JSON, read back through the output model),
+whether the stage ran now, in an earlier attempt or on another worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from coevolve.config import PipelineConfig
+from coevolve.errors import is_retryable
+from coevolve.stages import CONTRACTS, STAGE_NAMES, Contract
+from tasks.common import open_warehouse
+
+if TYPE_CHECKING:
+    from storage.warehouse import Warehouse
+
+StageFunction = Callable[[PipelineConfig, "Warehouse", Any], Any]
+# (config, warehouse, inputs, output) -> None: a check run after the output is recorded or read back.
+StageCheck = Callable[[PipelineConfig, "Warehouse", Any, Any], None]
+
+
+def _always(inputs: Any) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One registered stage: its typed function, its contract and its Prefect task."""
+
+    name: str
+    function: StageFunction
+    inputs: type[Contract]
+    outputs: type[Contract]
+    task: Any  # prefect.Task taking (config, inputs) and returning the output model
+    recorded: Callable[[Any], bool]
+
+    def __call__(self, config: PipelineConfig, inputs: Contract) -> Any:
+        """Run the stage's Prefect task in this process and return its (recorded) output."""
+        if not isinstance(inputs, self.inputs):
+            raise TypeError(f"Stage {self.name} takes {self.inputs.__name__}, not {type(inputs).__name__}.")
+        return self.task(config, inputs)
+
+
+def stage(
+    name: str,
+    *,
+    retries: int,
+    retry_delay_seconds: float = 0,
+    recorded: Callable[[Any], bool] = _always,
+    check: StageCheck | None = None,
+) -> Callable[[StageFunction], Stage]:
+    """Declare the stage ``name`` of coevolve/stages.py: ``@stage("mine", retries=2)`` on its function.
+
+    ``recorded(inputs)`` says whether this call keeps a stage record (and so resumes from one); ``check``
+    runs on every call after the output is recorded or read back, in the same warehouse session.
+    """
+    if name not in CONTRACTS:
+        raise ValueError(f"Unknown stage {name!r}; the stages are {', '.join(STAGE_NAMES)} (coevolve/stages.py).")
+    input_model, output_model = CONTRACTS[name]
+
+    def declare(function: StageFunction) -> Stage:
+        def run(config: PipelineConfig, inputs: Contract) -> Contract:
+            round_ = getattr(inputs, "round_")
+            keep = recorded(inputs)
+            with open_warehouse(config) as wh:
+                done = wh.stage_output(config.run_id, round_, name) if keep else None
+                if done is not None:
+                    get_run_logger().info("round %d: %s already finished; its recorded output is used", round_, name)
+                else:
+                    output = function(config, wh, inputs)
+                    if not keep:
+                        return output
+                    # exclude_unset: an optional field the stage did not set stays out of the record, as before.
+                    wh.mark_stage(config.run_id, round_, name, output.model_dump(mode="json", exclude_unset=True))
+                    done = wh.stage_output(config.run_id, round_, name)
+                typed = output_model.model_validate(done)
+                if check is not None:
+                    check(config, wh, inputs, typed)
+            return typed
+
+        run.__name__ = run.__qualname__ = f"{name}_stage"
+        run.__doc__ = function.__doc__
+        run.__module__ = function.__module__
+        prefect_task = task(
+            name=name, retries=retries, retry_delay_seconds=retry_delay_seconds, retry_condition_fn=is_retryable,
+            cache_policy=NO_CACHE,
+        )(run)  # fmt: skip
+        return Stage(name, function, input_model, output_model, prefect_task, recorded)
+
+    return declare
+
+
+def stage_registry(*stages: Stage) -> dict[str, Stage]:
+    """The registry of the round's stages by name, in round order; ValueError unless they are exactly coevolve/stages.py's."""
+    names = tuple(s.name for s in stages)
+    if names != STAGE_NAMES:
+        raise ValueError(
+            f"The stage registry {', '.join(names)} does not match coevolve/stages.py ({', '.join(STAGE_NAMES)}); "
+            "declare each stage once with tasks.registry.stage and list it, in round order, in flows/stage.py."
+        )
+    return {s.name: s for s in stages}
