@@ -105,7 +105,9 @@ def read_completion(answer: dict[str, Any], eos: int, base_url: str) -> Generati
     return Generation(token_ids=tokens, logprobs=logprobs, finish_reason="stop" if stopped else "length")
 
 
-def local_logprobs(model: Any, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
+def local_logprobs(
+    model: Any, prompts: list[list[int]], completions: list[list[int]], temperature: float
+) -> list[list[float]]:
     """Logprob of every completion token under softmax(logits / temperature) of a local forward pass."""
     out = []
     with torch.inference_mode():
@@ -148,7 +150,6 @@ class OpenAICompatibleEngine(ClosedOnExit):
         control_timeout_s: float = 30.0,
         managed: Any | None = None,
     ) -> None:
-
 
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         # Requests spread across every server of the fleet; one that fails has its requests retried on the others.
@@ -238,7 +239,9 @@ class OpenAICompatibleEngine(ClosedOnExit):
             # ``concurrency`` requests in flight per server, so every server's continuous batching sees a full batch.
             in_flight = self.concurrency * max(1, sum(s.healthy for s in self.fleet.servers))
             with ThreadPoolExecutor(max_workers=min(in_flight, len(jobs))) as pool:
-                generations = list(pool.map(lambda job: self._complete(job[0], temperature, max_new_tokens, job[1]), jobs))
+                generations = list(
+                    pool.map(lambda job: self._complete(job[0], temperature, max_new_tokens, job[1]), jobs)
+                )
         if temperature > 0 and self.logprob_check == "pending":
             self.check_logprobs(prompts, generations, temperature)
         return generations

@@ -170,7 +170,12 @@ def start_server(options: ServeOptions, log_path: Path, python: str | Path | Non
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     with log_path.open("w") as log:
         return subprocess.Popen(
-            server_command(options, python), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+            server_command(options, python),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
         )
 
 
@@ -326,6 +331,7 @@ class ManagedServers:
         """Stop every server by its process group (its vLLM workers too); safe to call twice."""
         for process in self.processes:
             stop_server(process)
+
 
 def start_managed(config, checkpoint: str | Path, python: str | Path | None = None) -> ManagedServers:
     """Start ``rollout.managed_servers`` servers on ``checkpoint`` (127.0.0.1) and wait until all answer.

@@ -157,7 +157,9 @@ class TransformersEngine(ClosedOnExit):
                     break
                 step_ids = chosen.unsqueeze(-1)
                 step_pos = step_pos[:, -1:] + 1
-                attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=self.device)], -1)
+                attention = torch.cat(
+                    [attention, torch.ones((batch, 1), dtype=attention.dtype, device=self.device)], -1
+                )
         # One transfer at the end instead of per-token Python work inside the loop.
         all_tokens = torch.stack(chosen_steps, dim=1).tolist()
         generations = []

@@ -137,10 +137,14 @@ def stack_adapters(adapters: list[Path], out_dir: Path) -> Path:
     modules = sorted({key.rsplit(".lora_A.", 1)[0] for key in tensors[0] if ".lora_A." in key})
     for adapter, weights in zip(adapters, tensors):
         if sorted({key.rsplit(".lora_A.", 1)[0] for key in weights if ".lora_A." in key}) != modules:
-            raise ConfigError(f"The adapter {adapter} targets other modules than {adapters[0]}; adapters of one run cannot stack.")
+            raise ConfigError(
+                f"The adapter {adapter} targets other modules than {adapters[0]}; adapters of one run cannot stack."
+            )
     stacked: dict[str, Any] = {}
     for module in modules:
-        stacked[f"{module}.lora_A.weight"] = torch.cat([w[f"{module}.lora_A.weight"] for w in tensors], dim=0).contiguous()
+        stacked[f"{module}.lora_A.weight"] = torch.cat(
+            [w[f"{module}.lora_A.weight"] for w in tensors], dim=0
+        ).contiguous()
         stacked[f"{module}.lora_B.weight"] = torch.cat(
             [w[f"{module}.lora_B.weight"] * _scaling(c) for w, c in zip(tensors, configs)], dim=1
         ).contiguous()
@@ -179,7 +183,9 @@ def sync_lora(fleet: Any, checkpoint: str | Path, stack_dir: Path) -> str:
         path = adapters[0] if len(adapters) == 1 else stack_adapters(adapters, stack_dir / name)
         loaded = [e["id"] for e in entries if e.get("parent")]
         if name not in loaded:
-            fleet.control(server, "POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(path).resolve())})
+            fleet.control(
+                server, "POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(path).resolve())}
+            )
         for old in loaded:
             if old != name:
                 fleet.control(server, "POST", "/unload_lora_adapter", {"lora_name": old})
@@ -260,7 +266,12 @@ def sync_reload(fleet: Any, checkpoint: str | Path) -> None:
             )
         fleet.control(server, "POST", f"{server.root}/pause")
         try:
-            fleet.control(server, "POST", f"{server.root}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
+            fleet.control(
+                server,
+                "POST",
+                f"{server.root}/collective_rpc",
+                {"method": "reload_weights", "kwargs": {"weights_path": path}},
+            )
             if refresh:
                 _refresh_tied_output(fleet, server)
         except (ValueError, InfrastructureError) as exc:

@@ -182,8 +182,14 @@ def ingest(warehouse: Warehouse, plain: Path, total_steps: int, rounds: int, bat
         timings["warehouse_s"] += time.perf_counter() - started
         started = time.perf_counter()
         folder = plain / f"round={round_}"
-        pq.write_table(pa.Table.from_pylist(steps, schema=SCHEMAS["steps"]), folder / f"steps-{batches}.parquet", **_WRITE_OPTIONS)
-        pq.write_table(pa.Table.from_pylist(heads, schema=SCHEMAS["trajectories"]), folder / f"trajectories-{batches}.parquet", **_WRITE_OPTIONS)
+        pq.write_table(
+            pa.Table.from_pylist(steps, schema=SCHEMAS["steps"]), folder / f"steps-{batches}.parquet", **_WRITE_OPTIONS
+        )
+        pq.write_table(
+            pa.Table.from_pylist(heads, schema=SCHEMAS["trajectories"]),
+            folder / f"trajectories-{batches}.parquet",
+            **_WRITE_OPTIONS,
+        )
         timings["pyarrow_s"] += time.perf_counter() - started
         steps_written += len(steps)
         trajectories_written += len(pending)
@@ -276,7 +282,12 @@ def time_mining(root: Path, rounds: int, repeats: int) -> dict:
                 raise SystemExit("mining from the files and from the frame found different signals")
     kinds = {k: sum(1 for s in signals if s.kind == k) for k in ("forgetting", "boundary", "rare")}
     figures = {key: round(min(values), 3) for key, values in times.items()}
-    return {"rows": frame.height, **figures, "read_and_mine_s": round(figures["read_s"] + figures["mine_s"], 3), "signals": kinds}
+    return {
+        "rows": frame.height,
+        **figures,
+        "read_and_mine_s": round(figures["read_s"] + figures["mine_s"], 3),
+        "signals": kinds,
+    }
 
 
 def file_counts(root: Path) -> dict[str, int]:
@@ -304,7 +315,11 @@ def main() -> None:
     if args.mining_only:
         root = Path(args.mining_only) / "warehouse"
         load = round(os.getloadavg()[0], 1)
-        result = {"folder": args.mining_only, "load_before": load, "mining": time_mining(root, args.rounds, args.repeats)}
+        result = {
+            "folder": args.mining_only,
+            "load_before": load,
+            "mining": time_mining(root, args.rounds, args.repeats),
+        }
         print(json.dumps({**result, "load_after": round(os.getloadavg()[0], 1)}), flush=True)
         return
     for total in args.steps or [1_000_000]:
@@ -313,8 +328,12 @@ def main() -> None:
                 if args.keep:
                     tmp = tempfile.mkdtemp(dir=args.workdir)
                 root, plain = Path(tmp) / "warehouse", Path(tmp) / "pyarrow"
-                result: dict = {"steps": total, "batch": batch, "folder": tmp if args.keep else None,
-                                "load_before": round(os.getloadavg()[0], 1)}
+                result: dict = {
+                    "steps": total,
+                    "batch": batch,
+                    "folder": tmp if args.keep else None,
+                    "load_before": round(os.getloadavg()[0], 1),
+                }
                 with Warehouse(root) as wh:
                     result["ingest"] = ingest(wh, plain, total, args.rounds, batch)
                 result["load_after_ingest"] = round(os.getloadavg()[0], 1)

@@ -44,7 +44,9 @@ class OptionalModule:
             except ImportError as exc:
                 top = self._name.split(".")[0]
                 hint = INSTALL_HINTS.get(top, "run `make setup`")
-                raise MissingDependencyError(f"{self._name} is needed here but cannot be imported ({exc}); {hint}.") from exc
+                raise MissingDependencyError(
+                    f"{self._name} is needed here but cannot be imported ({exc}); {hint}."
+                ) from exc
         return self._module
 
     def __getattr__(self, attribute: str) -> Any:

@@ -7,7 +7,6 @@ contribute only their initial states: their questions and answers are never read
 
 from __future__ import annotations
 
-
 import json
 import random
 from dataclasses import dataclass, replace

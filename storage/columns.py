@@ -99,7 +99,8 @@ def _tool_calls(calls: list[ToolCall]) -> pa.Array:
     arguments = [c.arguments for c in calls]
     values = [_str_literal(v) if type(v) is str else _literal(v) for a in arguments for v in a.values()]
     mapped = pa.MapArray.from_arrays(
-        _offsets(len(a) for a in arguments), pa.array([k for a in arguments for k in a], pa.string()),
+        _offsets(len(a) for a in arguments),
+        pa.array([k for a in arguments for k in a], pa.string()),
         pa.array(values, pa.string()),
     )
     return pa.StructArray.from_arrays([pa.array([c.name for c in calls], pa.string()), mapped], fields=list(CALL_TYPE))
@@ -159,6 +160,7 @@ def trajectory_tables(trajs: list[Trajectory]) -> tuple[pa.Table, pa.Table]:
         schema=SCHEMAS["steps"],
     )  # fmt: skip
     return trajectories, step_table
+
 
 # A tool call failed when its observation is an error: text starting with 'error' in any case (after
 # spaces), or a JSON/dict result whose first key is "error". RE2, as in DuckDB's regexp_matches.

@@ -28,6 +28,7 @@ TABLES: tuple[str, ...] = (
     "evaluations",
 )  # fmt: skip
 
+
 @dataclass(frozen=True)
 class TableCheck:
     """Row count and content digest of one table on both sides."""
@@ -97,7 +98,6 @@ def source_version(source: str | os.PathLike[str]) -> int:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-
 
 
 _CALLS_NEW = (

@@ -96,8 +96,14 @@ class SmallTables(WarehouseViews):
 
     def evaluation_rows(self, run_id: str, round: int, split: str) -> list[tuple[str, bool, float, str]]:
         """(task_id, success, reward, trajectory_id) rows of one evaluation split of (run, round), as write_evaluations takes them."""
-        rows = self._partition("evaluations", run_id, round, ["split", "task_id", "success", "reward", "trajectory_id"]).to_pylist()
-        return [(r["task_id"], bool(r["success"]), float(r["reward"]), r["trajectory_id"]) for r in rows if r["split"] == split]
+        rows = self._partition(
+            "evaluations", run_id, round, ["split", "task_id", "success", "reward", "trajectory_id"]
+        ).to_pylist()
+        return [
+            (r["task_id"], bool(r["success"]), float(r["reward"]), r["trajectory_id"])
+            for r in rows
+            if r["split"] == split
+        ]
 
     def evaluation_outcomes(self, run_id: str, round: int, split: str) -> dict[str, bool]:
         """task_id -> success of one evaluation split of (run, round)."""

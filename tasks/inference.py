@@ -159,7 +159,11 @@ def _latent_offset(structure: Structure, target: float) -> float:
     rng = np.random.default_rng(20260101)
     base = stats.norm.ppf(structure.ckpt0_success)
     spread = math.sqrt(
-        structure.training_by_task**2 + structure.arm_by_task**2 + structure.seed_shift**2 + structure.run_shift**2 + structure.noise**2
+        structure.training_by_task**2
+        + structure.arm_by_task**2
+        + structure.seed_shift**2
+        + structure.run_shift**2
+        + structure.noise**2
     )
     latent = rng.normal(base, 1.0, 400_000) + rng.normal(0.0, spread, 400_000)
     low, high = -3.0, 3.0
@@ -197,7 +201,13 @@ ArrayTest = Callable[[np.ndarray, np.ndarray], dict[str, float]]
 
 
 def rejection_rates(
-    test: ArrayTest, draws: int, seeds: int, tasks: int, effect: float = 0.0, alpha: float = 0.05, seed: int = 0,
+    test: ArrayTest,
+    draws: int,
+    seeds: int,
+    tasks: int,
+    effect: float = 0.0,
+    alpha: float = 0.05,
+    seed: int = 0,
     structure: Structure = Structure(),
 ) -> dict[str, float]:
     """Share of ``draws`` simulated experiments in which ``test`` rejects at ``alpha``, arm vs arm and arm vs checkpoint 0."""
@@ -211,19 +221,30 @@ def rejection_rates(
 
 
 def detectable_effect(
-    seeds: int, tasks: int, power: float = 0.8, alpha: float = 0.05, draws: int = 400, step: float = 0.01, largest: float = 0.3,
-    test: ArrayTest = two_way_array_test, structure: Structure = Structure(),
+    seeds: int,
+    tasks: int,
+    power: float = 0.8,
+    alpha: float = 0.05,
+    draws: int = 400,
+    step: float = 0.01,
+    largest: float = 0.3,
+    test: ArrayTest = two_way_array_test,
+    structure: Structure = Structure(),
 ) -> dict[str, float]:
     """Smallest effect on held-out success (in steps of ``step``) that ``test`` detects with ``power``, per comparison.
 
     nan when even ``largest`` is not detected that often (tried first, so a design too small for any
     effect costs one step of the search).
     """
-    at_largest = rejection_rates(test, draws, seeds, tasks, largest, alpha, seed=int(round(largest * 1000)), structure=structure)
+    at_largest = rejection_rates(
+        test, draws, seeds, tasks, largest, alpha, seed=int(round(largest * 1000)), structure=structure
+    )
     found: dict[str, float] = {k: math.nan for k, rate in at_largest.items() if rate < power}
     effect = step
     while len(found) < 2 and effect <= largest + 1e-9:
-        rates = rejection_rates(test, draws, seeds, tasks, effect, alpha, seed=int(round(effect * 1000)), structure=structure)
+        rates = rejection_rates(
+            test, draws, seeds, tasks, effect, alpha, seed=int(round(effect * 1000)), structure=structure
+        )
         for comparison, rate in rates.items():
             if comparison not in found and rate >= power:
                 found[comparison] = round(effect, 4)

@@ -11,7 +11,7 @@ candidate with that reason, so only tasks the judge explicitly accepts pass. Off
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Task, Verdict

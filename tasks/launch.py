@@ -71,12 +71,27 @@ def launch_command(config: PipelineConfig, processes: int, spec: Path) -> list[s
         if not Path(training.accelerate_config).is_file():
             raise ConfigError(f"training.accelerate_config {training.accelerate_config} does not exist.")
         return [
-            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(training.accelerate_config),
-            "--num_processes", str(processes), "--module", RANK_MODULE, str(spec),
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(training.accelerate_config),
+            "--num_processes",
+            str(processes),
+            "--module",
+            RANK_MODULE,
+            str(spec),
         ]
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-        "-m", RANK_MODULE, str(spec),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(processes),
+        "-m",
+        RANK_MODULE,
+        str(spec),
     ]
 
 
@@ -103,7 +118,9 @@ def launch_update(
     trajectories of its share from the warehouse. Raises RankFailedError when a rank fails.
     """
     if not round_groups.groups:
-        raise DataError(f"Round {round_} has no group with reward variance: there is nothing to train on several ranks.")
+        raise DataError(
+            f"Round {round_} has no group with reward variance: there is nothing to train on several ranks."
+        )
     wanted = config.training.num_processes
     # TRL's groups are the segment slots of the informative task groups (one per task in the compact style).
     slots = len(round_groups.slots)

@@ -6,7 +6,8 @@ both build on this module; neither imports the other.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from tqdm.auto import tqdm
 

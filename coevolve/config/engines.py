@@ -37,9 +37,15 @@ class EngineSettings(Section):
         "COEVOLVE_OPENAI_API_KEY",
         description="Environment variable holding the 'openai' server's API key, so keys never sit in config files; unset sends none.",
     )
-    request_timeout_s: float = Field(300.0, gt=0, description="Seconds one 'openai' completion may take: long messages on a busy server.")
-    request_retries: int = Field(3, ge=0, description="Retries of a failed 'openai' request (connection, timeout, 5xx) before the stage fails.")
-    concurrency: int = Field(32, ge=1, description="Requests in flight to each 'openai' server, so its continuous batching sees the batch.")
+    request_timeout_s: float = Field(
+        300.0, gt=0, description="Seconds one 'openai' completion may take: long messages on a busy server."
+    )
+    request_retries: int = Field(
+        3, ge=0, description="Retries of a failed 'openai' request (connection, timeout, 5xx) before the stage fails."
+    )
+    concurrency: int = Field(
+        32, ge=1, description="Requests in flight to each 'openai' server, so its continuous batching sees the batch."
+    )
     logprob_tolerance: float | None = Field(
         0.05,
         ge=0,
@@ -51,16 +57,27 @@ class EngineSettings(Section):
             "skips the check (e.g. a checkpoint too large to load on the machine running the rollout stage)."
         ),
     )
-    vllm_dtype: str = Field("auto", description="Weights dtype of vLLM engines and servers; 'auto' keeps a local checkpoint's saved dtype.")
-    vllm_gpu_memory_utilization: float = Field(
-        0.5, gt=0, le=1, description="GPU memory share of engine 'vllm': half leaves room for the update stage's trainer."
+    vllm_dtype: str = Field(
+        "auto", description="Weights dtype of vLLM engines and servers; 'auto' keeps a local checkpoint's saved dtype."
     )
-    vllm_max_model_len: int | None = Field(None, ge=16, description="Context length of engine 'vllm'; None uses the model's.")
+    vllm_gpu_memory_utilization: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="GPU memory share of engine 'vllm': half leaves room for the update stage's trainer.",
+    )
+    vllm_max_model_len: int | None = Field(
+        None, ge=16, description="Context length of engine 'vllm'; None uses the model's."
+    )
     vllm_tensor_parallel_size: int = Field(
-        1, ge=1, description="GPUs one vLLM engine (in-process or `coevolve serve`) shards a model over: for models one GPU cannot hold."
+        1,
+        ge=1,
+        description="GPUs one vLLM engine (in-process or `coevolve serve`) shards a model over: for models one GPU cannot hold.",
     )
     vllm_data_parallel_size: int = Field(
-        1, ge=1, description="Model replicas of one vLLM engine (in-process or `coevolve serve`): more rollout throughput per machine."
+        1,
+        ge=1,
+        description="Model replicas of one vLLM engine (in-process or `coevolve serve`): more rollout throughput per machine.",
     )
 
 
@@ -74,7 +91,9 @@ class ServerSettings(Section):
         ),
     )
     control_timeout_s: float = Field(
-        30.0, gt=0, description="Seconds a health check or weight-push call to a server may take, so a hung server cannot stall a stage."
+        30.0,
+        gt=0,
+        description="Seconds a health check or weight-push call to a server may take, so a hung server cannot stall a stage.",
     )
     weight_sync: Literal["auto", "lora", "reload", "off", "restart"] = Field(
         "auto",
@@ -115,4 +134,6 @@ class ServerSettings(Section):
             "checkpoint, so a server on checkpoint 0 serves round r as the stack of r adapters (rank r x lora_rank)."
         ),
     )
-    server_max_loras: int = Field(2, ge=1, description="--max-loras of `coevolve serve`: the round's adapter and the one being replaced.")
+    server_max_loras: int = Field(
+        2, ge=1, description="--max-loras of `coevolve serve`: the round's adapter and the one being replaced."
+    )

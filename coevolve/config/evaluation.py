@@ -14,7 +14,9 @@ from coevolve.config.base import Section
 class EvaluationSettings(Section):
     # Evaluation splits sized and reused across runs; every split is scored greedily by default.
     heldout_tasks: int = Field(
-        100, ge=0, description="Held-out synthetic tasks scored greedily after each round; 100 resolves about 0.04 (one sd 0.03 at 10%)."
+        100,
+        ge=0,
+        description="Held-out synthetic tasks scored greedily after each round; 100 resolves about 0.04 (one sd 0.03 at 10%).",
     )
     final_heldout_tasks: int = Field(
         0,

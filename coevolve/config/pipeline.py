@@ -20,7 +20,9 @@ from coevolve.errors import ConfigError
 
 
 class PipelineConfig(Section):
-    run_id: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$", description="Names a run; rounds of one run share a pool.")
+    run_id: str = Field(
+        "default", pattern=r"^[A-Za-z0-9_.-]+$", description="Names a run; rounds of one run share a pool."
+    )
     state_dir: Path = Field(
         Path(".coevolve"),
         description=(
@@ -139,4 +141,3 @@ class PipelineConfig(Section):
             return PipelineConfig.model_validate(deep_merge(self.model_dump(mode="json"), overrides))
         except ValidationError as exc:
             raise ConfigError(explain(exc)) from None
-

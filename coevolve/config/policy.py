@@ -45,13 +45,23 @@ class PolicyConfig(Section):
             "has least of and the loop can teach."
         ),
     )
-    sft_steps: int = Field(800, ge=0, description="SFT steps for 'builtin:tiny': about 6 minutes here, partial skill so rounds have signal.")
-    sft_learning_rate: float = Field(6e-3, gt=0, description="Tiny random-init models need a large rate (6e-3 beat 3e-3 at equal steps).")
+    sft_steps: int = Field(
+        800,
+        ge=0,
+        description="SFT steps for 'builtin:tiny': about 6 minutes here, partial skill so rounds have signal.",
+    )
+    sft_learning_rate: float = Field(
+        6e-3, gt=0, description="Tiny random-init models need a large rate (6e-3 beat 3e-3 at equal steps)."
+    )
     sft_batch_size: int = Field(16, ge=1, description="Demonstrations per SFT step.")
     hidden_size: int = Field(128, ge=16, description="Width of the builtin tiny model.")
-    num_layers: int = Field(2, ge=1, description="Depth of the builtin tiny model: 2 layers train twice as fast as 4 at similar skill.")
+    num_layers: int = Field(
+        2, ge=1, description="Depth of the builtin tiny model: 2 layers train twice as fast as 4 at similar skill."
+    )
     vocab_size: int = Field(2048, ge=300, description="Byte-level BPE vocabulary trained on the demonstrations' text.")
-    torch_threads: int = Field(1, ge=1, description="CPU threads for torch: one is fastest for tiny models on shared cores.")
+    torch_threads: int = Field(
+        1, ge=1, description="CPU threads for torch: one is fastest for tiny models on shared cores."
+    )
     cpu_kernels: Literal["avx2", "native"] = Field(
         "avx2",
         description=(

@@ -18,9 +18,13 @@ from coevolve.config.evaluation import EvaluationSettings
 class SamplingSettings(Section):
     # What a round samples: tasks, the GRPO group, temperatures and message length.
     tasks_per_round: int = Field(
-        24, ge=1, description="Tasks drawn from the pool per round (paper: 32 per step); with 24, 6-7 groups a round have reward variance."
+        24,
+        ge=1,
+        description="Tasks drawn from the pool per round (paper: 32 per step); with 24, 6-7 groups a round have reward variance.",
     )
-    group_size: int = Field(6, ge=2, description="Samples per task, the GRPO group n (paper: 8). At least 2 for an advantage.")
+    group_size: int = Field(
+        6, ge=2, description="Samples per task, the GRPO group n (paper: 8). At least 2 for an advantage."
+    )
     temperature: float = Field(0.9, ge=0, description="Sampling temperature of training rollouts (paper: 0.9).")
     eval_temperature: float = Field(0.0, ge=0, description="Evaluation decoding; 0 is greedy (paper: greedy).")
     max_new_tokens: int = Field(96, ge=8, description="Tokens per model message (paper: 4096 per response).")
