@@ -63,7 +63,7 @@ def bench_step_only(tasks: list[Task], rounds: int = 5) -> dict[str, float]:
     messages = ["[" + ", ".join(c.render() for c in task.reference[0]) + "]" for task in tasks]
     seconds = 0.0
     steps = 0
-    for task, text in zip(tasks, messages):
+    for task, text in zip(tasks, messages, strict=True):
         env.reset(task)
         started = time.perf_counter()
         for _ in range(rounds):

@@ -68,7 +68,7 @@ def main() -> None:
             processes.append(start_server(o, Path(tmp) / f"server-{i}.log"))
         try:
             started = time.perf_counter()
-            for process, o, i in zip(processes, options, range(2)):
+            for process, o, i in zip(processes, options, range(2), strict=True):
                 wait_until_ready(process, base_url(o), Path(tmp) / f"server-{i}.log")
             start_s = time.perf_counter() - started
             results = {}

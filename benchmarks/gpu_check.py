@@ -117,7 +117,7 @@ def update(policy: Path, batch: list, generations: list, samples: int, work: Pat
         rollout={"group_size": samples, "temperature": TEMPERATURE}, training={"steps_per_round": 1},
     )  # fmt: skip
     trajectories = []
-    for index, (prompt, generation) in enumerate(zip(batch, generations)):
+    for index, (prompt, generation) in enumerate(zip(batch, generations, strict=True)):
         tokens, logprobs = generation.token_ids or [0], generation.logprobs or [0.0]
         reward = float(index % samples % 2)
         trajectories.append(
@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     if not cuda and not args.allow_cpu:
         print(
-            "No CUDA device: this checks the GPU path. Run it on a GPU machine, or pass --allow-cpu to check the script on the CPU.",
+            "No CUDA device: this checks the GPU path. Run it on a GPU machine, or pass --allow-cpu to check the "
+            "script on the CPU.",
             file=sys.stderr,
         )
         return 2

@@ -68,8 +68,8 @@ def _conversations() -> list:
     from coevolve.records import Message
 
     return [
-        [Message("system", SYSTEM), Message("user", request.format(name=name)), Message("assistant", calls.format(name=name)),
-         Message("tool", "ok"), Message("assistant", "done")]
+        [Message("system", SYSTEM), Message("user", request.format(name=name)),
+         Message("assistant", calls.format(name=name)), Message("tool", "ok"), Message("assistant", "done")]
         for request, calls in REQUESTS
         for name in NAMES
     ]  # fmt: skip
@@ -127,8 +127,8 @@ def part_engine(job: dict[str, Any]) -> dict[str, Any]:
         engine.close()
     tokens = sum(len(g.token_ids) for g in generations)
     return {
-        "part": "engine vllm (VLLMEngine)", "dtype": dtype, "start_s": round(start_s, 1), "requests": len(batch), "tokens": tokens,
-        "seconds": round(seconds, 3), "tokens_per_s": _tokens_per_s(tokens, seconds),
+        "part": "engine vllm (VLLMEngine)", "dtype": dtype, "start_s": round(start_s, 1), "requests": len(batch),
+        "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": _tokens_per_s(tokens, seconds),
         "generations": [{"token_ids": g.token_ids, "logprobs": g.logprobs} for g in generations],
     }  # fmt: skip
 
@@ -249,8 +249,8 @@ def part_server(model: Path, job: dict[str, Any], python: Path, work: Path, cuda
         torch.cuda.empty_cache()
     tokens = sum(len(g.token_ids) for g in generations)
     return {
-        "part": "engine openai (coevolve serve)", "start_s": round(start_s, 1), "requests": len(batch), "tokens": tokens,
-        "seconds": round(seconds, 3), "tokens_per_s": _tokens_per_s(tokens, seconds),
+        "part": "engine openai (coevolve serve)", "start_s": round(start_s, 1), "requests": len(batch),
+        "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": _tokens_per_s(tokens, seconds),
         "logprob_mean_abs_diff_vs_float32_local": round(difference, 5),
     }  # fmt: skip
 
@@ -275,14 +275,14 @@ def part_update(
     results, checkpoint = [], model
     for round_ in range(rounds):
         trajectories = []
-        for index, (prompt, generation) in enumerate(zip(batch, generations)):
+        for index, (prompt, generation) in enumerate(zip(batch, generations, strict=True)):
             tokens = generation["token_ids"] or [0]
             logprobs = generation["logprobs"] or [0.0]
             reward = float(index % samples % 2)  # half of every group succeeds: each group has reward variance
             trajectories.append(
                 Trajectory(
-                    run_id=config.run_id, round=round_, task_id=f"t-{index // samples:03d}", sample=index % samples, steps=[],
-                    prompt_ids=list(prompt), completion_ids=list(tokens), completion_mask=[1] * len(tokens),
+                    run_id=config.run_id, round=round_, task_id=f"t-{index // samples:03d}", sample=index % samples,
+                    steps=[], prompt_ids=list(prompt), completion_ids=list(tokens), completion_mask=[1] * len(tokens),
                     logprobs=list(logprobs), reward=reward, success=reward > 0, finish_reason="done",
                 )
             )  # fmt: skip
@@ -350,8 +350,9 @@ def main() -> int:
     cuda = torch.cuda.is_available()
     if not cuda and not args.allow_cpu:
         print(
-            "gpu_smoke: CUDA is not available to torch in this environment, so there is no GPU path to check. Run it on "
-            "a machine with an NVIDIA GPU (make gpu-smoke), or pass --allow-cpu to run the same steps on the CPU build.",
+            "gpu_smoke: CUDA is not available to torch in this environment, so there is no GPU path to check. "
+            "Run it on a machine with an NVIDIA GPU (make gpu-smoke), or pass --allow-cpu to run the same steps on "
+            "the CPU build.",
             file=sys.stderr,
         )
         return 2
@@ -389,13 +390,15 @@ def main() -> int:
     print(json.dumps(served), flush=True)
     update = part_update(model, batch, args.samples, generations, args.rounds, work_root)
     print(json.dumps(update), flush=True)
+    standalone_rate = standalone["tokens_per_s"]
     print(
         json.dumps(
             {
                 "summary": device, "requests": len(batch), "max_new_tokens": args.max_new_tokens,
-                "engine_vllm_tokens_per_s": engine["tokens_per_s"], "standalone_tokens_per_s": standalone["tokens_per_s"],
-                "engine_vs_standalone": round(engine["tokens_per_s"] / standalone["tokens_per_s"], 2) if standalone["tokens_per_s"] else None,
-                "engine_openai_tokens_per_s": served["tokens_per_s"], "update_s_per_round": update["update_s_per_round"],
+                "engine_vllm_tokens_per_s": engine["tokens_per_s"], "standalone_tokens_per_s": standalone_rate,
+                "engine_vs_standalone": round(engine["tokens_per_s"] / standalone_rate, 2) if standalone_rate else None,
+                "engine_openai_tokens_per_s": served["tokens_per_s"],
+                "update_s_per_round": update["update_s_per_round"],
                 "total_s": round(time.perf_counter() - started, 1),
             }
         ),

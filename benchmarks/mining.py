@@ -118,7 +118,7 @@ def reference_mine(rows: list[tuple], round_: int, config: SignalConfig) -> set[
                 out.add(("boundary", trajectory_id))
     if total >= config.rare_min_total:
         limit = config.rare_theta / 100
-        for trajectory_id, r, task_id, sample, reward, seq in rows:
+        for trajectory_id, r, _task_id, _sample, _reward, seq in rows:
             if r == round_ and seq and 0 < counts[">".join(seq)] / total < limit:
                 out.add(("rare", trajectory_id))
     return out

@@ -30,7 +30,8 @@ Candidates:
 Run (from the repository root; the machine: 2 shared cores):
 
     .venv/bin/python benchmarks/table_formats.py                       # 1M steps, all three candidates
-    .venv/bin/python benchmarks/table_formats.py --steps 10000000 --formats parquet,delta --skip-concurrency --skip-crash
+    .venv/bin/python benchmarks/table_formats.py --steps 10000000 --formats parquet,delta \\
+        --skip-concurrency --skip-crash
     .venv/bin/python benchmarks/table_formats.py --ducklake-python /tmp/ducklake-venv/bin/python
 
 Prints markdown tables (and ``--json`` writes the raw figures). Scratch files go under ``--workdir``.
@@ -98,7 +99,8 @@ def _build_chunk(start: int, end: int, rows_per_round: int, rng) -> pa.Table:
     t_ids = np.arange(first_traj, last_traj + 1)
     t_part = (t_ids * STEPS_PER_TRAJECTORY) // rows_per_round
     traj_strings = pa.array(
-        [f"run-{p % RUNS}/r{p // RUNS}/task-{(t // 8) * 2654435761 % 16**6:06x}/s{t % 8}" for t, p in zip(t_ids.tolist(), t_part.tolist())]
+        [f"run-{p % RUNS}/r{p // RUNS}/task-{(t // 8) * 2654435761 % 16**6:06x}/s{t % 8}"
+         for t, p in zip(t_ids.tolist(), t_part.tolist(), strict=True)]
     )  # fmt: skip
     trajectory_id = pc.take(traj_strings, pa.array(traj - first_traj))
     run_id = pc.take(pa.array([f"run-{r}" for r in range(RUNS)]), pa.array(run))
@@ -261,7 +263,9 @@ class DeltaFormat:
     name = "delta"
 
     def __init__(self, root: Path) -> None:
-        import deltalake
+        # A candidate's own package, installed only to run this benchmark; the project is not importable in
+        # the ducklake child's interpreter, so coevolve.optional is not used in this file.
+        import deltalake  # noqa: PLC0415 - imported only when the delta candidate runs
 
         self.dl = deltalake
         self.root = root
@@ -301,7 +305,8 @@ class DuckLakeFormat:
     name = "ducklake"
 
     def __init__(self, root: Path) -> None:
-        import duckdb_extension_ducklake
+        # Only in the ducklake child's interpreter (--ducklake-python), which has duckdb 1.5.5 and the extension.
+        import duckdb_extension_ducklake  # noqa: PLC0415 - present only in the ducklake child's interpreter
 
         self.root = root
         self.catalog = root / "catalog.ducklake"
@@ -314,7 +319,8 @@ class DuckLakeFormat:
         )
 
     def version(self) -> str:
-        return f"duckdb {duckdb.__version__} + duckdb-extension-ducklake {importlib.metadata.version('duckdb-extension-ducklake')}"
+        extension = importlib.metadata.version("duckdb-extension-ducklake")
+        return f"duckdb {duckdb.__version__} + duckdb-extension-ducklake {extension}"
 
     def _attach(self, read_only: bool = False) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect()
@@ -431,7 +437,7 @@ def measure_ingest(fmt, table: pa.Table, rows_per_round: int, batch: int, repeat
     result["replace_s"] = time.perf_counter() - t0
     result["replace_rows"] = sum(p.num_rows for p in parts)
     con = fmt.reader()
-    after = dict(((r, n), c) for r, n, c in con.execute(COUNT_SQL).fetchall())
+    after = {(r, n): c for r, n, c in con.execute(COUNT_SQL).fetchall()}
     con.close()
     result["replace_ok"] = (
         after.get(("run-0", round_)) == result["replace_rows"] and sum(after.values()) == table.num_rows
@@ -447,7 +453,7 @@ def _writer_proc(fmt_name: str, root: str, wl_path: str, wid: int, rows: int, ba
     for seq, start in enumerate(range(0, rows, batch)):
         part = shard.slice(start, batch)
         delay = 0.02
-        for attempt in range(400):
+        for _attempt in range(400):
             try:
                 fmt.append(None, part, f"conc-{wid}", 0, seq)
                 break
@@ -528,8 +534,10 @@ def measure_concurrency(fmt_name: str, root: Path, wl_path: str, rows: int, batc
     return {
         "writers": writers, "rows_per_writer": rows, "batch": batch, "wall_s": wall,
         "steps_per_s": writers * rows / wall, "exactly_once": exact,
-        "writer_retries": sum(r["retries"] for r in results), "failed_batches": sum(r["failed_batches"] for r in results),
-        "writer_errors": sorted({m for r in results for m in r["errors"]})[:3], **{f"reader_{k}": v for k, v in read.items()},
+        "writer_retries": sum(r["retries"] for r in results),
+        "failed_batches": sum(r["failed_batches"] for r in results),
+        "writer_errors": sorted({m for r in results for m in r["errors"]})[:3],
+        **{f"reader_{k}": v for k, v in read.items()},
     }  # fmt: skip
 
 
@@ -606,34 +614,40 @@ def run_candidate(args) -> dict:
 
 
 def report(results: list[dict]) -> str:
-    lines = ["| format | version | steps | ingest steps/s | ingest s | on disk MiB | files | failure-rate query s | count query s | replace partition s (rows) |",
+    lines = ["| format | version | steps | ingest steps/s | ingest s | on disk MiB | files | failure-rate query s "
+             "| count query s | replace partition s (rows) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in results:
         if "error" in r:
             lines.append(
-                f"| {r['format']} | {r.get('version', '-')} | {r.get('steps', '-')} | failed: {r['error']} | | | | | | |"
+                f"| {r['format']} | {r.get('version', '-')} | {r.get('steps', '-')} | failed: {r['error']} "
+                "| | | | | | |"
             )
             continue
         i = r["ingest"]
         lines.append(
-            f"| {r['format']} | {r['version']} | {r['steps']:,} | {i['steps_per_s']:,.0f} | {i['ingest_s']:.1f} | {i['bytes'] / 2**20:,.0f} | "
-            f"{i['files']:,} | {i['failure_s']:.2f} | {i['count_s']:.3f} | {i['replace_s']:.2f} ({i['replace_rows']:,}{'' if i['replace_ok'] else ', WRONG'}) |"
+            f"| {r['format']} | {r['version']} | {r['steps']:,} | {i['steps_per_s']:,.0f} | {i['ingest_s']:.1f} | "
+            f"{i['bytes'] / 2**20:,.0f} | {i['files']:,} | {i['failure_s']:.2f} | {i['count_s']:.3f} | "
+            f"{i['replace_s']:.2f} ({i['replace_rows']:,}{'' if i['replace_ok'] else ', WRONG'}) |"
         )
         if "parquet_control" in r:
             c = r["parquet_control"]
             lines.append(
-                f"| parquet files read by DuckDB {c['duckdb']} (control) | | {c['rows']:,} | | | | | {c['failure_s']:.2f} | {c['count_s']:.3f} | |"
+                f"| parquet files read by DuckDB {c['duckdb']} (control) | | {c['rows']:,} | | | | | "
+                f"{c['failure_s']:.2f} | {c['count_s']:.3f} | |"
             )
     conc = [r for r in results if "concurrency" in r]
     if conc:
-        lines += ["", "| format | writers x rows (batch) | wall s | steps/s | exactly once | writer retries | failed batches | reads | reader errors | torn reads | first writer / reader error |",
+        lines += ["", "| format | writers x rows (batch) | wall s | steps/s | exactly once | writer retries "
+                      "| failed batches | reads | reader errors | torn reads | first writer / reader error |",
                   "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
         for r in conc:
             c = r["concurrency"]
             errs = "; ".join(c["writer_errors"][:1] + c["reader_error_messages"][:1]) or "-"
             lines.append(
-                f"| {r['format']} | {c['writers']} x {c['rows_per_writer']:,} ({c['batch']:,}) | {c['wall_s']:.1f} | {c['steps_per_s']:,.0f} | "
-                f"{c['exactly_once']} | {c['writer_retries']} | {c['failed_batches']} | {c['reader_reads']} | {c['reader_errors']} | {c['reader_torn']} | {errs} |"
+                f"| {r['format']} | {c['writers']} x {c['rows_per_writer']:,} ({c['batch']:,}) | {c['wall_s']:.1f} | "
+                f"{c['steps_per_s']:,.0f} | {c['exactly_once']} | {c['writer_retries']} | {c['failed_batches']} | "
+                f"{c['reader_reads']} | {c['reader_errors']} | {c['reader_torn']} | {errs} |"
             )
     crash = [r for r in results if "crash" in r]
     if crash:
@@ -646,7 +660,8 @@ def report(results: list[dict]) -> str:
             for c in r["crash"]:
                 seen = f"{c['crash_rows']:,} ({c['whole_batches']})" if c.get("read_ok") else c.get("read_error", "-")
                 lines.append(
-                    f"| {r['format']} | {c['kill_after_s']} | {c['read_ok']} | {seen} | {c['leftover_files']} | {c['next_append_ok']} {c.get('append_error', '')} |"
+                    f"| {r['format']} | {c['kill_after_s']} | {c['read_ok']} | {seen} | {c['leftover_files']} | "
+                    f"{c['next_append_ok']} {c.get('append_error', '')} |"
                 )
     return "\n".join(lines)
 
@@ -698,8 +713,9 @@ def main() -> None:
         formats = args.formats.split(",")
         for name in formats:
             python = args.ducklake_python if name == "ducklake" else sys.executable
-            cmd = [python, __file__, "--worker", name, "--workload", str(wl), "--steps-one", str(steps), "--workdir", str(workdir),
-                   "--batch", str(args.batch), "--rows-per-round", str(args.rows_per_round), "--repeats", str(args.repeats),
+            cmd = [python, __file__, "--worker", name, "--workload", str(wl), "--steps-one", str(steps),
+                   "--workdir", str(workdir), "--batch", str(args.batch), "--rows-per-round", str(args.rows_per_round),
+                   "--repeats", str(args.repeats),
                    "--conc-rows", str(args.conc_rows), "--conc-batch", str(args.conc_batch)]  # fmt: skip
             cmd += ["--skip-concurrency"] * args.skip_concurrency + ["--skip-crash"] * args.skip_crash
             keep_parquet = name == "parquet" and "ducklake" in formats

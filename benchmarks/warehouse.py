@@ -9,8 +9,8 @@ For each size (``--steps``) and write batch (``--batch``, trajectories per write
   of 5,000, so a long tail of tool sequences is rare; 128 prompt token ids and 60 completion ids per
   step with their mask and logprobs) are generated one batch at a time, so memory stays bounded at
   any size. Each batch goes to durable storage through `Warehouse.write_trajectories` (Arrow
-  conversion, zstd Parquet, fsync, rename), and the same batch, as plain dict rows of the same nested shape (built outside
-  the timing), through pyarrow alone: ``pa.Table.from_pylist`` then ``pq.write_table`` of steps and
+  conversion, zstd Parquet, fsync, rename), and the same batch, as plain dict rows of the same nested
+  shape (built outside the timing), through pyarrow alone: ``pa.Table.from_pylist`` then ``pq.write_table`` of steps and
   trajectories, with the warehouse's compression, into a second folder (no fsync). Both are timed
   per batch, interleaved, so load on the machine falls on both alike; steps/s and their ratio are
   reported. Generating the records is timed apart.
@@ -203,7 +203,7 @@ def ingest(warehouse: Warehouse, plain: Path, total_steps: int, rounds: int, bat
         warehouse.write_tasks(tasks)
         warehouse.set_pool(RUN, round_, [t.task_id for t in tasks])
         pending: list[Trajectory] = []
-        for number, task in zip(numbers, tasks):
+        for number, task in zip(numbers, tasks, strict=True):
             level = skill.setdefault(number, rng.random())
             started = time.perf_counter()
             pending += [records.trajectory(round_, task.task_id, s, level) for s in range(GROUP)]
@@ -214,8 +214,9 @@ def ingest(warehouse: Warehouse, plain: Path, total_steps: int, rounds: int, bat
         if pending:
             write(pending, round_)
         picked = [tasks[i] for i in range(0, len(tasks), 2)]  # signals on 5% of the round's trajectories
-        signals = [Signal(RUN, round_, ("boundary", "rare", "forgetting")[i % 3], f"{RUN}/r{round_}/{t.task_id}/s{i % GROUP}",
-                          t.task_id, {"score": 0.0}) for i, t in enumerate(picked[: len(tasks) * GROUP // 20])]  # fmt: skip
+        signals = [Signal(RUN, round_, ("boundary", "rare", "forgetting")[i % 3],
+                          f"{RUN}/r{round_}/{t.task_id}/s{i % GROUP}", t.task_id, {"score": 0.0})
+                   for i, t in enumerate(picked[: len(tasks) * GROUP // 20])]  # fmt: skip
         warehouse.write_signals(signals)
         warehouse.write_candidates(RUN, round_, [
             Candidate(make_task(10_000_000 + round_ * 1000 + i, round_ + 1), s.signal_id, Verdict(i % 2 == 0, "ok"))
