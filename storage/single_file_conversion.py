@@ -86,8 +86,8 @@ def _copy_all(path: Path, root: str, storage_options: dict[str, Any] | None, bat
             _copy_pool(old, wh)
             _copy_trajectories(old, wh, batch_rows)
             _copy_small(old, wh, "signals", ["signal_id", "kind", "trajectory_id", "task_id", "evidence::VARCHAR"])
-            _copy_small(old, wh, "candidates",
-                        ["task_id", "signal_key", "signal_id", "origin", "accepted", "reason", "task::VARCHAR"])  # fmt: skip
+            candidate_columns = ["task_id", "signal_key", "signal_id", "origin", "accepted", "reason", "task::VARCHAR"]
+            _copy_small(old, wh, "candidates", candidate_columns)
             _copy_evaluations(old, wh)
             wh.publish_layout()
     finally:
@@ -100,7 +100,7 @@ def _copy_all(path: Path, root: str, storage_options: dict[str, Any] | None, bat
 def _rows(con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
     relation = con.execute(query, list(params))
     names = [d[0] for d in relation.description]
-    return [dict(zip(names, row)) for row in relation.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in relation.fetchall()]
 
 
 def _table(con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()) -> pa.Table:

@@ -74,7 +74,8 @@ LINEAGE_TAGS = (
     "trajectories.round",
     "trajectories.count",
     "trajectories.ids_digest",
-    # Set when the run's round-0 trajectories and checkpoint 1 were copied from another arm of its seed (flows/ablation.py).
+    # Set when the run's round-0 trajectories and checkpoint 1 were copied from another arm of its seed
+    # (flows/ablation.py).
     "trajectories.copied_from",
 )
 
@@ -192,7 +193,8 @@ class Tracker:
 
         if training_pool_path is not None and not Path(training_pool_path).is_file():
             raise DataError(
-                f"Pool snapshot {training_pool_path} does not exist; the round's training pool must be snapshotted first."
+                f"Pool snapshot {training_pool_path} does not exist; the round's training pool must be snapshotted "
+                "first."
             )
         trained_from = training_pool_digest or pool_digest
         link = {
@@ -298,7 +300,8 @@ class Tracker:
         return digest
 
     def version_tags(self, name: str, version: str) -> dict[str, str]:
-        """The lineage tags of one model version, given by number or alias (``current``, ``best``); DataError when missing."""
+        """The lineage tags of one model version, given by number or alias (``current``, ``best``);
+        DataError when missing."""
         try:
             if str(version).isdigit():
                 found = self.client.get_model_version(name, str(version))
@@ -312,7 +315,8 @@ class Tracker:
         return {"version": str(found.version), **{k: found.tags.get(k, "") for k in LINEAGE_TAGS}}
 
     def lineage(self, name: str, version: str) -> list[dict[str, str]]:
-        """``version`` (a number or an alias) and each parent in turn, newest first, down to the version trained from checkpoint 0.
+        """``version`` (a number or an alias) and each parent in turn, newest first, down to the version trained
+        from checkpoint 0.
 
         The last entry's ``parent_checkpoint`` / ``parent_checkpoint_digest`` are checkpoint 0 and its
         ``pool_digest`` is D_0. Raises DataError when a parent is missing or the chain loops.

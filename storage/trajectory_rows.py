@@ -69,7 +69,7 @@ class TrajectoryRows(WarehouseViews):
             for table in ("trajectories", *BATCH_PARTS):
                 self.files.sweep_partials(table)
         stored = self._partition("trajectories", run_id, round_, ["task_id", "sample"])
-        return set(zip(stored.column("task_id").to_pylist(), stored.column("sample").to_pylist()))
+        return set(zip(stored.column("task_id").to_pylist(), stored.column("sample").to_pylist(), strict=True))
 
     def outcomes(self, run_id: str, round_: int) -> dict[str, list[Any]]:
         """task_id, sample, reward, success and finish_reason of the round's stored trajectories (columns)."""
@@ -79,10 +79,13 @@ class TrajectoryRows(WarehouseViews):
     def tool_sequences(self, run_id: str, round_: int) -> dict[str, list[str]]:
         """trajectory_id -> the tools it called, for the round's stored trajectories."""
         table = self._partition("trajectories", run_id, round_, ["trajectory_id", "tool_sequence"])
-        return dict(zip(table.column("trajectory_id").to_pylist(), table.column("tool_sequence").to_pylist()))
+        return dict(
+            zip(table.column("trajectory_id").to_pylist(), table.column("tool_sequence").to_pylist(), strict=True)
+        )
 
     def trajectories(self, run_id: str, round: int, task_ids: Iterable[str] | None = None) -> list[Trajectory]:
-        """Full trajectories of a round, steps included, ordered by task then sample; of ``task_ids`` only when given."""
+        """Full trajectories of a round, steps included, ordered by task then sample;
+        of ``task_ids`` only when given."""
         head_table, step_table = self._partition("trajectories", run_id, round), self._partition("steps", run_id, round)
         if task_ids is not None:
             # Filtered as Arrow columns: only the wanted rows become Python objects.
@@ -128,7 +131,7 @@ class TrajectoryRows(WarehouseViews):
             paths = self._trajectory_files(run_id, upto_round)
             if not paths:
                 schema = SCHEMAS["trajectories"]
-                empty = pl.from_arrow(pa.schema([schema.field(c) for c in columns]).empty_table())
+                empty = pl.DataFrame(pa.schema([schema.field(c) for c in columns]).empty_table())
                 frame = empty.with_columns(pl.lit(run_id).alias("run_id"), pl.lit(0, pl.Int32).alias("round")).clear()
             else:
                 try:
@@ -151,7 +154,10 @@ class TrajectoryRows(WarehouseViews):
                     params={"run": run_id, "upto": upto_round},
                 ).pl()
             except duckdb.Error as exc:
-                raise self._damaged_table_file(exc, "trajectories") or exc
+                damaged = self._damaged_table_file(exc, "trajectories")
+                if damaged is None:
+                    raise
+                raise damaged from exc
             finally:
                 con.close()
         order = [
@@ -184,7 +190,7 @@ class TrajectoryRows(WarehouseViews):
         paths = self._trajectory_files(run_id, upto_round)
         if not paths:
             fields = SCHEMAS["trajectories"]
-            empty = pl.from_arrow(pa.schema([fields.field(c) for c in columns if c != "round"]).empty_table())
+            empty = pl.DataFrame(pa.schema([fields.field(c) for c in columns if c != "round"]).empty_table())
             return empty.lazy().with_columns(pl.lit(0, pl.Int32).alias("round")).select(columns)
         # extra_columns: a column added within the layout (columns.conform) is in later files, not in earlier ones.
         scan = pl.scan_parquet(
