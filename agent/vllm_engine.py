@@ -110,7 +110,9 @@ class VLLMEngine(ClosedOnExit):
             return False  # vLLM 0.32 would keep the old tied output layer
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(Path(model_path).resolve())})
-        except Exception:  # an older vLLM without weights_path, or an executor that cannot reload
+        except Exception:  # noqa: BLE001 - a failed reload of any kind falls back to a rebuild
+            # An older vLLM without weights_path, or an executor that cannot reload: each raises its own
+            # errors from inside its workers, and all of them mean the same here: the engine is rebuilt.
             return False
         self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
         self.model_path = model_path
@@ -186,7 +188,7 @@ class VLLMEngine(ClosedOnExit):
         for output in outputs:
             sample = output.outputs[0]
             tokens = list(sample.token_ids)
-            logprobs = [float(step[token].logprob) for token, step in zip(tokens, sample.logprobs or [])]
+            logprobs = [float(step[token].logprob) for token, step in zip(tokens, sample.logprobs or [], strict=False)]
             if len(logprobs) != len(tokens):
                 raise RuntimeError(f"vLLM returned {len(tokens)} tokens but {len(logprobs)} logprobs.")
             stopped = bool(tokens) and tokens[-1] == eos

@@ -21,7 +21,9 @@ from coevolve.errors import ConfigError
 
 # Package -> how to get it, for the error a missing one raises.
 INSTALL_HINTS: dict[str, str] = {
-    "vllm": "vLLM lives in its own environment: run `make setup-vllm` (CPU) or install the `vllm` extra on a GPU machine",
+    "vllm": (
+        "vLLM lives in its own environment: run `make setup-vllm` (CPU) or install the `vllm` extra on a GPU machine"
+    ),
     "torch": "run `make setup` (it installs torch before the project)",
 }
 

@@ -139,7 +139,10 @@ class BfclEnvironment:
             outcome.observations = self.execute(calls)
             self._all_results.extend(outcome.observations)
             self._turn_called = True
-            lines = [f"{c.name} -> {o[: self.max_observation_chars]}" for c, o in zip(calls, outcome.observations)]
+            lines = [
+                f"{c.name} -> {o[: self.max_observation_chars]}"
+                for c, o in zip(calls, outcome.observations, strict=True)
+            ]
             outcome.messages.append(Message("tool", "\n".join(lines)))
         if not calls or self._steps_in_turn >= self.max_steps_per_turn:
             outcome.turn_ended = True

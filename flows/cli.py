@@ -1,9 +1,10 @@
-"""Command line: ``coevolve evolve | round | evaluate | ablation | sql | warehouse | lineage | config | status | serve``.
+"""Command line (``python -m flows.cli``, installed as ``coevolve``); its commands:
 
     coevolve evolve [--config FILE] [--set section.field=value ...] [--rounds N]
     coevolve round --round R [--config FILE] [--set ...]
     coevolve evaluate --checkpoint PATH [--categories base,miss_func,...] [--limit N] [--no-heldout] [--dev]
-    coevolve ablation [--config configs/ablation.yaml] [--arms static,random,full] [--seeds 1,2,3,4,5] [--rounds 5] [--workers 2]
+    coevolve ablation [--config configs/ablation.yaml] [--arms static,random,full] [--seeds 1,2,3,4,5]
+                      [--rounds 5] [--workers 2]
     coevolve sql "SELECT * FROM v_success_by_round"
     coevolve warehouse migrate [PATH] [--to ROOT] [--check]
     coevolve lineage VERSION|current|best [--model NAME]
@@ -284,8 +285,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model = Path(args.model).expanduser()
     if not model.exists() and (model.is_absolute() or args.model.startswith(".") or len(model.parts) > 2):
         raise PipelineError(
-            f"No checkpoint folder at {model.resolve()}. Checkpoint 0 of a run is {config.state_dir / 'models'}/<name> "
-            f"(the policy built by round 0); round r's is {config.checkpoint_dir(1).parent}/round-NNN (from round-001 on)."
+            f"No checkpoint folder at {model.resolve()}. Checkpoint 0 of a run is "
+            f"{config.state_dir / 'models'}/<name> (the policy built by round 0); round r's is "
+            f"{config.checkpoint_dir(1).parent}/round-NNN (from round-001 on)."
         )
     overrides: dict[str, Any] = {"host": args.host, "port": args.port}
     if args.cpu is not None:
@@ -371,8 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument(
         "version",
-        help="Model version number, e.g. 3, or an alias: current (the newest round's) or best (highest held-out success). "
-        "Of the run's registered model unless --model is given.",
+        help=(
+            "Model version number, e.g. 3, or an alias: current (the newest round's) or best (highest held-out "
+            "success). Of the run's registered model unless --model is given."
+        ),
     )
     p.add_argument(
         "--model", help="Registered model name (default: <tracking.registered_model>-<run_id> of the configured run)."
@@ -397,13 +401,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dev",
         action="store_true",
-        help="Also score the dev split: 200 synthetic tasks outside the seed pool, the SFT set and the held-out split, for choosing settings.",
+        help=(
+            "Also score the dev split: 200 synthetic tasks outside the seed pool, the SFT set and the held-out "
+            "split, for choosing settings."
+        ),
     )
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser(
         "serve",
-        help="Start a vLLM rollout server for engine 'openai' (processed logprobs, prefix caching, LoRA and weight reloads).",
+        help=(
+            "Start a vLLM rollout server for engine 'openai' (processed logprobs, prefix caching, LoRA and weight "
+            "reloads)."
+        ),
     )
     common(p)
     p.add_argument("--model", required=True, help="Checkpoint folder to serve: checkpoint 0 of the run for LoRA runs.")

@@ -63,7 +63,8 @@ def segment_groups(groups: Groups) -> Slots:
             key = task_id if slot == 0 else f"{task_id}#{slot}"
             if key in slots:
                 raise DataError(
-                    f"Task ids {task_id!r} and {slots[key][0]!r} both name the GRPO group {key!r}; task ids must not end in '#<number>'."
+                    f"Task ids {task_id!r} and {slots[key][0]!r} both name the GRPO group {key!r}; task ids must not "
+                    "end in '#<number>'."
                 )
             slots[key] = (task_id, slot)
     return slots

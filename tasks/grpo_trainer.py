@@ -178,7 +178,8 @@ def grpo_arguments(config: PipelineConfig, round_groups: RoundGroups, world: int
 
 
 def use_reference(trainer: GRPOTrainer, reference_checkpoint: Path) -> None:
-    """Make ``reference_checkpoint`` the model TRL's KL penalty is taken against, prepared the way TRL prepares its own."""
+    """Make ``reference_checkpoint`` the model TRL's KL penalty is taken against,
+    prepared the way TRL prepares its own."""
     reference, _ = load_policy(reference_checkpoint)
     if trainer.ref_model is not None:
         # Full weights: TRL built its reference from the input checkpoint and prepared it (dropout off,
@@ -252,9 +253,9 @@ def train(
     slots = round_groups.slots
     if len(slots) % world:
         raise DataError(
-            f"{len(slots)} groups (segment slots of {round_groups.task_groups} tasks) cannot be shared evenly by {world} "
-            "training processes: every rank trains on whole groups and the same number of them. Launch a process count "
-            "that divides the groups (tasks/launch.py does)."
+            f"{len(slots)} groups (segment slots of {round_groups.task_groups} tasks) cannot be shared evenly by "
+            f"{world} training processes: every rank trains on whole groups and the same number of them. Launch a "
+            "process count that divides the groups (tasks/launch.py does)."
         )
     torch.set_num_threads(config.policy.torch_threads)
     model, tokenizer = load_policy(checkpoint_in)

@@ -54,7 +54,8 @@ def outcome_matrix(a: Outcomes, b: Outcomes | Mapping[str, bool]) -> tuple[np.nd
 
 
 def two_way_array_test(left: np.ndarray, right: np.ndarray) -> dict[str, float]:
-    """``two_way_test`` on (seeds x tasks) arrays; what the simulation calls. Also returns each side's mean (a_mean, b_mean)."""
+    """``two_way_test`` on (seeds x tasks) arrays; what the simulation calls.
+    Also returns each side's mean (a_mean, b_mean)."""
     seeds, tasks = left.shape if left.ndim == 2 else (0, 0)
     result = {"seeds": seeds, "tasks": tasks, "mean_diff": math.nan, "se": math.nan, "t": math.nan, "p": math.nan}
     if left.size:
@@ -80,7 +81,8 @@ def two_way_array_test(left: np.ndarray, right: np.ndarray) -> dict[str, float]:
 
 
 def _clustered_mean(diff: np.ndarray, groups: np.ndarray):
-    """statsmodels' OLS of ``diff`` on a constant with cluster-robust covariance over ``groups`` (one or two columns), t reference."""
+    """statsmodels' OLS of ``diff`` on a constant with cluster-robust covariance over ``groups``
+    (one or two columns), t reference."""
     return sm.OLS(diff, np.ones_like(diff)).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
 
 
@@ -117,11 +119,14 @@ def seed_level_array_test(left: np.ndarray, right: np.ndarray) -> dict[str, floa
 
 
 def holm(pvalues: Mapping[str, float]) -> dict[str, float]:
-    """Holm-adjusted p-values of one family (statsmodels' multipletests); untestable (nan) entries stay nan and do not count."""
+    """Holm-adjusted p-values of one family (statsmodels' multipletests);
+    untestable (nan) entries stay nan and do not count."""
     names = [k for k, p in pvalues.items() if not math.isnan(p)]
     adjusted = dict.fromkeys(pvalues, math.nan)
     if names:
-        adjusted.update(zip(names, (float(p) for p in multipletests([pvalues[k] for k in names], method="holm")[1])))
+        adjusted.update(
+            zip(names, (float(p) for p in multipletests([pvalues[k] for k in names], method="holm")[1]), strict=True)
+        )
     return adjusted
 
 
@@ -210,7 +215,8 @@ def rejection_rates(
     seed: int = 0,
     structure: Structure = Structure(),
 ) -> dict[str, float]:
-    """Share of ``draws`` simulated experiments in which ``test`` rejects at ``alpha``, arm vs arm and arm vs checkpoint 0."""
+    """Share of ``draws`` simulated experiments in which ``test`` rejects at ``alpha``,
+    arm vs arm and arm vs checkpoint 0."""
     rng = np.random.default_rng(seed)
     hits = {"arm": 0, "ckpt0": 0}
     for _ in range(draws):

@@ -234,15 +234,19 @@ def step_messages(
 def abstraction_messages(
     kind: str, context: dict[str, Any], calls: list[ToolCall], observations: list[str]
 ) -> list[dict[str, str]]:
-    steps = "\n".join(f"{i + 1}. {c.render()} -> {o[:160]}" for i, (c, o) in enumerate(zip(calls, observations)))
+    steps = "\n".join(
+        f"{i + 1}. {c.render()} -> {o[:160]}" for i, (c, o) in enumerate(zip(calls, observations, strict=True))
+    )
     user = "\n".join(
         [
-            f"An exploration guided by a {kind} signal ({context['summary'][:300]}) executed these calls from the initial state:",
+            f"An exploration guided by a {kind} signal ({context['summary'][:300]}) executed these calls from the "
+            "initial state:",
             steps,
             "",
             "Write the task a user would give so that exactly these calls, in this order, complete it.",
             "Name every value the calls need; say what the finished state or answer is (the completion criterion).",
-            'Reply with one JSON object: {"description": "<one sentence for the task catalogue>", "query": "<the user\'s request>"}',
+            'Reply with one JSON object: {"description": "<one sentence for the task catalogue>", '
+            '"query": "<the user\'s request>"}',
         ]
     )
     system = "You turn tool-call sequences into natural user requests. Answer with JSON only."

@@ -123,7 +123,7 @@ def _stacked_bars(totals: dict[str, dict[str, float]], kinds: list[str], title: 
         for kind in kinds:
             values = [totals[a].get(kind, 0) for a in arms]
             ax.bar(arms, values, bottom=bottom, label=kind)
-            bottom = [b + v for b, v in zip(bottom, values)]
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         ax.set(title=title, ylabel=ylabel)
         ax.legend(fontsize=8)
         ax.tick_params(axis="x", labelrotation=20)

@@ -91,7 +91,8 @@ def load_config(
         raise ConfigError(explain(exc)) from None
     except SettingsError as exc:
         raise ConfigError(
-            f'A COEVOLVE_ environment variable could not be parsed ({exc}); list values are JSON, e.g. \'["boundary", "rare"]\'.'
+            f"A COEVOLVE_ environment variable could not be parsed ({exc}); list values are JSON, "
+            'e.g. \'["boundary", "rare"]\'.'
         ) from None
 
 

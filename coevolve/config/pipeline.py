@@ -61,9 +61,9 @@ class PipelineConfig(Section):
         env = self.environment
         if env.prompt_style == "bfcl" and self.policy.model == "builtin:tiny":
             raise ValueError(
-                "environment.prompt_style 'bfcl' needs a pretrained model: builtin:tiny is fine-tuned on demonstrations "
-                "in the compact prompt and only knows that one. Keep prompt_style compact, or set policy.model to a "
-                "Hugging Face id or local path (and environment.bfcl_handler)."
+                "environment.prompt_style 'bfcl' needs a pretrained model: builtin:tiny is fine-tuned on "
+                "demonstrations in the compact prompt and only knows that one. Keep prompt_style compact, or set "
+                "policy.model to a Hugging Face id or local path (and environment.bfcl_handler)."
             )
         if env.prompt_style == "bfcl" and env.bfcl_handler is None:
             derived = derive_bfcl_handler(self.policy.model)

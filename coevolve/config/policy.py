@@ -21,9 +21,9 @@ class PolicyConfig(Section):
         4000,
         ge=1,
         description=(
-            "Demonstrations the builtin tiny model is fine-tuned on: single-turn tasks from the unguided explorer with "
-            "sft_min_calls to sft_max_calls calls, a different distribution from the multi-turn target tasks (D_0, dev, "
-            "held-out), so checkpoint 0 knows the format and the tools but has never seen a target task."
+            "Demonstrations the builtin tiny model is fine-tuned on: single-turn tasks from the unguided explorer "
+            "with sft_min_calls to sft_max_calls calls, a different distribution from the multi-turn target tasks "
+            "(D_0, dev, held-out), so checkpoint 0 knows the format and the tools but has never seen a target task."
         ),
     )
     sft_min_calls: int = Field(1, ge=1, description="Fewest calls of a demonstration task of the builtin tiny model.")
@@ -31,8 +31,8 @@ class PolicyConfig(Section):
         2,
         ge=1,
         description=(
-            "Most calls of a demonstration task: at most 2 in one turn, so the target's longer jobs spread over several "
-            "user turns are new to checkpoint 0 and left for the loop to teach."
+            "Most calls of a demonstration task: at most 2 in one turn, so the target's longer jobs spread over "
+            "several user turns are new to checkpoint 0 and left for the loop to teach."
         ),
     )
     sft_joint_calls: float = Field(
@@ -40,9 +40,9 @@ class PolicyConfig(Section):
         ge=0,
         le=1,
         description=(
-            "Share of the demonstrations that ask for their calls in one request; the others ask for each call in a turn "
-            "of its own. Low, so two calls in one request, which most target turns ask for, is the skill checkpoint 0 "
-            "has least of and the loop can teach."
+            "Share of the demonstrations that ask for their calls in one request; the others ask for each call in a "
+            "turn of its own. Low, so two calls in one request, which most target turns ask for, is the skill "
+            "checkpoint 0 has least of and the loop can teach."
         ),
     )
     sft_steps: int = Field(

@@ -37,20 +37,26 @@ class SynthesisConfig(Section):
     synthesizer: Literal["programmatic", "llm"] = Field(
         "programmatic",
         description=(
-            "'programmatic' needs no LLM (the offline default); 'llm' has a chat model on an OpenAI-compatible endpoint "
-            "write the contexts, propose each exploration call and write the queries, as in the paper."
+            "'programmatic' needs no LLM (the offline default); 'llm' has a chat model on an OpenAI-compatible "
+            "endpoint write the contexts, propose each exploration call and write the queries, as in the paper."
         ),
     )
     llm_base_url: str = Field(
         "http://127.0.0.1:8000/v1",
-        description="OpenAI-compatible API root (ending in /v1) of the LLM synthesizer and the LLM judge; a local vLLM server by default.",
+        description=(
+            "OpenAI-compatible API root (ending in /v1) of the LLM synthesizer and the LLM judge; a local vLLM "
+            "server by default."
+        ),
     )
     llm_model: str = Field(
         "", description="Model name sent to the endpoint; required when synthesizer is 'llm' or the judge is on."
     )
     llm_api_key_env: str = Field(
         "OPENAI_API_KEY",
-        description="Name of the environment variable holding the endpoint's API key, so no secret lives in a config file; unset sends none.",
+        description=(
+            "Name of the environment variable holding the endpoint's API key, so no secret lives in a config file; "
+            "unset sends none."
+        ),
     )
     llm_temperature: float = Field(
         0.7, ge=0, description="Sampling temperature of synthesis calls: some variety across exploration runs."
@@ -76,8 +82,8 @@ class ValidationConfig(Section):
     embedding_dedupe: bool = Field(
         False,
         description=(
-            "Reject candidates whose query is too similar to a pool task's (all-MiniLM-L6-v2 embeddings, optional extra "
-            "'similarity'); off by default: exact and normalized action-sequence dedupe already runs."
+            "Reject candidates whose query is too similar to a pool task's (all-MiniLM-L6-v2 embeddings, optional "
+            "extra 'similarity'); off by default: exact and normalized action-sequence dedupe already runs."
         ),
     )
     similarity_threshold: float = Field(
@@ -106,7 +112,7 @@ class PoolConfig(Section):
     seed: int | None = Field(
         None,
         description=(
-            "Seeds the seed pool, the held-out split and the builtin policy; None uses the run's seed. An ablation fixes "
-            "it so every arm and every loop seed starts from the same pool and checkpoint 0."
+            "Seeds the seed pool, the held-out split and the builtin policy; None uses the run's seed. An ablation "
+            "fixes it so every arm and every loop seed starts from the same pool and checkpoint 0."
         ),
     )
