@@ -35,7 +35,8 @@ _NOT_DIGESTED = frozenset({"tiny_policy.json"})
 
 
 def save_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
-    """Publish a checkpoint folder whole: ``write(staging)`` fills a folder beside ``out_dir``, which then replaces it."""
+    """Publish a checkpoint folder whole:
+    ``write(staging)`` fills a folder beside ``out_dir``, which then replaces it."""
     staging = out_dir.with_name(out_dir.name + STAGING_SUFFIX)
     shutil.rmtree(staging, ignore_errors=True)  # what an interrupted writer left
     staging.parent.mkdir(parents=True, exist_ok=True)

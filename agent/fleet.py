@@ -124,7 +124,9 @@ class Fleet:
         alive = [s for s in self.servers if s.healthy]
         if not alive:
             raise InfrastructureError(
-                "No rollout server is healthy: " + ", ".join(s.url for s in self.servers) + ". Start them (coevolve serve) "
+                "No rollout server is healthy: "
+                + ", ".join(s.url for s in self.servers)
+                + ". Start them (coevolve serve) "
                 "or fix rollout.base_urls."
             )
         return alive
@@ -160,7 +162,15 @@ class Fleet:
         return ServerFailed(f"{server.url}: {reason}", server_down=down)
 
     # --- calls --------------------------------------------------------------------------------------
-    def send(self, server: Server, method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
+    def send(
+        self,
+        server: Server,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Any:
         """One call to one server; a failure worth retrying raises ServerFailed."""
         url = path if path.startswith("http") else f"{server.url}{path}"
         if body is not None and "model" in body and body["model"] is None:
@@ -200,7 +210,9 @@ class Fleet:
                     server = self._next()
                     return self.send(server, method, path, body)
         except ServerFailed as exc:
-            raise InfrastructureError(f"{method} {path} failed after {self.max_retries + 1} attempts; last error: {exc}") from exc
+            raise InfrastructureError(
+                f"{method} {path} failed after {self.max_retries + 1} attempts; last error: {exc}"
+            ) from exc
         raise AssertionError("unreachable")
 
     def control(self, server: Server, method: str, path: str, body: dict[str, Any] | None = None) -> Any:

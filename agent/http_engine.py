@@ -105,11 +105,13 @@ def read_completion(answer: dict[str, Any], eos: int, base_url: str) -> Generati
     return Generation(token_ids=tokens, logprobs=logprobs, finish_reason="stop" if stopped else "length")
 
 
-def local_logprobs(model: Any, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
+def local_logprobs(
+    model: Any, prompts: list[list[int]], completions: list[list[int]], temperature: float
+) -> list[list[float]]:
     """Logprob of every completion token under softmax(logits / temperature) of a local forward pass."""
     out = []
     with torch.inference_mode():
-        for prompt, completion in zip(prompts, completions):
+        for prompt, completion in zip(prompts, completions, strict=True):
             ids = torch.tensor([list(prompt) + list(completion)], device=model.device)
             logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
             chosen = torch.tensor(completion, device=model.device)[:, None]
@@ -148,7 +150,6 @@ class OpenAICompatibleEngine(ClosedOnExit):
         control_timeout_s: float = 30.0,
         managed: Any | None = None,
     ) -> None:
-
 
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         # Requests spread across every server of the fleet; one that fails has its requests retried on the others.
@@ -231,14 +232,16 @@ class OpenAICompatibleEngine(ClosedOnExit):
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"Got {len(seeds)} seeds for {len(prompts)} prompts; pass one seed per prompt.")
         # Seeds are paired with their prompts here, before any request is in flight.
-        jobs = list(zip(prompts, seeds if seeds is not None else [None] * len(prompts)))
+        jobs = list(zip(prompts, seeds if seeds is not None else [None] * len(prompts), strict=True))
         if len(jobs) == 1:
             generations = [self._complete(jobs[0][0], temperature, max_new_tokens, jobs[0][1])]
         else:
             # ``concurrency`` requests in flight per server, so every server's continuous batching sees a full batch.
             in_flight = self.concurrency * max(1, sum(s.healthy for s in self.fleet.servers))
             with ThreadPoolExecutor(max_workers=min(in_flight, len(jobs))) as pool:
-                generations = list(pool.map(lambda job: self._complete(job[0], temperature, max_new_tokens, job[1]), jobs))
+                generations = list(
+                    pool.map(lambda job: self._complete(job[0], temperature, max_new_tokens, job[1]), jobs)
+                )
         if temperature > 0 and self.logprob_check == "pending":
             self.check_logprobs(prompts, generations, temperature)
         return generations
@@ -254,13 +257,13 @@ class OpenAICompatibleEngine(ClosedOnExit):
                 return
             if not has_local_weights(self.model_path):
                 log.warning(
-                    "Cannot check the behaviour logprobs of %s: the checkpoint %s is not on this machine. Make sure the "
-                    "server runs with %s.", self.base_url, self.model_path, LOGPROBS_FLAG,
+                    "Cannot check the behaviour logprobs of %s: the checkpoint %s is not on this machine. "
+                    "Make sure the server runs with %s.", self.base_url, self.model_path, LOGPROBS_FLAG,
                 )  # fmt: skip
                 self.logprob_check = "skipped"
                 return
 
-            picked = [(p, g) for p, g in zip(prompts, generations) if g.token_ids][:LOGPROB_CHECK_SAMPLES]
+            picked = [(p, g) for p, g in zip(prompts, generations, strict=True) if g.token_ids][:LOGPROB_CHECK_SAMPLES]
             completions = [g.token_ids[:LOGPROB_CHECK_TOKENS] for _, g in picked]
             served = [g.logprobs[:LOGPROB_CHECK_TOKENS] for _, g in picked]
             model, _ = load_policy(self.model_path)

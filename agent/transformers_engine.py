@@ -157,11 +157,13 @@ class TransformersEngine(ClosedOnExit):
                     break
                 step_ids = chosen.unsqueeze(-1)
                 step_pos = step_pos[:, -1:] + 1
-                attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=self.device)], -1)
+                attention = torch.cat(
+                    [attention, torch.ones((batch, 1), dtype=attention.dtype, device=self.device)], -1
+                )
         # One transfer at the end instead of per-token Python work inside the loop.
         all_tokens = torch.stack(chosen_steps, dim=1).tolist()
         generations = []
-        for prompt, row_tokens in zip(prompts, all_tokens):
+        for prompt, row_tokens in zip(prompts, all_tokens, strict=True):
             length = row_tokens.index(eos) + 1 if eos in row_tokens else len(row_tokens)
             generations.append(
                 Generation(
@@ -190,7 +192,8 @@ class TransformersEngine(ClosedOnExit):
         return torch.log_softmax(logits, dim=-1).gather(-1, picked).squeeze(-1).tolist()
 
     def _uniforms(self, seeds: list[int] | None, batch: int, max_new_tokens: int) -> Any:
-        """One uniform in (0, 1] per (row, token position): from each row's own seed, else from the engine's generator."""
+        """One uniform in (0, 1] per (row, token position):
+        from each row's own seed, else from the engine's generator."""
         if seeds is None:
             draws = torch.rand((batch, max_new_tokens), generator=self._generator, device=self.device)
         else:

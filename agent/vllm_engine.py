@@ -50,7 +50,9 @@ def _whole_prefills_on_cpu(model_path: str | Path, args: dict[str, Any]) -> dict
         return {}
     context = args.get("max_model_len")
     if context is None:
-        context = getattr(transformers.AutoConfig.from_pretrained(str(model_path)), "max_position_embeddings", None) or 0
+        context = (
+            getattr(transformers.AutoConfig.from_pretrained(str(model_path)), "max_position_embeddings", None) or 0
+        )
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(context), 4096)}
 
 
@@ -92,6 +94,7 @@ class VLLMEngine(ClosedOnExit):
 
     def reload_in_place(self, model_path: str | Path) -> bool:
         """Load a checkpoint folder's weights into the running engine (``reload_weights``); False where unsupported."""
+
         def architecture(path: str | Path) -> dict[str, Any]:
             settings = transformers.AutoConfig.from_pretrained(str(path)).to_dict()
             return {k: v for k, v in settings.items() if k not in ("_name_or_path", "transformers_version")}
@@ -107,7 +110,9 @@ class VLLMEngine(ClosedOnExit):
             return False  # vLLM 0.32 would keep the old tied output layer
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(Path(model_path).resolve())})
-        except Exception:  # an older vLLM without weights_path, or an executor that cannot reload
+        except Exception:  # noqa: BLE001 - a failed reload of any kind falls back to a rebuild
+            # An older vLLM without weights_path, or an executor that cannot reload: each raises its own
+            # errors from inside its workers, and all of them mean the same here: the engine is rebuilt.
             return False
         self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
         self.model_path = model_path
@@ -176,14 +181,18 @@ class VLLMEngine(ClosedOnExit):
             )
 
         per_request = params(None) if seeds is None else [params(int(seed)) for seed in seeds]
-        outputs = self.llm.generate([vllm_inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts], per_request, use_tqdm=False)
+        outputs = self.llm.generate(
+            [vllm_inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts], per_request, use_tqdm=False
+        )
         generations = []
         for output in outputs:
             sample = output.outputs[0]
             tokens = list(sample.token_ids)
-            logprobs = [float(step[token].logprob) for token, step in zip(tokens, sample.logprobs or [])]
+            logprobs = [float(step[token].logprob) for token, step in zip(tokens, sample.logprobs or [], strict=False)]
             if len(logprobs) != len(tokens):
                 raise RuntimeError(f"vLLM returned {len(tokens)} tokens but {len(logprobs)} logprobs.")
             stopped = bool(tokens) and tokens[-1] == eos
-            generations.append(Generation(token_ids=tokens, logprobs=logprobs, finish_reason="stop" if stopped else "length"))
+            generations.append(
+                Generation(token_ids=tokens, logprobs=logprobs, finish_reason="stop" if stopped else "length")
+            )
         return generations

@@ -135,14 +135,18 @@ def stack_adapters(adapters: list[Path], out_dir: Path) -> Path:
     configs = [json.loads((a / "adapter_config.json").read_text()) for a in adapters]
     tensors = [safetensors_torch.load_file(str(a / "adapter_model.safetensors")) for a in adapters]
     modules = sorted({key.rsplit(".lora_A.", 1)[0] for key in tensors[0] if ".lora_A." in key})
-    for adapter, weights in zip(adapters, tensors):
+    for adapter, weights in zip(adapters, tensors, strict=True):
         if sorted({key.rsplit(".lora_A.", 1)[0] for key in weights if ".lora_A." in key}) != modules:
-            raise ConfigError(f"The adapter {adapter} targets other modules than {adapters[0]}; adapters of one run cannot stack.")
+            raise ConfigError(
+                f"The adapter {adapter} targets other modules than {adapters[0]}; adapters of one run cannot stack."
+            )
     stacked: dict[str, Any] = {}
     for module in modules:
-        stacked[f"{module}.lora_A.weight"] = torch.cat([w[f"{module}.lora_A.weight"] for w in tensors], dim=0).contiguous()
+        stacked[f"{module}.lora_A.weight"] = torch.cat(
+            [w[f"{module}.lora_A.weight"] for w in tensors], dim=0
+        ).contiguous()
         stacked[f"{module}.lora_B.weight"] = torch.cat(
-            [w[f"{module}.lora_B.weight"] * _scaling(c) for w, c in zip(tensors, configs)], dim=1
+            [w[f"{module}.lora_B.weight"] * _scaling(c) for w, c in zip(tensors, configs, strict=True)], dim=1
         ).contiguous()
     rank = sum(int(c["r"]) for c in configs)
     config = {**configs[0], "r": rank, "lora_alpha": rank, "use_rslora": False, "rank_pattern": {}, "alpha_pattern": {}}
@@ -168,8 +172,8 @@ def sync_lora(fleet: Any, checkpoint: str | Path, stack_dir: Path) -> str:
         if chain is None:
             raise ConfigError(
                 f"The checkpoint {checkpoint} does not descend by LoRA adapters from the model {server.url} serves "
-                f"({', '.join(bases)}). Start the servers on checkpoint 0 of the run (coevolve serve --model ...), or set "
-                "rollout.weight_sync=reload."
+                f"({', '.join(bases)}). Start the servers on checkpoint 0 of the run (coevolve serve --model ...), or "
+                "set rollout.weight_sync=reload."
             )
         base, adapters = chain
         if not adapters:
@@ -179,7 +183,9 @@ def sync_lora(fleet: Any, checkpoint: str | Path, stack_dir: Path) -> str:
         path = adapters[0] if len(adapters) == 1 else stack_adapters(adapters, stack_dir / name)
         loaded = [e["id"] for e in entries if e.get("parent")]
         if name not in loaded:
-            fleet.control(server, "POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(path).resolve())})
+            fleet.control(
+                server, "POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(path).resolve())}
+            )
         for old in loaded:
             if old != name:
                 fleet.control(server, "POST", "/unload_lora_adapter", {"lora_name": old})
@@ -253,14 +259,19 @@ def sync_reload(fleet: Any, checkpoint: str | Path) -> None:
         if not refresh and stale_tied_output(checkpoint, started_on):
             raise ConfigError(
                 f"{checkpoint} changed the tied input/output embeddings of the model {server.url} was started on "
-                f"({started_on}), and that server cannot rebuild its output layer after vLLM's in-place reload (it was "
-                "not started by coevolve serve, so it lacks refresh_tied_output). Start it with `coevolve serve`, train "
-                "with LoRA (training.use_lora, weight_sync lora), or let the pipeline restart its own servers on each "
-                "checkpoint: rollout.managed_servers=1 (or more) without rollout.base_url(s)."
+                f"({started_on}), and that server cannot rebuild its output layer after vLLM's in-place reload (it "
+                "was not started by coevolve serve, so it lacks refresh_tied_output). Start it with `coevolve "
+                "serve`, train with LoRA (training.use_lora, weight_sync lora), or let the pipeline restart its own "
+                "servers on each checkpoint: rollout.managed_servers=1 (or more) without rollout.base_url(s)."
             )
         fleet.control(server, "POST", f"{server.root}/pause")
         try:
-            fleet.control(server, "POST", f"{server.root}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
+            fleet.control(
+                server,
+                "POST",
+                f"{server.root}/collective_rpc",
+                {"method": "reload_weights", "kwargs": {"weights_path": path}},
+            )
             if refresh:
                 _refresh_tied_output(fleet, server)
         except (ValueError, InfrastructureError) as exc:

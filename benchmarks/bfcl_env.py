@@ -47,7 +47,14 @@ def bench_replays(tasks: list[Task]) -> dict[str, float]:
     seconds = time.perf_counter() - started
     calls = sum(task.num_reference_calls for task in tasks)
     turns = sum(len(task.turns) for task in tasks)
-    return {"episodes": len(tasks), "passed": passed, "seconds": seconds, "steps": steps, "calls": calls, "turns": turns}
+    return {
+        "episodes": len(tasks),
+        "passed": passed,
+        "seconds": seconds,
+        "steps": steps,
+        "calls": calls,
+        "turns": turns,
+    }
 
 
 def bench_step_only(tasks: list[Task], rounds: int = 5) -> dict[str, float]:
@@ -56,7 +63,7 @@ def bench_step_only(tasks: list[Task], rounds: int = 5) -> dict[str, float]:
     messages = ["[" + ", ".join(c.render() for c in task.reference[0]) + "]" for task in tasks]
     seconds = 0.0
     steps = 0
-    for task, text in zip(tasks, messages):
+    for task, text in zip(tasks, messages, strict=True):
         env.reset(task)
         started = time.perf_counter()
         for _ in range(rounds):
@@ -68,7 +75,10 @@ def bench_step_only(tasks: list[Task], rounds: int = 5) -> dict[str, float]:
 
 def bench_bfcl_checker(category: str) -> dict[str, float]:
     entries = bfcl_api.load_jsonl(bfcl_api.DATA_DIR / f"BFCL_v4_{category}.json")
-    answers = {a["id"]: a["ground_truth"] for a in bfcl_api.load_jsonl(bfcl_api.DATA_DIR / "possible_answer" / f"BFCL_v4_{category}.json")}
+    answers = {
+        a["id"]: a["ground_truth"]
+        for a in bfcl_api.load_jsonl(bfcl_api.DATA_DIR / "possible_answer" / f"BFCL_v4_{category}.json")
+    }
     started = time.perf_counter()
     passed = 0
     for entry in entries:

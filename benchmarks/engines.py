@@ -32,8 +32,10 @@ transformers = optional_module("transformers")
 def build_model(out_dir: Path, hidden: int, layers: int) -> int:
     """A random-init Qwen3 with the tiny chat tokenizer; returns its parameter count."""
 
-
-    texts = [f"<|user|>\nmake a folder number {i} and list it<|end|>\n<|assistant|>\n[mkdir(dir_name='d{i}'), ls()]<|end|>\n" for i in range(400)]
+    texts = [
+        f"<|user|>\nmake a folder number {i} and list it<|end|>\n<|assistant|>\n[mkdir(dir_name='d{i}'), ls()]<|end|>\n"
+        for i in range(400)
+    ]
     tokenizer = train_tokenizer(texts, vocab_size=2048)
     torch.manual_seed(0)
     heads = hidden // 64
@@ -50,7 +52,12 @@ def build_model(out_dir: Path, hidden: int, layers: int) -> int:
 
 
 def prompts_for(engine, count: int) -> list[list[int]]:
-    return [engine.chat.prompt_ids([Message("system", "Tools: mkdir, ls, cd."), Message("user", f"make folder {i} then list it")]) for i in range(count)]
+    return [
+        engine.chat.prompt_ids(
+            [Message("system", "Tools: mkdir, ls, cd."), Message("user", f"make folder {i} then list it")]
+        )
+        for i in range(count)
+    ]
 
 
 def time_engine(engine, prompts: list[list[int]], samples: int, max_new_tokens: int, repeats: int) -> dict:
@@ -78,15 +85,26 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
 
-
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "qwen3-25m"
         params = build_model(model_dir, args.hidden, args.layers)
-        common = {"parameters": params, "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens}
+        common = {
+            "parameters": params,
+            "prompts": args.prompts,
+            "samples": args.samples,
+            "max_new_tokens": args.max_new_tokens,
+        }
         for threads in args.torch_threads:
             engine = TransformersEngine(model_dir, torch_threads=threads, seed=0)
-            result = time_engine(engine, prompts_for(engine, args.prompts), args.samples, args.max_new_tokens, args.repeats)
-            print(json.dumps({"engine": f"transformers ({threads} thread{'s' if threads > 1 else ''})", **common, **result}), flush=True)
+            result = time_engine(
+                engine, prompts_for(engine, args.prompts), args.samples, args.max_new_tokens, args.repeats
+            )
+            print(
+                json.dumps(
+                    {"engine": f"transformers ({threads} thread{'s' if threads > 1 else ''})", **common, **result}
+                ),
+                flush=True,
+            )
             del engine
         started = time.perf_counter()
         engine = VLLMEngine(model_dir, dtype="float32", max_model_len=2048, seed=0)

@@ -46,14 +46,19 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2, help="each rate is the best of this many runs")
     parser.add_argument("--model", help="a checkpoint folder; default builds the tiny policy")
-    parser.add_argument("--no-bind-cores", dest="bind_cores", action="store_false", help="let vLLM pick each server's cores")
+    parser.add_argument(
+        "--no-bind-cores", dest="bind_cores", action="store_false", help="let vLLM pick each server's cores"
+    )
     args = parser.parse_args()
-
 
     env_config = EnvironmentConfig()
     tasks = build_tasks(args.tasks, seed=7)
     with tempfile.TemporaryDirectory() as tmp:
-        model = Path(args.model) if args.model else build_policy(Path(tmp) / "tiny", build_tasks(200, seed=8), args.sft_steps, env_config)
+        model = (
+            Path(args.model)
+            if args.model
+            else build_policy(Path(tmp) / "tiny", build_tasks(200, seed=8), args.sft_steps, env_config)
+        )
         options = [ServeOptions(model=str(model), dtype="float32", port=free_port(), cpu=True) for _ in range(2)]
         processes = []
         for i, o in enumerate(options):
@@ -63,11 +68,14 @@ def main() -> None:
             processes.append(start_server(o, Path(tmp) / f"server-{i}.log"))
         try:
             started = time.perf_counter()
-            for process, o, i in zip(processes, options, range(2)):
+            for process, o, i in zip(processes, options, range(2), strict=True):
                 wait_until_ready(process, base_url(o), Path(tmp) / f"server-{i}.log")
             start_s = time.perf_counter() - started
             results = {}
-            for label, urls in (("one_server", [base_url(options[0])]), ("two_servers", [base_url(o) for o in options])):
+            for label, urls in (
+                ("one_server", [base_url(options[0])]),
+                ("two_servers", [base_url(o) for o in options]),
+            ):
                 config = PipelineConfig(state_dir=Path(tmp) / "state", rollout={"engine": "openai", "base_urls": urls})
                 best = float("inf")
                 with make_engine(model, config) as engine:
@@ -80,7 +88,11 @@ def main() -> None:
                         )  # fmt: skip
                         best = min(best, time.perf_counter() - t0)
                 tokens = sum(sum(t.completion_mask) for t in trajectories)
-                results[label] = {"model_tokens": tokens, "rollout_s": round(best, 2), "tokens_per_s": round(tokens / best, 1)}
+                results[label] = {
+                    "model_tokens": tokens,
+                    "rollout_s": round(best, 2),
+                    "tokens_per_s": round(tokens / best, 1),
+                }
         finally:
             for process in processes:
                 stop_server(process)

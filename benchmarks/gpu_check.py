@@ -49,7 +49,7 @@ def _without_prefect() -> None:
     if importlib.util.find_spec("prefect") is not None:
         return
     prefect = types.ModuleType("prefect")
-    prefect.task = lambda *args, **kwargs: (lambda fn: fn)
+    prefect.task = lambda *args, **kwargs: lambda fn: fn
     prefect.get_run_logger = lambda: None
     policies = types.ModuleType("prefect.cache_policies")
     policies.NO_CACHE = None
@@ -59,10 +59,15 @@ def _without_prefect() -> None:
 def _memory(torch: Any, cuda: bool) -> dict[str, float]:
     if not cuda:
         return {}
-    return {"peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3), "allocated_gib": round(torch.cuda.memory_allocated() / 2**30, 3)}
+    return {
+        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+        "allocated_gib": round(torch.cuda.memory_allocated() / 2**30, 3),
+    }
 
 
-def rollouts(policy: Path, prompts: int, samples: int, max_new_tokens: int, cuda: bool) -> tuple[dict[str, Any], list, list]:
+def rollouts(
+    policy: Path, prompts: int, samples: int, max_new_tokens: int, cuda: bool
+) -> tuple[dict[str, Any], list, list]:
     """Seeded samples from the transformers engine in bf16 (CUDA) or float32 (CPU); the engine is closed after."""
     import torch
 
@@ -75,10 +80,16 @@ def rollouts(policy: Path, prompts: int, samples: int, max_new_tokens: int, cuda
     if cuda:
         engine.model.to(torch.bfloat16)
     requests = [REQUESTS[i % len(REQUESTS)][0].format(name=NAMES[i % len(NAMES)]) for i in range(prompts)]
-    batch = [engine.chat.prompt_ids([Message("system", SYSTEM), Message("user", r)]) for r in requests for _ in range(samples)]
+    batch = [
+        engine.chat.prompt_ids([Message("system", SYSTEM), Message("user", r)])
+        for r in requests
+        for _ in range(samples)
+    ]
     engine.generate(batch[:1], temperature=TEMPERATURE, max_new_tokens=4, seeds=[0])  # warm-up: kernels, caches
     started = time.perf_counter()
-    generations = engine.generate(batch, temperature=TEMPERATURE, max_new_tokens=max_new_tokens, seeds=list(range(len(batch))))
+    generations = engine.generate(
+        batch, temperature=TEMPERATURE, max_new_tokens=max_new_tokens, seeds=list(range(len(batch)))
+    )
     seconds = time.perf_counter() - started
     tokens = sum(len(g.token_ids) for g in generations)
     dtype = str(next(engine.model.parameters()).dtype)
@@ -106,7 +117,7 @@ def update(policy: Path, batch: list, generations: list, samples: int, work: Pat
         rollout={"group_size": samples, "temperature": TEMPERATURE}, training={"steps_per_round": 1},
     )  # fmt: skip
     trajectories = []
-    for index, (prompt, generation) in enumerate(zip(batch, generations)):
+    for index, (prompt, generation) in enumerate(zip(batch, generations, strict=True)):
         tokens, logprobs = generation.token_ids or [0], generation.logprobs or [0.0]
         reward = float(index % samples % 2)
         trajectories.append(
@@ -123,7 +134,13 @@ def update(policy: Path, batch: list, generations: list, samples: int, work: Pat
     seconds = time.perf_counter() - started
     if stats.get("skipped"):
         raise SystemExit(f"The update was skipped: {stats.get('reason')}")
-    return {"part": "update (TRL GRPO)", "steps": stats["steps"], "groups": stats["groups"], "seconds": round(seconds, 2), "memory": _memory(torch, cuda)}
+    return {
+        "part": "update (TRL GRPO)",
+        "steps": stats["steps"],
+        "groups": stats["groups"],
+        "seconds": round(seconds, 2),
+        "memory": _memory(torch, cuda),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,14 +150,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt (a GRPO group)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--sft-steps", type=int, default=200, help="SFT steps of the builtin tiny policy")
-    parser.add_argument("--work", type=Path, help="folder for the policy and the update's output (default: a temporary one)")
+    parser.add_argument(
+        "--work", type=Path, help="folder for the policy and the update's output (default: a temporary one)"
+    )
     args = parser.parse_args(argv)
 
     import torch
 
     cuda = torch.cuda.is_available()
     if not cuda and not args.allow_cpu:
-        print("No CUDA device: this checks the GPU path. Run it on a GPU machine, or pass --allow-cpu to check the script on the CPU.", file=sys.stderr)
+        print(
+            "No CUDA device: this checks the GPU path. Run it on a GPU machine, or pass --allow-cpu to check the "
+            "script on the CPU.",
+            file=sys.stderr,
+        )
         return 2
     if args.samples < 2:
         parser.error("--samples must be at least 2: a GRPO group needs two samples to compare")
@@ -148,7 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work or Path(scratch)
         started = time.perf_counter()
         policy = builtin_policy(work / "policy", args.sft_steps)
-        print(json.dumps({"part": "builtin policy", "sft_steps": args.sft_steps, "seconds": round(time.perf_counter() - started, 2)}))
+        print(
+            json.dumps(
+                {
+                    "part": "builtin policy",
+                    "sft_steps": args.sft_steps,
+                    "seconds": round(time.perf_counter() - started, 2),
+                }
+            )
+        )
         rollout, batch, generations = rollouts(policy, args.prompts, args.samples, args.max_new_tokens, cuda)
         print(json.dumps(rollout))
         trained = update(policy, batch, generations, args.samples, work, cuda)

@@ -68,8 +68,8 @@ def _conversations() -> list:
     from coevolve.records import Message
 
     return [
-        [Message("system", SYSTEM), Message("user", request.format(name=name)), Message("assistant", calls.format(name=name)),
-         Message("tool", "ok"), Message("assistant", "done")]
+        [Message("system", SYSTEM), Message("user", request.format(name=name)),
+         Message("assistant", calls.format(name=name)), Message("tool", "ok"), Message("assistant", "done")]
         for request, calls in REQUESTS
         for name in NAMES
     ]  # fmt: skip
@@ -90,7 +90,9 @@ def make_prompts(model: Path, count: int) -> list[list[int]]:
     from coevolve.records import Message
 
     chat = ChatFormat(AutoTokenizer.from_pretrained(str(model)))
-    requests = [request.format(name=f"{name}{i}") for i in range(count) for request, _ in REQUESTS for name in NAMES[:1]]
+    requests = [
+        request.format(name=f"{name}{i}") for i in range(count) for request, _ in REQUESTS for name in NAMES[:1]
+    ]
     return [chat.prompt_ids([Message("system", SYSTEM), Message("user", text)]) for text in requests[:count]]
 
 
@@ -106,7 +108,13 @@ def part_engine(job: dict[str, Any]) -> dict[str, Any]:
     from agent.vllm_engine import VLLMEngine
 
     started = time.perf_counter()
-    engine = VLLMEngine(job["model"], seed=0, dtype=job["dtype"], max_model_len=job["max_model_len"], gpu_memory_utilization=job["gpu_memory_utilization"])
+    engine = VLLMEngine(
+        job["model"],
+        seed=0,
+        dtype=job["dtype"],
+        max_model_len=job["max_model_len"],
+        gpu_memory_utilization=job["gpu_memory_utilization"],
+    )
     start_s = time.perf_counter() - started
     try:
         batch, seeds = job["batch"], job["seeds"]
@@ -119,8 +127,8 @@ def part_engine(job: dict[str, Any]) -> dict[str, Any]:
         engine.close()
     tokens = sum(len(g.token_ids) for g in generations)
     return {
-        "part": "engine vllm (VLLMEngine)", "dtype": dtype, "start_s": round(start_s, 1), "requests": len(batch), "tokens": tokens,
-        "seconds": round(seconds, 3), "tokens_per_s": _tokens_per_s(tokens, seconds),
+        "part": "engine vllm (VLLMEngine)", "dtype": dtype, "start_s": round(start_s, 1), "requests": len(batch),
+        "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": _tokens_per_s(tokens, seconds),
         "generations": [{"token_ids": g.token_ids, "logprobs": g.logprobs} for g in generations],
     }  # fmt: skip
 
@@ -146,7 +154,9 @@ def part_standalone(job: dict[str, Any]) -> dict[str, Any]:
     batch, seeds = job["batch"], job["seeds"]
 
     def params(seed: int, tokens: int) -> Any:
-        return SamplingParams(temperature=TEMPERATURE, max_tokens=tokens, seed=seed, stop_token_ids=[eos], detokenize=False)
+        return SamplingParams(
+            temperature=TEMPERATURE, max_tokens=tokens, seed=seed, stop_token_ids=[eos], detokenize=False
+        )
 
     prompts = [TokensPrompt(prompt_token_ids=p) for p in batch]
     llm.generate(prompts[:4], [params(s, 8) for s in seeds[:4]], use_tqdm=False)  # warm-up
@@ -170,7 +180,9 @@ def vllm_python(given: str | None) -> Path:
         candidate = REPO / venv / "bin" / "python"
         if candidate.is_file():
             return candidate
-    raise SystemExit("No interpreter with vLLM: run `make gpu-smoke` (GPU) or `make setup-vllm` (CPU), or pass --vllm-python.")
+    raise SystemExit(
+        "No interpreter with vLLM: run `make gpu-smoke` (GPU) or `make setup-vllm` (CPU), or pass --vllm-python."
+    )
 
 
 def run_part(python: Path, part: str, job: dict[str, Any], work: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -196,7 +208,9 @@ def part_server(model: Path, job: dict[str, Any], python: Path, work: Path, cuda
     from agent.serve import ServeOptions, base_url, free_port, start_server, stop_server, wait_until_ready
     from coevolve.config import PipelineConfig
 
-    options = ServeOptions(model=str(model), dtype=job["dtype"], max_model_len=job["max_model_len"], seed=0, cpu=not cuda, port=free_port())
+    options = ServeOptions(
+        model=str(model), dtype=job["dtype"], max_model_len=job["max_model_len"], seed=0, cpu=not cuda, port=free_port()
+    )
     log = work / "server.log"
     started = time.perf_counter()
     process = start_server(options, log, python=python)
@@ -207,7 +221,12 @@ def part_server(model: Path, job: dict[str, Any], python: Path, work: Path, cuda
         # a float32 local pass by more than the float32 tolerance.
         config = PipelineConfig(
             state_dir=work / "state",
-            rollout={"engine": "openai", "base_url": base_url(options), "logprob_tolerance": None, "vllm_dtype": job["dtype"]},
+            rollout={
+                "engine": "openai",
+                "base_url": base_url(options),
+                "logprob_tolerance": None,
+                "vllm_dtype": job["dtype"],
+            },
         )
         with make_engine(model, config) as engine:
             batch, seeds = job["batch"], job["seeds"]
@@ -230,8 +249,8 @@ def part_server(model: Path, job: dict[str, Any], python: Path, work: Path, cuda
         torch.cuda.empty_cache()
     tokens = sum(len(g.token_ids) for g in generations)
     return {
-        "part": "engine openai (coevolve serve)", "start_s": round(start_s, 1), "requests": len(batch), "tokens": tokens,
-        "seconds": round(seconds, 3), "tokens_per_s": _tokens_per_s(tokens, seconds),
+        "part": "engine openai (coevolve serve)", "start_s": round(start_s, 1), "requests": len(batch),
+        "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": _tokens_per_s(tokens, seconds),
         "logprob_mean_abs_diff_vs_float32_local": round(difference, 5),
     }  # fmt: skip
 
@@ -239,7 +258,9 @@ def part_server(model: Path, job: dict[str, Any], python: Path, work: Path, cuda
 # --- the update stage under torchrun, one process --------------------------------------------------
 
 
-def part_update(model: Path, batch: list[list[int]], samples: int, generations: list[dict], rounds: int, work: Path) -> dict[str, Any]:
+def part_update(
+    model: Path, batch: list[list[int]], samples: int, generations: list[dict], rounds: int, work: Path
+) -> dict[str, Any]:
     from coevolve.config import PipelineConfig
     from coevolve.records import Trajectory
     from tasks.common import open_warehouse
@@ -254,14 +275,14 @@ def part_update(model: Path, batch: list[list[int]], samples: int, generations: 
     results, checkpoint = [], model
     for round_ in range(rounds):
         trajectories = []
-        for index, (prompt, generation) in enumerate(zip(batch, generations)):
+        for index, (prompt, generation) in enumerate(zip(batch, generations, strict=True)):
             tokens = generation["token_ids"] or [0]
             logprobs = generation["logprobs"] or [0.0]
             reward = float(index % samples % 2)  # half of every group succeeds: each group has reward variance
             trajectories.append(
                 Trajectory(
-                    run_id=config.run_id, round=round_, task_id=f"t-{index // samples:03d}", sample=index % samples, steps=[],
-                    prompt_ids=list(prompt), completion_ids=list(tokens), completion_mask=[1] * len(tokens),
+                    run_id=config.run_id, round=round_, task_id=f"t-{index // samples:03d}", sample=index % samples,
+                    steps=[], prompt_ids=list(prompt), completion_ids=list(tokens), completion_mask=[1] * len(tokens),
                     logprobs=list(logprobs), reward=reward, success=reward > 0, finish_reason="done",
                 )
             )  # fmt: skip
@@ -273,9 +294,21 @@ def part_update(model: Path, batch: list[list[int]], samples: int, generations: 
         wall = time.perf_counter() - started
         if stats.get("skipped"):
             raise SystemExit(f"The update of round {round_} was skipped: {stats.get('reason')}")
-        results.append({"round": round_, "wall_s": round(wall, 2), "train_s": stats["duration_s"], "steps": stats["steps"], "launcher": stats["launcher"]})
+        results.append(
+            {
+                "round": round_,
+                "wall_s": round(wall, 2),
+                "train_s": stats["duration_s"],
+                "steps": stats["steps"],
+                "launcher": stats["launcher"],
+            }
+        )
         checkpoint = out
-    return {"part": "update (torchrun, 1 process)", "rounds": results, "update_s_per_round": round(sum(r["wall_s"] for r in results) / len(results), 2)}
+    return {
+        "part": "update (torchrun, 1 process)",
+        "rounds": results,
+        "update_s_per_round": round(sum(r["wall_s"] for r in results) / len(results), 2),
+    }
 
 
 # --- main ------------------------------------------------------------------------------------------
@@ -293,12 +326,18 @@ def _child_env(cuda: bool) -> dict[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a local model folder (default: the builtin tiny policy, built here)")
-    parser.add_argument("--allow-cpu", action="store_true", help="run without CUDA (the CPU build of vLLM): checks the script, not a GPU")
+    parser.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        help="run without CUDA (the CPU build of vLLM): checks the script, not a GPU",
+    )
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=4, help="samples per prompt (a GRPO group)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="update rounds to time")
-    parser.add_argument("--dtype", default="auto", help="vLLM dtype; auto serves a float32 checkpoint in half precision (bf16)")
+    parser.add_argument(
+        "--dtype", default="auto", help="vLLM dtype; auto serves a float32 checkpoint in half precision (bf16)"
+    )
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--sft-steps", type=int, default=60, help="SFT steps of the builtin tiny policy")
@@ -311,8 +350,9 @@ def main() -> int:
     cuda = torch.cuda.is_available()
     if not cuda and not args.allow_cpu:
         print(
-            "gpu_smoke: CUDA is not available to torch in this environment, so there is no GPU path to check. Run it on "
-            "a machine with an NVIDIA GPU (make gpu-smoke), or pass --allow-cpu to run the same steps on the CPU build.",
+            "gpu_smoke: CUDA is not available to torch in this environment, so there is no GPU path to check. "
+            "Run it on a machine with an NVIDIA GPU (make gpu-smoke), or pass --allow-cpu to run the same steps on "
+            "the CPU build.",
             file=sys.stderr,
         )
         return 2
@@ -320,11 +360,19 @@ def main() -> int:
     work_root = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
     work_root.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name(0) if cuda else "cpu"
-    print(json.dumps({"device": device, "torch": torch.__version__, "vllm_python": str(python), "work_dir": str(work_root)}), flush=True)
+    print(
+        json.dumps(
+            {"device": device, "torch": torch.__version__, "vllm_python": str(python), "work_dir": str(work_root)}
+        ),
+        flush=True,
+    )
 
     started = time.perf_counter()
     model = Path(args.model).resolve() if args.model else builtin_policy(work_root / "tiny-policy", args.sft_steps)
-    print(json.dumps({"part": "model", "model": str(model), "build_s": round(time.perf_counter() - started, 1)}), flush=True)
+    print(
+        json.dumps({"part": "model", "model": str(model), "build_s": round(time.perf_counter() - started, 1)}),
+        flush=True,
+    )
     prompts = make_prompts(model, args.prompts)
     batch = [p for p in prompts for _ in range(args.samples)]
     job = {
@@ -342,13 +390,15 @@ def main() -> int:
     print(json.dumps(served), flush=True)
     update = part_update(model, batch, args.samples, generations, args.rounds, work_root)
     print(json.dumps(update), flush=True)
+    standalone_rate = standalone["tokens_per_s"]
     print(
         json.dumps(
             {
                 "summary": device, "requests": len(batch), "max_new_tokens": args.max_new_tokens,
-                "engine_vllm_tokens_per_s": engine["tokens_per_s"], "standalone_tokens_per_s": standalone["tokens_per_s"],
-                "engine_vs_standalone": round(engine["tokens_per_s"] / standalone["tokens_per_s"], 2) if standalone["tokens_per_s"] else None,
-                "engine_openai_tokens_per_s": served["tokens_per_s"], "update_s_per_round": update["update_s_per_round"],
+                "engine_vllm_tokens_per_s": engine["tokens_per_s"], "standalone_tokens_per_s": standalone_rate,
+                "engine_vs_standalone": round(engine["tokens_per_s"] / standalone_rate, 2) if standalone_rate else None,
+                "engine_openai_tokens_per_s": served["tokens_per_s"],
+                "update_s_per_round": update["update_s_per_round"],
                 "total_s": round(time.perf_counter() - started, 1),
             }
         ),

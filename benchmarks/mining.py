@@ -79,7 +79,9 @@ def make_frame(trajectories: int, rounds: int, group: int = 8, seed: int = 0, pa
         pl.lit("run").alias("run_id"),
         (pl.col("reward") > 0.5).alias("success"),
         pl.lit("done").alias("finish_reason"),
-    ).select("trajectory_id", "run_id", "round", "task_id", "sample", "reward", "success", "finish_reason", "tool_sequence")
+    ).select(
+        "trajectory_id", "run_id", "round", "task_id", "sample", "reward", "success", "finish_reason", "tool_sequence"
+    )
 
 
 def reference_mine(rows: list[tuple], round_: int, config: SignalConfig) -> set[tuple[str, str]]:
@@ -116,7 +118,7 @@ def reference_mine(rows: list[tuple], round_: int, config: SignalConfig) -> set[
                 out.add(("boundary", trajectory_id))
     if total >= config.rare_min_total:
         limit = config.rare_theta / 100
-        for trajectory_id, r, task_id, sample, reward, seq in rows:
+        for trajectory_id, r, _task_id, _sample, _reward, seq in rows:
             if r == round_ and seq and 0 < counts[">".join(seq)] / total < limit:
                 out.add(("rare", trajectory_id))
     return out
@@ -142,7 +144,9 @@ def best_of(repeats: int, fn, *args):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[250_000, 500_000, 1_000_000], help="trajectories per run")
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=[250_000, 500_000, 1_000_000], help="trajectories per run"
+    )
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3, help="Polars timings are the best of this many runs")
     parser.add_argument("--no-reference", action="store_true", help="skip the row-by-row Python reference")

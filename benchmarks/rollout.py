@@ -65,11 +65,14 @@ def main() -> None:
     parser.add_argument("--served-model")
     args = parser.parse_args()
 
-
     env_config = EnvironmentConfig()
     tasks = build_tasks(args.tasks, seed=7)
     with tempfile.TemporaryDirectory() as tmp:
-        model = Path(args.model) if args.model else build_policy(Path(tmp) / "tiny", build_tasks(200, seed=8), args.sft_steps, env_config)
+        model = (
+            Path(args.model)
+            if args.model
+            else build_policy(Path(tmp) / "tiny", build_tasks(200, seed=8), args.sft_steps, env_config)
+        )
         if args.base_url:
             engine = OpenAICompatibleEngine(args.base_url, args.served_model or str(model), tokenizer_path=model)
             name = "openai"
@@ -92,7 +95,11 @@ def main() -> None:
             model_tokens = sum(sum(t.completion_mask) for t in trajectories)
 
             started = time.perf_counter()
-            replayed = sum(len(g.token_ids) for batch in recorder.batches for g in engine.generate(batch, temperature=0.0, max_new_tokens=args.max_new_tokens))
+            replayed = sum(
+                len(g.token_ids)
+                for batch in recorder.batches
+                for g in engine.generate(batch, temperature=0.0, max_new_tokens=args.max_new_tokens)
+            )
             raw_s = min(raw_s, time.perf_counter() - started)
 
     reasons: dict[str, int] = {}

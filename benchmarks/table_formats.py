@@ -30,7 +30,8 @@ Candidates:
 Run (from the repository root; the machine: 2 shared cores):
 
     .venv/bin/python benchmarks/table_formats.py                       # 1M steps, all three candidates
-    .venv/bin/python benchmarks/table_formats.py --steps 10000000 --formats parquet,delta --skip-concurrency --skip-crash
+    .venv/bin/python benchmarks/table_formats.py --steps 10000000 --formats parquet,delta \\
+        --skip-concurrency --skip-crash
     .venv/bin/python benchmarks/table_formats.py --ducklake-python /tmp/ducklake-venv/bin/python
 
 Prints markdown tables (and ``--json`` writes the raw figures). Scratch files go under ``--workdir``.
@@ -98,7 +99,8 @@ def _build_chunk(start: int, end: int, rows_per_round: int, rng) -> pa.Table:
     t_ids = np.arange(first_traj, last_traj + 1)
     t_part = (t_ids * STEPS_PER_TRAJECTORY) // rows_per_round
     traj_strings = pa.array(
-        [f"run-{p % RUNS}/r{p // RUNS}/task-{(t // 8) * 2654435761 % 16**6:06x}/s{t % 8}" for t, p in zip(t_ids.tolist(), t_part.tolist())]
+        [f"run-{p % RUNS}/r{p // RUNS}/task-{(t // 8) * 2654435761 % 16**6:06x}/s{t % 8}"
+         for t, p in zip(t_ids.tolist(), t_part.tolist(), strict=True)]
     )  # fmt: skip
     trajectory_id = pc.take(traj_strings, pa.array(traj - first_traj))
     run_id = pc.take(pa.array([f"run-{r}" for r in range(RUNS)]), pa.array(run))
@@ -121,7 +123,11 @@ def _build_chunk(start: int, end: int, rows_per_round: int, rng) -> pa.Table:
     second = (first + rng.integers(1, len(ARG_KEYS), m)) % len(ARG_KEYS)
     key_index = np.stack([first, second], axis=1)[np.stack([nargs >= 1, nargs >= 2], axis=1)]
     keys = pc.take(pa.array(ARG_KEYS), pa.array(key_index))
-    literals = [f'"file_{i}.txt"' for i in range(3000)] + [str(i) for i in range(1000)] + ["true", "false", "null", '"dir_a/dir_b"']
+    literals = (
+        [f'"file_{i}.txt"' for i in range(3000)]
+        + [str(i) for i in range(1000)]
+        + ["true", "false", "null", '"dir_a/dir_b"']
+    )
     values = pc.take(pa.array(literals), pa.array(rng.integers(0, len(literals), k)))
     arguments = pa.MapArray.from_arrays(arg_offsets, keys, values)
     call_struct = pa.StructArray.from_arrays(
@@ -133,11 +139,17 @@ def _build_chunk(start: int, end: int, rows_per_round: int, rng) -> pa.Table:
     # observations: ~80 characters; 15% are errors ("Error: ..."), some with leading blanks.
     obs_phrases = pa.array(_words(rng, 4000, 36))
     body = pc.binary_join_element_wise(
-        pc.take(obs_phrases, pa.array(rng.integers(0, 4000, m))), pc.take(obs_phrases, pa.array(rng.integers(0, 4000, m))), " "
+        pc.take(obs_phrases, pa.array(rng.integers(0, 4000, m))),
+        pc.take(obs_phrases, pa.array(rng.integers(0, 4000, m))),
+        " ",
     )
-    prefix = pc.take(pa.array(["", "Error: ", "  error: ", "ok "]), pa.array(rng.choice(4, m, p=[0.80, 0.12, 0.03, 0.05])))
+    prefix = pc.take(
+        pa.array(["", "Error: ", "  error: ", "ok "]), pa.array(rng.choice(4, m, p=[0.80, 0.12, 0.03, 0.05]))
+    )
     observations = pa.ListArray.from_arrays(offsets, pc.binary_join_element_wise(prefix, body, ""))
-    error = pc.if_else(pa.array(rng.random(n) < 0.1), pa.scalar("tool error: call failed"), pa.scalar(None, pa.string()))
+    error = pc.if_else(
+        pa.array(rng.random(n) < 0.1), pa.scalar("tool error: call failed"), pa.scalar(None, pa.string())
+    )
     return pa.table({
         "trajectory_id": trajectory_id, "run_id": run_id, "round": pa.array(round_), "step_index": pa.array(step_index),
         "step_number": pa.array(step_index + 1), "turn": pa.array((step_index // 3).astype(np.int32)),
@@ -251,7 +263,9 @@ class DeltaFormat:
     name = "delta"
 
     def __init__(self, root: Path) -> None:
-        import deltalake
+        # A candidate's own package, installed only to run this benchmark; the project is not importable in
+        # the ducklake child's interpreter, so coevolve.optional is not used in this file.
+        import deltalake  # noqa: PLC0415 - imported only when the delta candidate runs
 
         self.dl = deltalake
         self.root = root
@@ -282,22 +296,31 @@ class DeltaFormat:
 
     def leftovers(self) -> int:
         live = {u.split("/")[-1] for u in self.dl.DeltaTable(self.uri).file_uris()}
-        return sum(1 for f in Path(self.uri).rglob("*") if f.is_file() and "_delta_log" not in f.parts and f.name not in live)
+        return sum(
+            1 for f in Path(self.uri).rglob("*") if f.is_file() and "_delta_log" not in f.parts and f.name not in live
+        )
 
 
 class DuckLakeFormat:
     name = "ducklake"
 
     def __init__(self, root: Path) -> None:
-        import duckdb_extension_ducklake
+        # Only in the ducklake child's interpreter (--ducklake-python), which has duckdb 1.5.5 and the extension.
+        import duckdb_extension_ducklake  # noqa: PLC0415 - present only in the ducklake child's interpreter
 
         self.root = root
         self.catalog = root / "catalog.ducklake"
         self.data = root / "data"
-        self.extension = Path(duckdb_extension_ducklake.__file__).parent / "extensions" / f"v{duckdb.__version__}" / "ducklake.duckdb_extension"
+        self.extension = (
+            Path(duckdb_extension_ducklake.__file__).parent
+            / "extensions"
+            / f"v{duckdb.__version__}"
+            / "ducklake.duckdb_extension"
+        )
 
     def version(self) -> str:
-        return f"duckdb {duckdb.__version__} + duckdb-extension-ducklake {importlib.metadata.version('duckdb-extension-ducklake')}"
+        extension = importlib.metadata.version("duckdb-extension-ducklake")
+        return f"duckdb {duckdb.__version__} + duckdb-extension-ducklake {extension}"
 
     def _attach(self, read_only: bool = False) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect()
@@ -317,7 +340,9 @@ class DuckLakeFormat:
         con = handle if handle is not None else self._attach()
         try:
             con.register("batch", table)
-            if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake' AND table_name = 'steps'").fetchone()[0]:
+            if not con.execute(
+                "SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake' AND table_name = 'steps'"
+            ).fetchone()[0]:
                 con.execute("CREATE TABLE lake.steps AS FROM batch LIMIT 0")
                 con.execute("ALTER TABLE lake.steps SET PARTITIONED BY (run_id, round)")
             con.execute("INSERT INTO lake.steps SELECT * FROM batch")
@@ -345,7 +370,10 @@ class DuckLakeFormat:
     def leftovers(self) -> int:
         con = self._attach(read_only=True)
         try:
-            live = {Path(r[0]).name for r in con.execute("SELECT data_file FROM ducklake_list_files('lake', 'steps')").fetchall()}
+            live = {
+                Path(r[0]).name
+                for r in con.execute("SELECT data_file FROM ducklake_list_files('lake', 'steps')").fetchall()
+            }
         finally:
             con.close()
         return sum(1 for f in self.data.rglob("*") if f.is_file() and f.name not in live)
@@ -391,7 +419,13 @@ def measure_ingest(fmt, table: pa.Table, rows_per_round: int, batch: int, repeat
     ingest_s = time.perf_counter() - t0
     size, files = disk_usage(fmt.root)
     con = fmt.reader()
-    result = {"ingest_s": ingest_s, "steps_per_s": table.num_rows / ingest_s, "batches": n_batches, "bytes": size, "files": files}
+    result = {
+        "ingest_s": ingest_s,
+        "steps_per_s": table.num_rows / ingest_s,
+        "batches": n_batches,
+        "bytes": size,
+        "files": files,
+    }
     result.update(timed_queries(con, repeats))
     con.close()
 
@@ -403,9 +437,11 @@ def measure_ingest(fmt, table: pa.Table, rows_per_round: int, batch: int, repeat
     result["replace_s"] = time.perf_counter() - t0
     result["replace_rows"] = sum(p.num_rows for p in parts)
     con = fmt.reader()
-    after = dict(((r, n), c) for r, n, c in con.execute(COUNT_SQL).fetchall())
+    after = {(r, n): c for r, n, c in con.execute(COUNT_SQL).fetchall()}
     con.close()
-    result["replace_ok"] = after.get(("run-0", round_)) == result["replace_rows"] and sum(after.values()) == table.num_rows
+    result["replace_ok"] = (
+        after.get(("run-0", round_)) == result["replace_rows"] and sum(after.values()) == table.num_rows
+    )
     return result
 
 
@@ -417,7 +453,7 @@ def _writer_proc(fmt_name: str, root: str, wl_path: str, wid: int, rows: int, ba
     for seq, start in enumerate(range(0, rows, batch)):
         part = shard.slice(start, batch)
         delay = 0.02
-        for attempt in range(400):
+        for _attempt in range(400):
             try:
                 fmt.append(None, part, f"conc-{wid}", 0, seq)
                 break
@@ -428,7 +464,15 @@ def _writer_proc(fmt_name: str, root: str, wl_path: str, wid: int, rows: int, ba
                 delay = min(delay * 2, 0.5)
         else:
             failed += 1
-    queue.put({"wid": wid, "retries": retries, "failed_batches": failed, "errors": sorted(messages)[:3], "s": time.perf_counter() - t0})
+    queue.put(
+        {
+            "wid": wid,
+            "retries": retries,
+            "failed_batches": failed,
+            "errors": sorted(messages)[:3],
+            "s": time.perf_counter() - t0,
+        }
+    )
 
 
 def _reader_proc(fmt_name: str, root: str, batch: int, stop, queue) -> None:
@@ -450,7 +494,9 @@ def _reader_proc(fmt_name: str, root: str, batch: int, stop, queue) -> None:
         torn += count % batch != 0
         backwards += count < last
         last = max(last, count)
-    queue.put({"reads": reads, "errors": errors, "torn": torn, "backwards": backwards, "error_messages": sorted(messages)[:3]})
+    queue.put(
+        {"reads": reads, "errors": errors, "torn": torn, "backwards": backwards, "error_messages": sorted(messages)[:3]}
+    )
 
 
 def measure_concurrency(fmt_name: str, root: Path, wl_path: str, rows: int, batch: int, writers: int = 4) -> dict:
@@ -462,7 +508,10 @@ def measure_concurrency(fmt_name: str, root: Path, wl_path: str, rows: int, batc
     queue, stop = ctx.Queue(), ctx.Event()
     reader = ctx.Process(target=_reader_proc, args=(fmt_name, str(root), batch, stop, queue))
     reader.start()
-    procs = [ctx.Process(target=_writer_proc, args=(fmt_name, str(root), wl_path, w, rows, batch, queue)) for w in range(writers)]
+    procs = [
+        ctx.Process(target=_writer_proc, args=(fmt_name, str(root), wl_path, w, rows, batch, queue))
+        for w in range(writers)
+    ]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
@@ -479,12 +528,16 @@ def measure_concurrency(fmt_name: str, root: Path, wl_path: str, rows: int, batc
         "SELECT count(*), count(DISTINCT (trajectory_id, step_index)) FROM steps WHERE run_id LIKE 'conc-%'"
     ).fetchone()
     con.close()
-    exact = all(per_run.get(f"conc-{w}") == rows for w in range(writers)) and distinct[0] == distinct[1] == writers * rows
+    exact = (
+        all(per_run.get(f"conc-{w}") == rows for w in range(writers)) and distinct[0] == distinct[1] == writers * rows
+    )
     return {
         "writers": writers, "rows_per_writer": rows, "batch": batch, "wall_s": wall,
         "steps_per_s": writers * rows / wall, "exactly_once": exact,
-        "writer_retries": sum(r["retries"] for r in results), "failed_batches": sum(r["failed_batches"] for r in results),
-        "writer_errors": sorted({m for r in results for m in r["errors"]})[:3], **{f"reader_{k}": v for k, v in read.items()},
+        "writer_retries": sum(r["retries"] for r in results),
+        "failed_batches": sum(r["failed_batches"] for r in results),
+        "writer_errors": sorted({m for r in results for m in r["errors"]})[:3],
+        **{f"reader_{k}": v for k, v in read.items()},
     }  # fmt: skip
 
 
@@ -561,53 +614,78 @@ def run_candidate(args) -> dict:
 
 
 def report(results: list[dict]) -> str:
-    lines = ["| format | version | steps | ingest steps/s | ingest s | on disk MiB | files | failure-rate query s | count query s | replace partition s (rows) |",
+    lines = ["| format | version | steps | ingest steps/s | ingest s | on disk MiB | files | failure-rate query s "
+             "| count query s | replace partition s (rows) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['format']} | {r.get('version', '-')} | {r.get('steps', '-')} | failed: {r['error']} | | | | | | |")
+            lines.append(
+                f"| {r['format']} | {r.get('version', '-')} | {r.get('steps', '-')} | failed: {r['error']} "
+                "| | | | | | |"
+            )
             continue
         i = r["ingest"]
         lines.append(
-            f"| {r['format']} | {r['version']} | {r['steps']:,} | {i['steps_per_s']:,.0f} | {i['ingest_s']:.1f} | {i['bytes'] / 2**20:,.0f} | "
-            f"{i['files']:,} | {i['failure_s']:.2f} | {i['count_s']:.3f} | {i['replace_s']:.2f} ({i['replace_rows']:,}{'' if i['replace_ok'] else ', WRONG'}) |"
+            f"| {r['format']} | {r['version']} | {r['steps']:,} | {i['steps_per_s']:,.0f} | {i['ingest_s']:.1f} | "
+            f"{i['bytes'] / 2**20:,.0f} | {i['files']:,} | {i['failure_s']:.2f} | {i['count_s']:.3f} | "
+            f"{i['replace_s']:.2f} ({i['replace_rows']:,}{'' if i['replace_ok'] else ', WRONG'}) |"
         )
         if "parquet_control" in r:
             c = r["parquet_control"]
-            lines.append(f"| parquet files read by DuckDB {c['duckdb']} (control) | | {c['rows']:,} | | | | | {c['failure_s']:.2f} | {c['count_s']:.3f} | |")
+            lines.append(
+                f"| parquet files read by DuckDB {c['duckdb']} (control) | | {c['rows']:,} | | | | | "
+                f"{c['failure_s']:.2f} | {c['count_s']:.3f} | |"
+            )
     conc = [r for r in results if "concurrency" in r]
     if conc:
-        lines += ["", "| format | writers x rows (batch) | wall s | steps/s | exactly once | writer retries | failed batches | reads | reader errors | torn reads | first writer / reader error |",
+        lines += ["", "| format | writers x rows (batch) | wall s | steps/s | exactly once | writer retries "
+                      "| failed batches | reads | reader errors | torn reads | first writer / reader error |",
                   "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
         for r in conc:
             c = r["concurrency"]
             errs = "; ".join(c["writer_errors"][:1] + c["reader_error_messages"][:1]) or "-"
             lines.append(
-                f"| {r['format']} | {c['writers']} x {c['rows_per_writer']:,} ({c['batch']:,}) | {c['wall_s']:.1f} | {c['steps_per_s']:,.0f} | "
-                f"{c['exactly_once']} | {c['writer_retries']} | {c['failed_batches']} | {c['reader_reads']} | {c['reader_errors']} | {c['reader_torn']} | {errs} |"
+                f"| {r['format']} | {c['writers']} x {c['rows_per_writer']:,} ({c['batch']:,}) | {c['wall_s']:.1f} | "
+                f"{c['steps_per_s']:,.0f} | {c['exactly_once']} | {c['writer_retries']} | {c['failed_batches']} | "
+                f"{c['reader_reads']} | {c['reader_errors']} | {c['reader_torn']} | {errs} |"
             )
     crash = [r for r in results if "crash" in r]
     if crash:
-        lines += ["", "| format | SIGKILL after s | read ok | rows seen (whole batches) | leftover files | next append ok |", "|---|---:|---|---|---|---|"]
+        lines += [
+            "",
+            "| format | SIGKILL after s | read ok | rows seen (whole batches) | leftover files | next append ok |",
+            "|---|---:|---|---|---|---|",
+        ]
         for r in crash:
             for c in r["crash"]:
                 seen = f"{c['crash_rows']:,} ({c['whole_batches']})" if c.get("read_ok") else c.get("read_error", "-")
-                lines.append(f"| {r['format']} | {c['kill_after_s']} | {c['read_ok']} | {seen} | {c['leftover_files']} | {c['next_append_ok']} {c.get('append_error', '')} |")
+                lines.append(
+                    f"| {r['format']} | {c['kill_after_s']} | {c['read_ok']} | {seen} | {c['leftover_files']} | "
+                    f"{c['next_append_ok']} {c.get('append_error', '')} |"
+                )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, action="append", help="workload size in steps; repeat for several (default 1M)")
+    parser.add_argument(
+        "--steps", type=int, action="append", help="workload size in steps; repeat for several (default 1M)"
+    )
     parser.add_argument("--formats", default="parquet,delta,ducklake")
     parser.add_argument("--batch", type=int, default=50_000, help="rows per append")
     parser.add_argument("--rows-per-round", type=int, default=100_000, help="rows of one (run_id, round) partition")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--conc-rows", type=int, default=200_000, help="rows per concurrent writer")
-    parser.add_argument("--conc-batch", type=int, default=10_000, help="rows per append in the concurrency and crash tests")
+    parser.add_argument(
+        "--conc-batch", type=int, default=10_000, help="rows per append in the concurrency and crash tests"
+    )
     parser.add_argument("--skip-concurrency", action="store_true")
     parser.add_argument("--skip-crash", action="store_true")
-    parser.add_argument("--ducklake-python", default="/tmp/ducklake-venv/bin/python", help="interpreter with duckdb==1.5.5 and the ducklake extension wheel")
+    parser.add_argument(
+        "--ducklake-python",
+        default="/tmp/ducklake-venv/bin/python",
+        help="interpreter with duckdb==1.5.5 and the ducklake extension wheel",
+    )
     parser.add_argument("--workdir", default="/tmp/coevolve-table-formats")
     parser.add_argument("--keep", action="store_true", help="keep each candidate's files")
     parser.add_argument("--json", help="also write the raw figures here")
@@ -628,12 +706,16 @@ def main() -> None:
         wl = workdir / f"workload-{steps}.arrow"
         if not wl.exists():
             build_s = build_workload(steps, args.rows_per_round, wl)
-            print(f"built {steps:,} steps in {build_s:.1f} s ({wl.stat().st_size / 2**20:,.0f} MiB Arrow IPC)", file=sys.stderr)
+            print(
+                f"built {steps:,} steps in {build_s:.1f} s ({wl.stat().st_size / 2**20:,.0f} MiB Arrow IPC)",
+                file=sys.stderr,
+            )
         formats = args.formats.split(",")
         for name in formats:
             python = args.ducklake_python if name == "ducklake" else sys.executable
-            cmd = [python, __file__, "--worker", name, "--workload", str(wl), "--steps-one", str(steps), "--workdir", str(workdir),
-                   "--batch", str(args.batch), "--rows-per-round", str(args.rows_per_round), "--repeats", str(args.repeats),
+            cmd = [python, __file__, "--worker", name, "--workload", str(wl), "--steps-one", str(steps),
+                   "--workdir", str(workdir), "--batch", str(args.batch), "--rows-per-round", str(args.rows_per_round),
+                   "--repeats", str(args.repeats),
                    "--conc-rows", str(args.conc_rows), "--conc-batch", str(args.conc_batch)]  # fmt: skip
             cmd += ["--skip-concurrency"] * args.skip_concurrency + ["--skip-crash"] * args.skip_crash
             keep_parquet = name == "parquet" and "ducklake" in formats
@@ -647,7 +729,7 @@ def main() -> None:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
                 results.append({"format": name, "steps": steps, "error": tail[0][:300]})
             else:
-                results.append(json.loads(line[len("RESULT "):]))
+                results.append(json.loads(line[len("RESULT ") :]))
             print(f"{name} {steps:,}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         if not args.keep:
             shutil.rmtree(workdir / f"parquet-{steps}", ignore_errors=True)

@@ -44,7 +44,13 @@ safetensors_torch = optional_module("safetensors.torch")
 def _policy(out: Path, hidden: int, layers: int, vocab: int) -> tuple[Path, int]:
     """A random-init tiny policy and the size of its vocabulary (BPE stops early on little text)."""
     texts = [
-        render_tiny([Message("user", f"make a folder d{i} and list it"), Message("assistant", f"[mkdir(dir_name='d{i}'), ls()]")], False)
+        render_tiny(
+            [
+                Message("user", f"make a folder d{i} and list it"),
+                Message("assistant", f"[mkdir(dir_name='d{i}'), ls()]"),
+            ],
+            False,
+        )
         for i in range(400)
     ]
     tokenizer = train_tokenizer(texts, vocab_size=vocab)
@@ -63,10 +69,18 @@ def _groups(groups: int, group_size: int, prompt_tokens: int, completion_tokens:
             completion = [rng.randrange(vocab) for _ in range(completion_tokens)]
             out.append(
                 Trajectory(
-                    run_id="bench", round=0, task_id=f"t-{g:03d}", sample=sample, steps=[], prompt_ids=prompt,
-                    completion_ids=completion, completion_mask=[1] * completion_tokens,
+                    run_id="bench",
+                    round=0,
+                    task_id=f"t-{g:03d}",
+                    sample=sample,
+                    steps=[],
+                    prompt_ids=prompt,
+                    completion_ids=completion,
+                    completion_mask=[1] * completion_tokens,
                     logprobs=[-7.0] * completion_tokens,  # about log(1/2048): what a random-init policy assigns
-                    reward=reward, success=reward > 0, finish_reason="done",
+                    reward=reward,
+                    success=reward > 0,
+                    finish_reason="done",
                 )
             )
     return out
@@ -85,8 +99,6 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each variant, interleaved; the fastest is kept")
     args = parser.parse_args()
 
-
-
     with tempfile.TemporaryDirectory(prefix="update-ranks-") as scratch:
         root = Path(scratch)
         policy, vocab = _policy(root / "policy", args.hidden, args.layers, args.vocab)
@@ -103,10 +115,18 @@ def main() -> None:
         runs = {
             "in_process": lambda out: grpo_update(policy, trajectories, config, out),
             "torchrun_1": lambda out: launch_update(
-                policy, group_round(trajectories, args.group_size), config.with_overrides({"training": {"num_processes": 1}}), 0, out
+                policy,
+                group_round(trajectories, args.group_size),
+                config.with_overrides({"training": {"num_processes": 1}}),
+                0,
+                out,
             ),
             "torchrun_2": lambda out: launch_update(
-                policy, group_round(trajectories, args.group_size), config.with_overrides({"training": {"num_processes": 2}}), 0, out
+                policy,
+                group_round(trajectories, args.group_size),
+                config.with_overrides({"training": {"num_processes": 2}}),
+                0,
+                out,
             ),
         }
         for _, (name, run) in ((r, item) for r in range(args.repeat) for item in runs.items()):
@@ -122,20 +142,35 @@ def main() -> None:
                 "step_s": round(stats["step_time"], 3),
                 "steps": stats["steps"],
                 "processes": stats.get("processes", 1),
-                "groups_per_rank": sorted({len(v) for v in stats.get("rank_task_ids", {"0": stats["task_ids"]}).values()}),
+                "groups_per_rank": sorted(
+                    {len(v) for v in stats.get("rank_task_ids", {"0": stats["task_ids"]}).values()}
+                ),
             }
-        reference, two = safetensors_torch.load_file(root / "in_process" / "model.safetensors"), safetensors_torch.load_file(root / "torchrun_2" / "model.safetensors")
+        reference, two = (
+            safetensors_torch.load_file(root / "in_process" / "model.safetensors"),
+            safetensors_torch.load_file(root / "torchrun_2" / "model.safetensors"),
+        )
         start = safetensors_torch.load_file(policy / "model.safetensors")
         print(
             json.dumps(
                 {
-                    "groups": args.groups, "group_size": args.group_size, "completion_tokens": args.completion_tokens,
-                    "steps": args.steps, "hidden": args.hidden, "layers": args.layers,
+                    "groups": args.groups,
+                    "group_size": args.group_size,
+                    "completion_tokens": args.completion_tokens,
+                    "steps": args.steps,
+                    "hidden": args.hidden,
+                    "layers": args.layers,
                     "params": sum(v.numel() for v in start.values()),
                     **results,
-                    "speedup_2_vs_1_torchrun": round(results["torchrun_1"]["wall_s"] / results["torchrun_2"]["wall_s"], 2),
-                    "speedup_2_vs_in_process": round(results["in_process"]["wall_s"] / results["torchrun_2"]["wall_s"], 2),
-                    "max_abs_weight_diff_2_vs_in_process": max((two[k] - reference[k]).abs().max().item() for k in reference),
+                    "speedup_2_vs_1_torchrun": round(
+                        results["torchrun_1"]["wall_s"] / results["torchrun_2"]["wall_s"], 2
+                    ),
+                    "speedup_2_vs_in_process": round(
+                        results["in_process"]["wall_s"] / results["torchrun_2"]["wall_s"], 2
+                    ),
+                    "max_abs_weight_diff_2_vs_in_process": max(
+                        (two[k] - reference[k]).abs().max().item() for k in reference
+                    ),
                     "max_abs_weight_change": max((reference[k] - start[k]).abs().max().item() for k in reference),
                 }  # fmt: skip
             )

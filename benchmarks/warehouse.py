@@ -9,8 +9,8 @@ For each size (``--steps``) and write batch (``--batch``, trajectories per write
   of 5,000, so a long tail of tool sequences is rare; 128 prompt token ids and 60 completion ids per
   step with their mask and logprobs) are generated one batch at a time, so memory stays bounded at
   any size. Each batch goes to durable storage through `Warehouse.write_trajectories` (Arrow
-  conversion, zstd Parquet, fsync, rename), and the same batch, as plain dict rows of the same nested shape (built outside
-  the timing), through pyarrow alone: ``pa.Table.from_pylist`` then ``pq.write_table`` of steps and
+  conversion, zstd Parquet, fsync, rename), and the same batch, as plain dict rows of the same nested
+  shape (built outside the timing), through pyarrow alone: ``pa.Table.from_pylist`` then ``pq.write_table`` of steps and
   trajectories, with the warehouse's compression, into a second folder (no fsync). Both are timed
   per batch, interleaved, so load on the machine falls on both alike; steps/s and their ratio are
   reported. Generating the records is timed apart.
@@ -182,8 +182,14 @@ def ingest(warehouse: Warehouse, plain: Path, total_steps: int, rounds: int, bat
         timings["warehouse_s"] += time.perf_counter() - started
         started = time.perf_counter()
         folder = plain / f"round={round_}"
-        pq.write_table(pa.Table.from_pylist(steps, schema=SCHEMAS["steps"]), folder / f"steps-{batches}.parquet", **_WRITE_OPTIONS)
-        pq.write_table(pa.Table.from_pylist(heads, schema=SCHEMAS["trajectories"]), folder / f"trajectories-{batches}.parquet", **_WRITE_OPTIONS)
+        pq.write_table(
+            pa.Table.from_pylist(steps, schema=SCHEMAS["steps"]), folder / f"steps-{batches}.parquet", **_WRITE_OPTIONS
+        )
+        pq.write_table(
+            pa.Table.from_pylist(heads, schema=SCHEMAS["trajectories"]),
+            folder / f"trajectories-{batches}.parquet",
+            **_WRITE_OPTIONS,
+        )
         timings["pyarrow_s"] += time.perf_counter() - started
         steps_written += len(steps)
         trajectories_written += len(pending)
@@ -197,7 +203,7 @@ def ingest(warehouse: Warehouse, plain: Path, total_steps: int, rounds: int, bat
         warehouse.write_tasks(tasks)
         warehouse.set_pool(RUN, round_, [t.task_id for t in tasks])
         pending: list[Trajectory] = []
-        for number, task in zip(numbers, tasks):
+        for number, task in zip(numbers, tasks, strict=True):
             level = skill.setdefault(number, rng.random())
             started = time.perf_counter()
             pending += [records.trajectory(round_, task.task_id, s, level) for s in range(GROUP)]
@@ -208,8 +214,9 @@ def ingest(warehouse: Warehouse, plain: Path, total_steps: int, rounds: int, bat
         if pending:
             write(pending, round_)
         picked = [tasks[i] for i in range(0, len(tasks), 2)]  # signals on 5% of the round's trajectories
-        signals = [Signal(RUN, round_, ("boundary", "rare", "forgetting")[i % 3], f"{RUN}/r{round_}/{t.task_id}/s{i % GROUP}",
-                          t.task_id, {"score": 0.0}) for i, t in enumerate(picked[: len(tasks) * GROUP // 20])]  # fmt: skip
+        signals = [Signal(RUN, round_, ("boundary", "rare", "forgetting")[i % 3],
+                          f"{RUN}/r{round_}/{t.task_id}/s{i % GROUP}", t.task_id, {"score": 0.0})
+                   for i, t in enumerate(picked[: len(tasks) * GROUP // 20])]  # fmt: skip
         warehouse.write_signals(signals)
         warehouse.write_candidates(RUN, round_, [
             Candidate(make_task(10_000_000 + round_ * 1000 + i, round_ + 1), s.signal_id, Verdict(i % 2 == 0, "ok"))
@@ -276,7 +283,12 @@ def time_mining(root: Path, rounds: int, repeats: int) -> dict:
                 raise SystemExit("mining from the files and from the frame found different signals")
     kinds = {k: sum(1 for s in signals if s.kind == k) for k in ("forgetting", "boundary", "rare")}
     figures = {key: round(min(values), 3) for key, values in times.items()}
-    return {"rows": frame.height, **figures, "read_and_mine_s": round(figures["read_s"] + figures["mine_s"], 3), "signals": kinds}
+    return {
+        "rows": frame.height,
+        **figures,
+        "read_and_mine_s": round(figures["read_s"] + figures["mine_s"], 3),
+        "signals": kinds,
+    }
 
 
 def file_counts(root: Path) -> dict[str, int]:
@@ -304,7 +316,11 @@ def main() -> None:
     if args.mining_only:
         root = Path(args.mining_only) / "warehouse"
         load = round(os.getloadavg()[0], 1)
-        result = {"folder": args.mining_only, "load_before": load, "mining": time_mining(root, args.rounds, args.repeats)}
+        result = {
+            "folder": args.mining_only,
+            "load_before": load,
+            "mining": time_mining(root, args.rounds, args.repeats),
+        }
         print(json.dumps({**result, "load_after": round(os.getloadavg()[0], 1)}), flush=True)
         return
     for total in args.steps or [1_000_000]:
@@ -313,8 +329,12 @@ def main() -> None:
                 if args.keep:
                     tmp = tempfile.mkdtemp(dir=args.workdir)
                 root, plain = Path(tmp) / "warehouse", Path(tmp) / "pyarrow"
-                result: dict = {"steps": total, "batch": batch, "folder": tmp if args.keep else None,
-                                "load_before": round(os.getloadavg()[0], 1)}
+                result: dict = {
+                    "steps": total,
+                    "batch": batch,
+                    "folder": tmp if args.keep else None,
+                    "load_before": round(os.getloadavg()[0], 1),
+                }
                 with Warehouse(root) as wh:
                     result["ingest"] = ingest(wh, plain, total, args.rounds, batch)
                 result["load_after_ingest"] = round(os.getloadavg()[0], 1)

@@ -35,6 +35,6 @@ def is_retryable(task, task_run, state) -> bool:
         state.result()
     except InfrastructureError:
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - any other failure of the task's own code is not retried
         return False
     return False

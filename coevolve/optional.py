@@ -21,7 +21,9 @@ from coevolve.errors import ConfigError
 
 # Package -> how to get it, for the error a missing one raises.
 INSTALL_HINTS: dict[str, str] = {
-    "vllm": "vLLM lives in its own environment: run `make setup-vllm` (CPU) or install the `vllm` extra on a GPU machine",
+    "vllm": (
+        "vLLM lives in its own environment: run `make setup-vllm` (CPU) or install the `vllm` extra on a GPU machine"
+    ),
     "torch": "run `make setup` (it installs torch before the project)",
 }
 
@@ -44,7 +46,9 @@ class OptionalModule:
             except ImportError as exc:
                 top = self._name.split(".")[0]
                 hint = INSTALL_HINTS.get(top, "run `make setup`")
-                raise MissingDependencyError(f"{self._name} is needed here but cannot be imported ({exc}); {hint}.") from exc
+                raise MissingDependencyError(
+                    f"{self._name} is needed here but cannot be imported ({exc}); {hint}."
+                ) from exc
         return self._module
 
     def __getattr__(self, attribute: str) -> Any:

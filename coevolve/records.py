@@ -227,7 +227,10 @@ class Trajectory:
     @property
     def segments(self) -> list[Segment]:
         """Every segment of the episode in step order, the first one included."""
-        return [Segment(self.prompt_ids, self.completion_ids, self.completion_mask, self.logprobs), *self.later_segments]
+        return [
+            Segment(self.prompt_ids, self.completion_ids, self.completion_mask, self.logprobs),
+            *self.later_segments,
+        ]
 
     @property
     def tool_sequence(self) -> list[str]:
@@ -240,10 +243,7 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
-        steps = [
-            Step(**{**s, "calls": [ToolCall.from_dict(c) for c in s.get("calls", [])]})
-            for s in data["steps"]
-        ]
+        steps = [Step(**{**s, "calls": [ToolCall.from_dict(c) for c in s.get("calls", [])]}) for s in data["steps"]]
         fields = {k: v for k, v in data.items() if k not in ("steps", "trajectory_id", "later_segments")}
         later = [Segment(**s) for s in data.get("later_segments") or []]
         return cls(steps=steps, later_segments=later, **fields)

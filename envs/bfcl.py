@@ -25,9 +25,7 @@ CATEGORIES: tuple[str, ...] = (
     "multi_turn_long_context",
 )
 TOOL_LISTS = ("described", "signatures", "names")
-INSTRUCTION = (
-    "Reply with a python list of calls like [f(a=1), g(b='x')]; reply done when the request is complete."
-)
+INSTRUCTION = "Reply with a python list of calls like [f(a=1), g(b='x')]; reply done when the request is complete."
 REVEAL_PROMPT = "I have updated some more functions you can choose from. What about now?"
 # bfcl-eval's MAXIMUM_STEP_LIMIT (constants/default_prompts.py): steps one turn may execute in its loop.
 TURN_STEP_LIMIT = 20
@@ -141,7 +139,10 @@ class BfclEnvironment:
             outcome.observations = self.execute(calls)
             self._all_results.extend(outcome.observations)
             self._turn_called = True
-            lines = [f"{c.name} -> {o[: self.max_observation_chars]}" for c, o in zip(calls, outcome.observations)]
+            lines = [
+                f"{c.name} -> {o[: self.max_observation_chars]}"
+                for c, o in zip(calls, outcome.observations, strict=True)
+            ]
             outcome.messages.append(Message("tool", "\n".join(lines)))
         if not calls or self._steps_in_turn >= self.max_steps_per_turn:
             outcome.turn_ended = True
@@ -156,7 +157,10 @@ class BfclEnvironment:
         calls, error = parse_tool_calls(model_text, bracketed=True)
         # bfcl-eval's python-call decoder keeps keyword arguments only: ``sort('a.txt')`` runs as
         # ``sort()`` there (and fails), so it does here too.
-        calls = [ToolCall(c.name, {k: v for k, v in c.arguments.items() if not k.startswith(POSITIONAL_PREFIX)}) for c in calls]
+        calls = [
+            ToolCall(c.name, {k: v for k, v in c.arguments.items() if not k.startswith(POSITIONAL_PREFIX)})
+            for c in calls
+        ]
         outcome = StepOutcome(calls=calls, error=error)
         if not calls:
             outcome.turn_ended = True

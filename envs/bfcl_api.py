@@ -11,9 +11,10 @@ import copy
 import importlib
 import inspect
 import json
-from functools import lru_cache
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import bfcl_eval
 from bfcl_eval.constants.executable_backend_config import (
@@ -48,7 +49,7 @@ def load_jsonl(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-@lru_cache(maxsize=None)
+@cache
 def api_class(class_name: str) -> type:
     if class_name not in CLASS_FILE_PATH_MAPPING or class_name not in MULTI_TURN_CLASSES:
         raise EnvSetupError(f"unknown BFCL class {class_name!r}; known: {', '.join(MULTI_TURN_CLASSES)}")
@@ -56,13 +57,13 @@ def api_class(class_name: str) -> type:
     return getattr(module, class_name)
 
 
-@lru_cache(maxsize=None)
+@cache
 def func_docs(class_name: str) -> tuple[dict[str, Any], ...]:
     """The official function docs of one class, in file order."""
     return tuple(load_jsonl(DATA_DIR / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]))
 
 
-@lru_cache(maxsize=None)
+@cache
 def public_methods(class_name: str) -> tuple[str, ...]:
     cls = api_class(class_name)
     return tuple(
@@ -70,14 +71,14 @@ def public_methods(class_name: str) -> tuple[str, ...]:
     )
 
 
-@lru_cache(maxsize=None)
+@cache
 def method_parameters(class_name: str, method: str) -> tuple[str, ...]:
     """Parameter names of a method, without ``self``: maps positional arguments to names."""
     signature = inspect.signature(getattr(api_class(class_name), method))
     return tuple(p for p in signature.parameters if p != "self")
 
 
-@lru_cache(maxsize=None)
+@cache
 def mutable_defaults(class_name: str, method: str) -> tuple[tuple[str, Any], ...]:
     """Parameters whose default is a list/dict/set, with a fresh empty container of that type.
 
@@ -143,7 +144,7 @@ def format_result(value: Any) -> str:
     if type(value) is dict:
         try:
             return json.dumps(value)
-        except Exception:
+        except Exception:  # noqa: BLE001 - bfcl-eval's executor falls back to str() on any failure (a bare except)
             return str(value)
     return str(value)
 
@@ -176,7 +177,7 @@ def run_call(table: dict[str, Callable[..., Any]], tool_classes: dict[str, str],
         arguments.setdefault(name, copy.deepcopy(default))
     try:
         return format_result(method(**arguments))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a model-chosen call may fail in any way; it is the call's result
         return f"Error during execution: {exc}"
 
 

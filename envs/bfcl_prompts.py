@@ -182,7 +182,7 @@ class BfclConversation:
     def add_results(self, calls: Sequence[ToolCall], results: Sequence[str]) -> None:
         """Append the results of a step's calls: one tool message each, or for ``chat`` one user message
         listing them all (bfcl's prompting handlers for chat APIs)."""
-        entries = [{"role": "tool", "name": call_text(c), "content": r} for c, r in zip(calls, results)]
+        entries = [{"role": "tool", "name": call_text(c), "content": r} for c, r in zip(calls, results, strict=True)]
         if self.handler == "chat":
             self.messages.append({"role": "user", "content": repr(entries)})
         else:

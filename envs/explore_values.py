@@ -7,7 +7,8 @@ arguments from what the state holds right now keeps most exploration calls valid
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 WORDS = ["alpha", "beta", "notes", "draft", "summary", "budget", "report", "plan", "ideas", "log"]
 NEW_DIRS = ["temp", "backup", "archive_2024", "projects", "drafts", "reports_old", "shared"]
@@ -26,13 +27,26 @@ NEW_CONTACTS = ["Frank", "Grace", "Heidi", "Ivan", "Judy"]
 TITLES = ["Login page broken", "Printer offline", "Slow network", "Update request", "Access needed"]
 RESOLUTIONS = ["Restarted the service", "Replaced the cable", "Granted access", "Fixed in the last release"]
 SI_UNITS = ["km", "m", "cm", "mm"]
-IMPERIAL_PAIRS = [("cm", "in"), ("in", "cm"), ("m", "ft"), ("ft", "m"), ("km", "miles"), ("miles", "km"), ("kg", "lb"), ("lb", "kg")]
+IMPERIAL_PAIRS = [
+    ("cm", "in"),
+    ("in", "cm"),
+    ("m", "ft"),
+    ("ft", "m"),
+    ("km", "miles"),
+    ("miles", "km"),
+    ("kg", "lb"),
+    ("lb", "kg"),
+]
 
 # Tools that fail without a login, and the class whose login they need.
 NEEDS_LOGIN: dict[str, str] = {
-    **{t: "TwitterAPI" for t in ["post_tweet", "retweet", "comment", "follow_user", "list_all_following", "unfollow_user"]},
-    **{t: "TicketAPI" for t in ["create_ticket", "get_user_tickets"]},
-    **{t: "MessageAPI" for t in ["send_message", "delete_message", "view_messages_sent", "search_messages", "get_message_stats"]},
+    **dict.fromkeys(
+        ["post_tweet", "retweet", "comment", "follow_user", "list_all_following", "unfollow_user"], "TwitterAPI"
+    ),
+    **dict.fromkeys(["create_ticket", "get_user_tickets"], "TicketAPI"),
+    **dict.fromkeys(
+        ["send_message", "delete_message", "view_messages_sent", "search_messages", "get_message_stats"], "MessageAPI"
+    ),
 }
 
 Generator = Callable[[dict[str, Any], random.Random], Any]
@@ -139,7 +153,9 @@ VALUES: dict[tuple[str, str], Generator] = {
     ("cat", "file_name"): _file,
     ("cd", "folder"): _cd_target,
     ("cp", "source"): _file,
-    ("cp", "destination"): lambda i, r: _pick(r, _entries(i, "dir"), NEW_FILES) if r.random() < 0.6 else r.choice(NEW_FILES),
+    ("cp", "destination"): lambda i, r: (
+        _pick(r, _entries(i, "dir"), NEW_FILES) if r.random() < 0.6 else r.choice(NEW_FILES)
+    ),
     ("diff", "file_name1"): _file,
     ("diff", "file_name2"): _file,
     ("du", "human_readable"): lambda i, r: r.random() < 0.5,
@@ -152,7 +168,9 @@ VALUES: dict[tuple[str, str], Generator] = {
     ("ls", "a"): lambda i, r: r.random() < 0.5,
     ("mkdir", "dir_name"): lambda i, r: r.choice(NEW_DIRS),
     ("mv", "source"): lambda i, r: _pick(r, _entries(i), NEW_FILES),
-    ("mv", "destination"): lambda i, r: _pick(r, _entries(i, "dir"), NEW_DIRS) if r.random() < 0.6 else r.choice(NEW_FILES),
+    ("mv", "destination"): lambda i, r: (
+        _pick(r, _entries(i, "dir"), NEW_DIRS) if r.random() < 0.6 else r.choice(NEW_FILES)
+    ),
     ("rm", "file_name"): _file,
     ("rmdir", "dir_name"): _dir,
     ("sort", "file_name"): _file,
@@ -221,7 +239,9 @@ _TYPE_POOLS: dict[str, Generator] = {
 }
 
 
-def argument_value(tool: str, param: str, ptype: str, instances: dict[str, Any], rng: random.Random, chosen: dict[str, Any]) -> Any:
+def argument_value(
+    tool: str, param: str, ptype: str, instances: dict[str, Any], rng: random.Random, chosen: dict[str, Any]
+) -> Any:
     """A value for one parameter: live state first, then a pool for the parameter's type."""
     if tool == "imperial_si_conversion" and param == "unit_out":
         unit_in = chosen.get("unit_in")

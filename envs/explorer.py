@@ -7,7 +7,6 @@ contribute only their initial states: their questions and answers are never read
 
 from __future__ import annotations
 
-
 import json
 import random
 from dataclasses import dataclass, replace
@@ -213,11 +212,11 @@ def replay(task: Task) -> tuple[bool, str, bool]:
     env = BfclEnvironment()
     try:
         env.reset(task)
-    except Exception as exc:  # a synthesized state that cannot load is a rejection, not a crash
+    except Exception as exc:  # noqa: BLE001 - a synthesized state that cannot load is a rejection, not a crash
         return False, f"cannot build the environment: {exc}", False
     before = env.state()
     for turn_index, turn in enumerate(task.reference):
-        for call_index, (call, result) in enumerate(zip(turn, env.execute(turn))):
+        for call_index, (call, result) in enumerate(zip(turn, env.execute(turn), strict=True)):
             if not is_ok(result):
                 return False, f"turn {turn_index} call {call_index} {call.render()} failed: {result[:200]}", False
     changed = env.state() != before

@@ -1,9 +1,10 @@
-"""Command line: ``coevolve evolve | round | evaluate | ablation | sql | warehouse | lineage | config | status | serve``.
+"""Command line (``python -m flows.cli``, installed as ``coevolve``); its commands:
 
     coevolve evolve [--config FILE] [--set section.field=value ...] [--rounds N]
     coevolve round --round R [--config FILE] [--set ...]
     coevolve evaluate --checkpoint PATH [--categories base,miss_func,...] [--limit N] [--no-heldout] [--dev]
-    coevolve ablation [--config configs/ablation.yaml] [--arms static,random,full] [--seeds 1,2,3,4,5] [--rounds 5] [--workers 2]
+    coevolve ablation [--config configs/ablation.yaml] [--arms static,random,full] [--seeds 1,2,3,4,5]
+                      [--rounds 5] [--workers 2]
     coevolve sql "SELECT * FROM v_success_by_round"
     coevolve warehouse migrate [PATH] [--to ROOT] [--check]
     coevolve lineage VERSION|current|best [--model NAME]
@@ -89,7 +90,11 @@ def _store_errors(config: PipelineConfig, root: str | Path) -> Iterator[None]:
     except Exception as exc:
         if "://" not in str(root) or not _is_store_connection_error(exc):
             raise
-        endpoint = config.warehouse.storage_options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL") or "AWS's default"
+        endpoint = (
+            config.warehouse.storage_options.get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or "AWS's default"
+        )
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise PipelineError(
             f"cannot reach the warehouse {root} at endpoint {endpoint} ({first_line}). Check warehouse.storage_options "
@@ -100,7 +105,9 @@ def _store_errors(config: PipelineConfig, root: str | Path) -> Iterator[None]:
 def cmd_evolve(args: argparse.Namespace) -> int:
     config = _load(args)
     # The flow prints the table as each round finishes (the nightly deployment runs the same flow).
-    evolve_flow.coevolve_evolve(rounds=args.rounds or config.rounds, config=config.model_dump(mode="json"), print_table=True)
+    evolve_flow.coevolve_evolve(
+        rounds=args.rounds or config.rounds, config=config.model_dump(mode="json"), print_table=True
+    )
     return 0
 
 
@@ -119,7 +126,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
     if _no_local_warehouse(root):
         raise PipelineError(f"No warehouse at {root}; run `coevolve evolve` first or pass --database.")
     # Read-only and lock-free: the views scan the table files, which writers replace atomically.
-    with _store_errors(config, root), warehouse.Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
+    with (
+        _store_errors(config, root),
+        warehouse.Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh,
+    ):
         try:
             frame = wh.sql(args.query)
         except duckdb.Error as exc:
@@ -198,14 +208,22 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     # Checked before the flow starts, so a typo fails in a second with the valid names.
     categories = [evaluate_stage.category_name(c.strip()) for c in args.categories.split(",") if c.strip()]
     results = evaluate_flow.coevolve_evaluate(
-        checkpoint=args.checkpoint, categories=categories, heldout=not args.no_heldout,
-        config=config.model_dump(mode="json"), limit=args.limit, dev=args.dev,
+        checkpoint=args.checkpoint,
+        categories=categories,
+        heldout=not args.no_heldout,
+        config=config.model_dump(mode="json"),
+        limit=args.limit,
+        dev=args.dev,
     )
     for split, accuracy in results.items():
         print(f"{split:<26} {accuracy:.3f}")
     overall = evaluate_stage.multi_turn_overall(results)
     if overall is not None:
-        missing = [c for c in ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context") if c not in results]
+        missing = [
+            c
+            for c in ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+            if c not in results
+        ]
         note = f"  ({', '.join(missing)} not evaluated: counted as 0, as the leaderboard does)" if missing else ""
         print(f"{'multi_turn_overall':<26} {overall:.3f}{note}")
     return 0
@@ -217,7 +235,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if _no_local_warehouse(root):
         records = []
     else:
-        with _store_errors(config, root), warehouse.Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
+        with (
+            _store_errors(config, root),
+            warehouse.Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh,
+        ):
             records = wh.round_records(config.run_id)
     print(format_row(COLUMNS))
     for r in records:
@@ -243,7 +264,11 @@ def cmd_ablation(args: argparse.Namespace) -> int:
         config = config.with_overrides({"ablation_workers": args.workers})
     t0 = time.perf_counter()
     out = ablation_flow.coevolve_ablation(
-        arms=arms, seeds=seeds, rounds=args.rounds, official_limit=args.official_limit, name=args.name,
+        arms=arms,
+        seeds=seeds,
+        rounds=args.rounds,
+        official_limit=args.official_limit,
+        name=args.name,
         config=config.model_dump(mode="json"),
     )
     print(Path(out["report"]).read_text())
@@ -260,8 +285,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model = Path(args.model).expanduser()
     if not model.exists() and (model.is_absolute() or args.model.startswith(".") or len(model.parts) > 2):
         raise PipelineError(
-            f"No checkpoint folder at {model.resolve()}. Checkpoint 0 of a run is {config.state_dir / 'models'}/<name> "
-            f"(the policy built by round 0); round r's is {config.checkpoint_dir(1).parent}/round-NNN (from round-001 on)."
+            f"No checkpoint folder at {model.resolve()}. Checkpoint 0 of a run is "
+            f"{config.state_dir / 'models'}/<name> (the policy built by round 0); round r's is "
+            f"{config.checkpoint_dir(1).parent}/round-NNN (from round-001 on)."
         )
     overrides: dict[str, Any] = {"host": args.host, "port": args.port}
     if args.cpu is not None:
@@ -281,7 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", help="YAML file with configuration sections (see `coevolve config --show`).")
-        p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="Override one field; repeatable.")
+        p.add_argument(
+            "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="Override one field; repeatable."
+        )
 
     p = sub.add_parser("evolve", help="Run rounds after the last finished one (the main job).")
     common(p)
@@ -296,7 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sql", help="Run a read-only SQL query on the warehouse.")
     common(p)
     p.add_argument("query")
-    p.add_argument("--database", help="Warehouse folder or URL (default: the configuration's warehouse.uri, else state_dir/warehouse).")
+    p.add_argument(
+        "--database",
+        help="Warehouse folder or URL (default: the configuration's warehouse.uri, else state_dir/warehouse).",
+    )
     p.add_argument("--limit", type=int, default=50, help="Rows to print.")
     p.set_defaults(func=cmd_sql)
 
@@ -307,29 +338,49 @@ def build_parser() -> argparse.ArgumentParser:
         help="Convert a single-file warehouse (warehouse.duckdb) to the open-table layout and compare every table.",
     )
     common(m)
-    m.add_argument("path", nargs="?", help="The old warehouse file (default: state_dir/warehouse.duckdb); it is left unchanged.")
-    m.add_argument("--to", dest="target", help="New warehouse folder or URL (default: the folder warehouse beside PATH).")
-    m.add_argument("--check", action="store_true", help="Only compare PATH with an already converted warehouse at --to.")
+    m.add_argument(
+        "path", nargs="?", help="The old warehouse file (default: state_dir/warehouse.duckdb); it is left unchanged."
+    )
+    m.add_argument(
+        "--to", dest="target", help="New warehouse folder or URL (default: the folder warehouse beside PATH)."
+    )
+    m.add_argument(
+        "--check", action="store_true", help="Only compare PATH with an already converted warehouse at --to."
+    )
     m.set_defaults(func=cmd_warehouse_migrate)
 
-    p = sub.add_parser("ablation", help="Static vs random vs signal-guided synthesis (and each signal left out), over seeds.")
+    p = sub.add_parser(
+        "ablation", help="Static vs random vs signal-guided synthesis (and each signal left out), over seeds."
+    )
     common(p)
-    p.add_argument("--arms", help="Comma-separated arms (default: all): static, random, full, no-forgetting, no-boundary, no-rare.")
+    p.add_argument(
+        "--arms", help="Comma-separated arms (default: all): static, random, full, no-forgetting, no-boundary, no-rare."
+    )
     p.add_argument("--seeds", default="1,2,3,4,5", help="Comma-separated loop seeds; arms are paired by seed.")
     p.add_argument("--rounds", type=int, default=5, help="Rounds per run; every arm gets the same number.")
-    p.add_argument("--official-limit", type=int, default=50, help="multi_turn_base entries scored per final checkpoint.")
+    p.add_argument(
+        "--official-limit", type=int, default=50, help="multi_turn_base entries scored per final checkpoint."
+    )
     p.add_argument("--name", default="ablation", help="Prefix of the runs and the report folder.")
-    p.add_argument("--workers", type=int, help="Seeds played at the same time, each in its own process (default: ablation_workers).")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="Seeds played at the same time, each in its own process (default: ablation_workers).",
+    )
     p.set_defaults(func=cmd_ablation)
 
     p = sub.add_parser("lineage", help="Walk a registered checkpoint version back to checkpoint 0 and D_0.")
     common(p)
     p.add_argument(
         "version",
-        help="Model version number, e.g. 3, or an alias: current (the newest round's) or best (highest held-out success). "
-        "Of the run's registered model unless --model is given.",
+        help=(
+            "Model version number, e.g. 3, or an alias: current (the newest round's) or best (highest held-out "
+            "success). Of the run's registered model unless --model is given."
+        ),
     )
-    p.add_argument("--model", help="Registered model name (default: <tracking.registered_model>-<run_id> of the configured run).")
+    p.add_argument(
+        "--model", help="Registered model name (default: <tracking.registered_model>-<run_id> of the configured run)."
+    )
     p.set_defaults(func=cmd_lineage)
 
     p = sub.add_parser("config", help="Print the effective configuration.")
@@ -337,21 +388,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show", action="store_true")
     p.set_defaults(func=cmd_config)
 
-    p = sub.add_parser("evaluate", help="Score a checkpoint greedily on official BFCL categories and the held-out split.")
+    p = sub.add_parser(
+        "evaluate", help="Score a checkpoint greedily on official BFCL categories and the held-out split."
+    )
     common(p)
     p.add_argument("--checkpoint", required=True, help="Model directory or Hugging Face id.")
-    p.add_argument("--categories", default="multi_turn_base", help="Comma-separated: base, miss_func, miss_param, long_context.")
+    p.add_argument(
+        "--categories", default="multi_turn_base", help="Comma-separated: base, miss_func, miss_param, long_context."
+    )
     p.add_argument("--no-heldout", action="store_true", help="Skip the run's held-out synthetic split.")
     p.add_argument("--limit", type=int, default=None, help="Score only the first N tasks of each split.")
     p.add_argument(
-        "--dev", action="store_true",
-        help="Also score the dev split: 200 synthetic tasks outside the seed pool, the SFT set and the held-out split, for choosing settings.",
+        "--dev",
+        action="store_true",
+        help=(
+            "Also score the dev split: 200 synthetic tasks outside the seed pool, the SFT set and the held-out "
+            "split, for choosing settings."
+        ),
     )
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser(
         "serve",
-        help="Start a vLLM rollout server for engine 'openai' (processed logprobs, prefix caching, LoRA and weight reloads).",
+        help=(
+            "Start a vLLM rollout server for engine 'openai' (processed logprobs, prefix caching, LoRA and weight "
+            "reloads)."
+        ),
     )
     common(p)
     p.add_argument("--model", required=True, help="Checkpoint folder to serve: checkpoint 0 of the run for LoRA runs.")
@@ -359,7 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--python", default=None, help="Interpreter with vLLM (default .venv-vllm/bin/python when present).")
     cpu = p.add_mutually_exclusive_group()
-    cpu.add_argument("--cpu", dest="cpu", action="store_true", default=None, help="CPU build flags (detected when omitted).")
+    cpu.add_argument(
+        "--cpu", dest="cpu", action="store_true", default=None, help="CPU build flags (detected when omitted)."
+    )
     cpu.add_argument("--gpu", dest="cpu", action="store_false", help="GPU build: chunked prefill stays on.")
     p.add_argument("--dry-run", action="store_true", help="Print the command line instead of starting the server.")
     p.set_defaults(func=cmd_serve)

@@ -20,7 +20,9 @@ from tasks.prepare import next_round_task
 
 
 @flow(name="coevolve-evolve")
-def coevolve_evolve(rounds: int = 3, config: dict[str, Any] | None = None, print_table: bool = False) -> list[dict[str, Any]]:
+def coevolve_evolve(
+    rounds: int = 3, config: dict[str, Any] | None = None, print_table: bool = False
+) -> list[dict[str, Any]]:
     """Run ``rounds`` rounds, starting after the run's last finished round.
 
     ``print_table``: print the per-round table to stdout as each round finishes (``coevolve evolve``).
@@ -40,5 +42,5 @@ def coevolve_evolve(rounds: int = 3, config: dict[str, Any] | None = None, print
             show(f"{'':>5}  checkpoint 0 held-out success: {summary['baseline_heldout_success']:.3f}")
         show(summary_row(summary, time.perf_counter() - t0), flush=True)
         summaries.append(summary)
-    show(f"done in {time.perf_counter() - began:.0f}s; query with: coevolve sql \"SELECT * FROM v_success_by_round\"")
+    show(f'done in {time.perf_counter() - began:.0f}s; query with: coevolve sql "SELECT * FROM v_success_by_round"')
     return summaries

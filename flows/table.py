@@ -9,7 +9,7 @@ WIDTHS = (5, 6, 8, 7, 13, 8, 8, 8, 7)
 
 
 def format_row(values: tuple[Any, ...]) -> str:
-    return "  ".join(str(v).rjust(w) for v, w in zip(values, WIDTHS))
+    return "  ".join(str(v).rjust(w) for v, w in zip(values, WIDTHS, strict=True))
 
 
 def summary_row(summary: dict[str, Any], seconds: float) -> str:

@@ -18,7 +18,7 @@ last-first before deleting their rows, so a stage is never marked finished witho
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from storage.tables import TableFiles
@@ -31,7 +31,7 @@ PLACEHOLDER_RUN = "_empty"
 
 def record_time() -> str:
     """Now, as records store their times: UTC without a zone, as DuckDB reads a TIMESTAMP."""
-    return datetime.now(timezone.utc).replace(tzinfo=None).isoformat(sep=" ")
+    return datetime.now(UTC).replace(tzinfo=None).isoformat(sep=" ")
 
 
 class Catalog:

@@ -99,7 +99,8 @@ def _tool_calls(calls: list[ToolCall]) -> pa.Array:
     arguments = [c.arguments for c in calls]
     values = [_str_literal(v) if type(v) is str else _literal(v) for a in arguments for v in a.values()]
     mapped = pa.MapArray.from_arrays(
-        _offsets(len(a) for a in arguments), pa.array([k for a in arguments for k in a], pa.string()),
+        _offsets(len(a) for a in arguments),
+        pa.array([k for a in arguments for k in a], pa.string()),
         pa.array(values, pa.string()),
     )
     return pa.StructArray.from_arrays([pa.array([c.name for c in calls], pa.string()), mapped], fields=list(CALL_TYPE))
@@ -148,7 +149,7 @@ def trajectory_tables(trajs: list[Trajectory]) -> tuple[pa.Table, pa.Table]:
     )  # fmt: skip
     step_table = pa.Table.from_arrays(
         [
-            pa.array([tid for tid, n in zip(ids, per_trajectory) for _ in range(n)], pa.string()),
+            pa.array([tid for tid, n in zip(ids, per_trajectory, strict=True) for _ in range(n)], pa.string()),
             pa.array([i for n in per_trajectory for i in range(n)], pa.int32()),
             pa.array([s.index for s in steps], pa.int32()), pa.array([s.turn for s in steps], pa.int32()),
             pa.array([s.model_text for s in steps], pa.string()),
@@ -159,6 +160,7 @@ def trajectory_tables(trajs: list[Trajectory]) -> tuple[pa.Table, pa.Table]:
         schema=SCHEMAS["steps"],
     )  # fmt: skip
     return trajectories, step_table
+
 
 # A tool call failed when its observation is an error: text starting with 'error' in any case (after
 # spaces), or a JSON/dict result whose first key is "error". RE2, as in DuckDB's regexp_matches.
@@ -173,7 +175,7 @@ def tool_call_counts(steps: pa.Table) -> pa.Table:
     else:  # a step with more or fewer observations than calls: pair them by position, as unnest does
         pairs = [
             (name, obs[i] if i < len(obs) else None)
-            for call_names, obs in zip(names.to_pylist(), observations.to_pylist())
+            for call_names, obs in zip(names.to_pylist(), observations.to_pylist(), strict=True)
             for i, name in enumerate(call_names or [])
         ]
         flat_names = pa.array([n for n, _ in pairs], pa.string())

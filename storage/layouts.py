@@ -255,9 +255,12 @@ SINGLE_FILE_VERSION: int = SINGLE_FILE_MIGRATIONS[-1][0]
 # without it means) and keeps the version: trajectories.later_segments (an episode's segments after the
 # first, tasks/rollout.py; a file without it holds one segment per episode).
 LAYOUTS: list[tuple[int, str]] = [
-    (3, "open table files: Parquet under tables/ (hive-partitioned by run_id and round), JSON records under catalog/; "
+    (
+        3,
+        "open table files: Parquet under tables/ (hive-partitioned by run_id and round), JSON records under catalog/; "
         "steps carry run_id and round, tool calls are typed (list of struct name, arguments map), per-batch tool-call "
-        "counts (tool_call_counts) back v_tool_failure_rates"),
+        "counts (tool_call_counts) back v_tool_failure_rates",
+    ),
 ]
 LATEST_VERSION: int = LAYOUTS[-1][0]
 

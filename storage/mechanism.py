@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
+from itertools import pairwise
 from typing import Any
 
 import duckdb
@@ -62,11 +63,12 @@ def tool_patterns(reference: Iterable[Iterable[Any]]) -> set[tuple[str, ...]]:
     names = [call["name"] if isinstance(call, dict) else call.name for turn in reference for call in turn]
     if len(names) == 1:
         return {(names[0],)}
-    return {(a, b) for a, b in zip(names, names[1:])}
+    return set(pairwise(names))
 
 
 def coverage(heldout: Iterable[set[tuple[str, ...]]], pool: Iterable[set[tuple[str, ...]]]) -> float:
-    """Share of the distinct patterns of ``heldout`` tasks found in at least one ``pool`` task; nan when held-out has none."""
+    """Share of the distinct patterns of ``heldout`` tasks found in at least one ``pool`` task;
+    nan when held-out has none."""
     wanted = set().union(*heldout)
     if not wanted:
         return math.nan
@@ -80,7 +82,9 @@ def _pool_patterns(con: duckdb.DuckDBPyConnection, run_id: str, round_: int) -> 
 
 
 def _informative(con: duckdb.DuckDBPyConnection, run_id: str, round_: int) -> float:
-    groups, informative = con.execute(_INFORMATIVE, [run_id, round_]).fetchone()
+    row = con.execute(_INFORMATIVE, [run_id, round_]).fetchone()
+    assert row is not None  # an aggregate without GROUP BY returns exactly one row
+    groups, informative = row
     return informative / groups if groups else math.nan
 
 
@@ -106,12 +110,14 @@ def informative_group_share(wh: Warehouse, run_id: str, round_: int) -> float:
 
 
 def heldout_coverage(wh: Warehouse, run_id: str, round_: int) -> float:
-    """Share of the held-out split's distinct tool patterns present in pool ``round_``; nan without held-out patterns."""
+    """Share of the held-out split's distinct tool patterns present in pool ``round_``;
+    nan without held-out patterns."""
     return _read(wh, _coverage, run_id, round_)
 
 
 def accepted_by_kind(wh: Warehouse, run_id: str, round_: int) -> dict[str, int]:
-    """Accepted candidates of the round by the kind of signal they answer ('random' when no stored signal has their id)."""
+    """Accepted candidates of the round by the kind of signal they answer
+    ('random' when no stored signal has their id)."""
     return _read(wh, _accepted, run_id, round_)
 
 

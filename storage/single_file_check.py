@@ -28,6 +28,7 @@ TABLES: tuple[str, ...] = (
     "evaluations",
 )  # fmt: skip
 
+
 @dataclass(frozen=True)
 class TableCheck:
     """Row count and content digest of one table on both sides."""
@@ -99,13 +100,13 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
-
 _CALLS_NEW = (
     "list_transform(calls, lambda c: struct_pack(name := c.name, args := list_sort(list_transform("
     "coalesce(map_entries(c.arguments), []), lambda e: struct_pack(k := e.key, v := json(e.value)::VARCHAR)))))"
 )
 _CALLS_OLD = (
-    "list_transform(CAST(calls AS JSON[]), lambda c: struct_pack(name := c->>'$.name', args := list_sort(list_transform("
+    "list_transform(CAST(calls AS JSON[]), lambda c: struct_pack(name := c->>'$.name', "
+    "args := list_sort(list_transform("
     "coalesce(map_entries(CAST(c->'$.arguments' AS MAP(VARCHAR, JSON))), []), "
     "lambda e: struct_pack(k := e.key, v := json(e.value)::VARCHAR)))))"
 )
@@ -124,7 +125,8 @@ _CANONICAL: dict[str, list[str]] = {
                      "duration_s"],
     "steps": ["run_id", "round", "trajectory_id", "step_index", "step_number", "turn", "model_text", "{calls}",
               "tool_names", "observations", "error", "completion_tokens"],
-    "signals": ["run_id", "round", "signal_id", "kind", "trajectory_id", "task_id", "canonical_json(evidence::VARCHAR)"],
+    "signals": ["run_id", "round", "signal_id", "kind", "trajectory_id", "task_id",
+                "canonical_json(evidence::VARCHAR)"],
     "candidates": ["run_id", "round", "task_id", "signal_key", "signal_id", "origin", "accepted", "reason",
                    "canonical_json(task::VARCHAR)"],
     "evaluations": ["run_id", "round", "split", "task_id", "success", "reward", "trajectory_id"],
@@ -169,8 +171,10 @@ def compare(
                         "(SELECT s.*, t.run_id, t.round FROM old.main.steps s "
                         "LEFT JOIN old.main.trajectories t USING (trajectory_id))"
                     )
-                old_rows, old_digest = con.execute(_digest_sql(table, old_source, _CALLS_OLD)).fetchone()
-                new_rows, new_digest = con.execute(_digest_sql(table, table, _CALLS_NEW)).fetchone()
+                old = con.execute(_digest_sql(table, old_source, _CALLS_OLD)).fetchone()
+                new = con.execute(_digest_sql(table, table, _CALLS_NEW)).fetchone()
+                assert old is not None and new is not None  # an aggregate without GROUP BY returns one row
+                (old_rows, old_digest), (new_rows, new_digest) = old, new
                 checks.append(TableCheck(table, int(old_rows), int(new_rows), old_digest, new_digest))
             con.execute("DETACH old")
         finally:

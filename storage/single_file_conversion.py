@@ -86,8 +86,8 @@ def _copy_all(path: Path, root: str, storage_options: dict[str, Any] | None, bat
             _copy_pool(old, wh)
             _copy_trajectories(old, wh, batch_rows)
             _copy_small(old, wh, "signals", ["signal_id", "kind", "trajectory_id", "task_id", "evidence::VARCHAR"])
-            _copy_small(old, wh, "candidates",
-                        ["task_id", "signal_key", "signal_id", "origin", "accepted", "reason", "task::VARCHAR"])  # fmt: skip
+            candidate_columns = ["task_id", "signal_key", "signal_id", "origin", "accepted", "reason", "task::VARCHAR"]
+            _copy_small(old, wh, "candidates", candidate_columns)
             _copy_evaluations(old, wh)
             wh.publish_layout()
     finally:
@@ -100,7 +100,7 @@ def _copy_all(path: Path, root: str, storage_options: dict[str, Any] | None, bat
 def _rows(con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
     relation = con.execute(query, list(params))
     names = [d[0] for d in relation.description]
-    return [dict(zip(names, row)) for row in relation.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in relation.fetchall()]
 
 
 def _table(con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] = ()) -> pa.Table:
@@ -162,7 +162,8 @@ def _copy_tasks(old: duckdb.DuckDBPyConnection, wh: Warehouse, batch_rows: int) 
         old.register("_chunk", pa.table({"task_id": pa.array(chunk, pa.string())}))
         try:
             table = _table(
-                old, f"SELECT {_select('tasks')} FROM tasks WHERE task_id IN (SELECT task_id FROM _chunk) ORDER BY task_id"
+                old,
+                f"SELECT {_select('tasks')} FROM tasks WHERE task_id IN (SELECT task_id FROM _chunk) ORDER BY task_id",
             )
         finally:
             old.unregister("_chunk")
@@ -170,7 +171,9 @@ def _copy_tasks(old: duckdb.DuckDBPyConnection, wh: Warehouse, batch_rows: int) 
 
 
 def _partitions(old: duckdb.DuckDBPyConnection, table: str) -> list[tuple[str, int]]:
-    return [(r[0], int(r[1])) for r in old.execute(f"SELECT DISTINCT run_id, round FROM {table} ORDER BY ALL").fetchall()]
+    return [
+        (r[0], int(r[1])) for r in old.execute(f"SELECT DISTINCT run_id, round FROM {table} ORDER BY ALL").fetchall()
+    ]
 
 
 def _copy_pool(old: duckdb.DuckDBPyConnection, wh: Warehouse) -> None:
@@ -225,14 +228,18 @@ def _copy_trajectories(old: duckdb.DuckDBPyConnection, wh: Warehouse, batch_rows
             steps = steps.set_column(steps.schema.get_field_index("calls"), "calls", calls)
             # As Warehouse.write_trajectories writes a batch: tool-call counts and steps, then the trajectories.
             # The single-file layout stored one segment per episode (conform adds the empty later_segments).
-            wh.write_batch(run_id, round_, conform("trajectories", heads), steps.cast(SCHEMAS["steps"]), part_name(chunk))
+            wh.write_batch(
+                run_id, round_, conform("trajectories", heads), steps.cast(SCHEMAS["steps"]), part_name(chunk)
+            )
 
 
 def _copy_small(old: duckdb.DuckDBPyConnection, wh: Warehouse, table: str, columns: list[str]) -> None:
     """A small table as one ``rows.parquet`` per partition, the file `Warehouse` merges its writes into."""
     for run_id, round_ in _partitions(old, table):
         rows = _table(
-            old, f"SELECT {', '.join(columns)} FROM {table} WHERE run_id = ? AND round = ? ORDER BY ALL", [run_id, round_]
+            old,
+            f"SELECT {', '.join(columns)} FROM {table} WHERE run_id = ? AND round = ? ORDER BY ALL",
+            [run_id, round_],
         )
         rows = rows.rename_columns([f.name for f in SCHEMAS[table]])
         wh.files.write(f"{wh.files.partition_dir(table, run_id, round_)}/rows.parquet", rows.cast(SCHEMAS[table]))

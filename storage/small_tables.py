@@ -32,11 +32,15 @@ class SmallTables(WarehouseViews):
         self._writable()
         keys = _MERGE_KEYS[table]
         target = f"{self.files.partition_dir(table, run_id, round_)}/{file}.parquet"
-        new_keys = set(zip(*(rows.column(k).to_pylist() for k in keys)))
+        new_keys = set(zip(*(rows.column(k).to_pylist() for k in keys), strict=True))
         kept = pa.Table.from_pylist([], schema=SCHEMAS[table])
         if self.files.exists(target):
             old = self.files.read(target).cast(SCHEMAS[table])
-            keep = [i for i, key in enumerate(zip(*(old.column(k).to_pylist() for k in keys))) if key not in new_keys]
+            keep = [
+                i
+                for i, key in enumerate(zip(*(old.column(k).to_pylist() for k in keys), strict=True))
+                if key not in new_keys
+            ]
             kept = old.take(pa.array(keep, pa.int64()))
         self.files.write(target, pa.concat_tables([kept, rows.cast(SCHEMAS[table])]))
 
@@ -95,9 +99,16 @@ class SmallTables(WarehouseViews):
         self._merge("evaluations", run_id, round, table, file=f"split-{split}")
 
     def evaluation_rows(self, run_id: str, round: int, split: str) -> list[tuple[str, bool, float, str]]:
-        """(task_id, success, reward, trajectory_id) rows of one evaluation split of (run, round), as write_evaluations takes them."""
-        rows = self._partition("evaluations", run_id, round, ["split", "task_id", "success", "reward", "trajectory_id"]).to_pylist()
-        return [(r["task_id"], bool(r["success"]), float(r["reward"]), r["trajectory_id"]) for r in rows if r["split"] == split]
+        """(task_id, success, reward, trajectory_id) rows of one evaluation split of (run, round),
+        as write_evaluations takes them."""
+        rows = self._partition(
+            "evaluations", run_id, round, ["split", "task_id", "success", "reward", "trajectory_id"]
+        ).to_pylist()
+        return [
+            (r["task_id"], bool(r["success"]), float(r["reward"]), r["trajectory_id"])
+            for r in rows
+            if r["split"] == split
+        ]
 
     def evaluation_outcomes(self, run_id: str, round: int, split: str) -> dict[str, bool]:
         """task_id -> success of one evaluation split of (run, round)."""
@@ -137,7 +148,7 @@ class SmallTables(WarehouseViews):
         found: dict[str, Task] = {}
         for path in reversed(self.files.files("tasks")):
             table = self.files.read(path, ["task_id", "task"])
-            for tid, text in zip(table.column("task_id").to_pylist(), table.column("task").to_pylist()):
+            for tid, text in zip(table.column("task_id").to_pylist(), table.column("task").to_pylist(), strict=True):
                 if tid in wanted and tid not in found:
                     found[tid] = Task.from_dict(json.loads(text))
             if len(found) == len(wanted):

@@ -198,7 +198,10 @@ class TableFiles:
 
 # The stage whose rows a table holds: the one to run again when a file of the table is damaged.
 _WRITTEN_BY: dict[str, str] = {
-    "trajectories": "rollout", "steps": "rollout", "signals": "mine", "candidates": "synthesize",
+    "trajectories": "rollout",
+    "steps": "rollout",
+    "signals": "mine",
+    "candidates": "synthesize",
     "evaluations": "evaluate",
 }
 

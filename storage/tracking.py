@@ -61,10 +61,21 @@ FLOW_RUN_TAG = "flow_run_id"
 PARENT_VERSION_TAG = "parent_version"  # empty for round 0, whose parent is checkpoint 0
 # Tags every version carries, in the order `coevolve lineage` prints them.
 LINEAGE_TAGS = (
-    "coevolve.run_id", "coevolve.round", "checkpoint_digest", POOL_DIGEST_TAG, PRODUCED_POOL_TAG,
-    PARENT_VERSION_TAG, "parent_checkpoint", "parent_checkpoint_digest", FLOW_RUN_TAG,
-    "trajectories.run_id", "trajectories.round", "trajectories.count", "trajectories.ids_digest",
-    # Set when the run's round-0 trajectories and checkpoint 1 were copied from another arm of its seed (flows/ablation.py).
+    "coevolve.run_id",
+    "coevolve.round",
+    "checkpoint_digest",
+    POOL_DIGEST_TAG,
+    PRODUCED_POOL_TAG,
+    PARENT_VERSION_TAG,
+    "parent_checkpoint",
+    "parent_checkpoint_digest",
+    FLOW_RUN_TAG,
+    "trajectories.run_id",
+    "trajectories.round",
+    "trajectories.count",
+    "trajectories.ids_digest",
+    # Set when the run's round-0 trajectories and checkpoint 1 were copied from another arm of its seed
+    # (flows/ablation.py).
     "trajectories.copied_from",
 )
 
@@ -98,7 +109,9 @@ class Tracker:
                 raise InfrastructureError(f"MLflow store {tracking_uri} is not usable: {exc}") from exc
             raise damaged_store(store_file, str(exc).splitlines()[0]) from exc
         except OSError as exc:
-            raise DataError(f"MLflow store {tracking_uri} or its artifact folder {artifacts_dir} cannot be used: {exc}") from exc
+            raise DataError(
+                f"MLflow store {tracking_uri} or its artifact folder {artifacts_dir} cannot be used: {exc}"
+            ) from exc
 
     def _experiment(self, experiment: str, artifacts_dir: Path) -> str:
         found = self.client.get_experiment_by_name(experiment)
@@ -179,14 +192,21 @@ class Tracker:
             raise DataError(f"Checkpoint directory {checkpoint_dir} does not exist; save the checkpoint first.")
 
         if training_pool_path is not None and not Path(training_pool_path).is_file():
-            raise DataError(f"Pool snapshot {training_pool_path} does not exist; the round's training pool must be snapshotted first.")
+            raise DataError(
+                f"Pool snapshot {training_pool_path} does not exist; the round's training pool must be snapshotted "
+                "first."
+            )
         trained_from = training_pool_digest or pool_digest
         link = {
-            POOL_DIGEST_TAG: trained_from, PRODUCED_POOL_TAG: pool_digest, FLOW_RUN_TAG: flow_run_id,
+            POOL_DIGEST_TAG: trained_from,
+            PRODUCED_POOL_TAG: pool_digest,
+            FLOW_RUN_TAG: flow_run_id,
             **{k: str(v) for k, v in tags.items()},
         }
         run = self.client.create_run(
-            self.experiment_id, run_name=run_name, tags={RUN_NAME_TAG: run_name, "registered_model": registered_model, **link}
+            self.experiment_id,
+            run_name=run_name,
+            tags={RUN_NAME_TAG: run_name, "registered_model": registered_model, **link},
         )
         run_id = run.info.run_id
         try:
@@ -234,7 +254,9 @@ class Tracker:
             warnings.simplefilter("ignore")
             dataset = mlflow_data.from_polars(
                 # The file's stem keeps pool r and pool r+1 two inputs even when no task was added.
-                frame, source=str(pool_path.resolve()), name=f"{pool_path.stem}-{pool_digest}",
+                frame,
+                source=str(pool_path.resolve()),
+                name=f"{pool_path.stem}-{pool_digest}",
                 digest=pool_digest[:_DATASET_DIGEST_CHARS],
             )
         tags = [mlflow_entities.InputTag("mlflow.data.context", context)]
@@ -272,11 +294,14 @@ class Tracker:
             raise DataError(f"Model {name!r} has no version {version}: {exc}") from exc
         digest = found.tags.get(POOL_DIGEST_TAG)
         if not digest:
-            raise DataError(f"Model {name!r} version {version} has no {POOL_DIGEST_TAG} tag; it was not logged by log_round.")
+            raise DataError(
+                f"Model {name!r} version {version} has no {POOL_DIGEST_TAG} tag; it was not logged by log_round."
+            )
         return digest
 
     def version_tags(self, name: str, version: str) -> dict[str, str]:
-        """The lineage tags of one model version, given by number or alias (``current``, ``best``); DataError when missing."""
+        """The lineage tags of one model version, given by number or alias (``current``, ``best``);
+        DataError when missing."""
         try:
             if str(version).isdigit():
                 found = self.client.get_model_version(name, str(version))
@@ -290,7 +315,8 @@ class Tracker:
         return {"version": str(found.version), **{k: found.tags.get(k, "") for k in LINEAGE_TAGS}}
 
     def lineage(self, name: str, version: str) -> list[dict[str, str]]:
-        """``version`` (a number or an alias) and each parent in turn, newest first, down to the version trained from checkpoint 0.
+        """``version`` (a number or an alias) and each parent in turn, newest first, down to the version trained
+        from checkpoint 0.
 
         The last entry's ``parent_checkpoint`` / ``parent_checkpoint_digest`` are checkpoint 0 and its
         ``pool_digest`` is D_0. Raises DataError when a parent is missing or the chain loops.
@@ -336,7 +362,9 @@ class Tracker:
         """Adds a file to an existing run (finished or not), under ``folder``; the same name replaces it."""
         self.client.log_artifact(mlflow_run_id, str(path), folder)
 
-    def log_evaluation(self, run_name: str, metrics: dict[str, float], params: dict[str, Any], tags: dict[str, str]) -> str:
+    def log_evaluation(
+        self, run_name: str, metrics: dict[str, float], params: dict[str, Any], tags: dict[str, str]
+    ) -> str:
         """Logs one evaluation of a checkpoint as its own finished MLflow run; returns the run id."""
         run = self.client.create_run(
             self.experiment_id,

@@ -36,7 +36,9 @@ class TrajectoryRows(WarehouseViews):
             trajectories, steps = trajectory_tables(group)
             self.write_batch(run_id, round_, trajectories, steps, name)
 
-    def write_batch(self, run_id: str, round_: int, trajectories: pa.Table, steps: pa.Table, name: str | None = None) -> None:
+    def write_batch(
+        self, run_id: str, round_: int, trajectories: pa.Table, steps: pa.Table, name: str | None = None
+    ) -> None:
         """Write one batch of trajectory and step rows of a partition, with its tool-call counts.
 
         All three files get one name, ``name`` or one derived from the trajectory ids; the counts and
@@ -44,7 +46,11 @@ class TrajectoryRows(WarehouseViews):
         """
         self._writable()
         file = name or part_name(trajectories.column("trajectory_id").to_pylist())
-        for table, rows in (("tool_call_counts", tool_call_counts(steps)), ("steps", steps), ("trajectories", trajectories)):
+        for table, rows in (
+            ("tool_call_counts", tool_call_counts(steps)),
+            ("steps", steps),
+            ("trajectories", trajectories),
+        ):
             self.files.write(f"{self.files.partition_dir(table, run_id, round_)}/{file}.parquet", rows)
 
     def stored_episodes(self, run_id: str, round_: int) -> set[tuple[str, int]]:
@@ -55,13 +61,15 @@ class TrajectoryRows(WarehouseViews):
         live writer of the round (a stage re-run on another worker) may be about to commit them.
         """
         heads = {os.path.basename(p) for p in self.files.files("trajectories", run_id, round_)}
-        orphans = [p for t in BATCH_PARTS for p in self.files.files(t, run_id, round_) if os.path.basename(p) not in heads]
+        orphans = [
+            p for t in BATCH_PARTS for p in self.files.files(t, run_id, round_) if os.path.basename(p) not in heads
+        ]
         if not self.read_only:
             self.files.delete([p for p in orphans if self.files.age_s(p) > STALE_PARTIAL_S])
             for table in ("trajectories", *BATCH_PARTS):
                 self.files.sweep_partials(table)
         stored = self._partition("trajectories", run_id, round_, ["task_id", "sample"])
-        return set(zip(stored.column("task_id").to_pylist(), stored.column("sample").to_pylist()))
+        return set(zip(stored.column("task_id").to_pylist(), stored.column("sample").to_pylist(), strict=True))
 
     def outcomes(self, run_id: str, round_: int) -> dict[str, list[Any]]:
         """task_id, sample, reward, success and finish_reason of the round's stored trajectories (columns)."""
@@ -71,15 +79,22 @@ class TrajectoryRows(WarehouseViews):
     def tool_sequences(self, run_id: str, round_: int) -> dict[str, list[str]]:
         """trajectory_id -> the tools it called, for the round's stored trajectories."""
         table = self._partition("trajectories", run_id, round_, ["trajectory_id", "tool_sequence"])
-        return dict(zip(table.column("trajectory_id").to_pylist(), table.column("tool_sequence").to_pylist()))
+        return dict(
+            zip(table.column("trajectory_id").to_pylist(), table.column("tool_sequence").to_pylist(), strict=True)
+        )
 
     def trajectories(self, run_id: str, round: int, task_ids: Iterable[str] | None = None) -> list[Trajectory]:
-        """Full trajectories of a round, steps included, ordered by task then sample; of ``task_ids`` only when given."""
+        """Full trajectories of a round, steps included, ordered by task then sample;
+        of ``task_ids`` only when given."""
         head_table, step_table = self._partition("trajectories", run_id, round), self._partition("steps", run_id, round)
         if task_ids is not None:
             # Filtered as Arrow columns: only the wanted rows become Python objects.
-            head_table = head_table.filter(pc.is_in(head_table["task_id"], pa.array(sorted(set(task_ids)), pa.string())))
-            step_table = step_table.filter(pc.is_in(step_table["trajectory_id"], head_table["trajectory_id"].combine_chunks()))
+            head_table = head_table.filter(
+                pc.is_in(head_table["task_id"], pa.array(sorted(set(task_ids)), pa.string()))
+            )
+            step_table = step_table.filter(
+                pc.is_in(step_table["trajectory_id"], head_table["trajectory_id"].combine_chunks())
+            )
         heads = head_table.to_pylist()
         step_rows = step_table.to_pylist()
         steps: dict[str, list[tuple[int, Step]]] = {}
@@ -116,11 +131,15 @@ class TrajectoryRows(WarehouseViews):
             paths = self._trajectory_files(run_id, upto_round)
             if not paths:
                 schema = SCHEMAS["trajectories"]
-                empty = pl.from_arrow(pa.schema([schema.field(c) for c in columns]).empty_table())
+                empty = pl.DataFrame(pa.schema([schema.field(c) for c in columns]).empty_table())
                 frame = empty.with_columns(pl.lit(run_id).alias("run_id"), pl.lit(0, pl.Int32).alias("round")).clear()
             else:
                 try:
-                    frame = pl.scan_parquet(paths, hive_partitioning=True, extra_columns="ignore").select(["run_id", "round", *columns]).collect()
+                    frame = (
+                        pl.scan_parquet(paths, hive_partitioning=True, extra_columns="ignore")
+                        .select(["run_id", "round", *columns])
+                        .collect()
+                    )
                 except (pl.exceptions.PolarsError, OSError) as exc:
                     raise self._damaged_table_file(exc, "trajectories") or DataError(
                         f"Trajectories of run {run_id!r} in {self.root} cannot be read: {exc}"
@@ -135,10 +154,23 @@ class TrajectoryRows(WarehouseViews):
                     params={"run": run_id, "upto": upto_round},
                 ).pl()
             except duckdb.Error as exc:
-                raise self._damaged_table_file(exc, "trajectories") or exc
+                damaged = self._damaged_table_file(exc, "trajectories")
+                if damaged is None:
+                    raise
+                raise damaged from exc
             finally:
                 con.close()
-        order = ["trajectory_id", "run_id", "round", "task_id", "sample", "reward", "success", "finish_reason", "tool_sequence"]
+        order = [
+            "trajectory_id",
+            "run_id",
+            "round",
+            "task_id",
+            "sample",
+            "reward",
+            "success",
+            "finish_reason",
+            "tool_sequence",
+        ]
         # Sorted by Polars: faster here than an ORDER BY in DuckDB that carries the tool_sequence lists.
         return frame.select(order).sort("round", "task_id", "sample")
 
@@ -158,10 +190,12 @@ class TrajectoryRows(WarehouseViews):
         paths = self._trajectory_files(run_id, upto_round)
         if not paths:
             fields = SCHEMAS["trajectories"]
-            empty = pl.from_arrow(pa.schema([fields.field(c) for c in columns if c != "round"]).empty_table())
+            empty = pl.DataFrame(pa.schema([fields.field(c) for c in columns if c != "round"]).empty_table())
             return empty.lazy().with_columns(pl.lit(0, pl.Int32).alias("round")).select(columns)
         # extra_columns: a column added within the layout (columns.conform) is in later files, not in earlier ones.
-        scan = pl.scan_parquet(paths, hive_partitioning=True, hive_schema={"run_id": pl.String, "round": pl.Int32}, extra_columns="ignore")
+        scan = pl.scan_parquet(
+            paths, hive_partitioning=True, hive_schema={"run_id": pl.String, "round": pl.Int32}, extra_columns="ignore"
+        )
         return scan.select(columns)
 
     def trajectory_read_error(self, exc: Exception, run_id: str) -> DataError:

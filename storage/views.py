@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import cast
 
 import duckdb
 import polars as pl
@@ -25,9 +26,10 @@ BATCH_PARTS: tuple[str, ...] = ("steps", "tool_call_counts")
 # Columns of the bookkeeping records (storage/catalog.py) as their views show them.
 CATALOG_COLUMNS: dict[str, dict[str, str]] = {
     "runs": {"run_id": "VARCHAR", "created_at": "TIMESTAMP", "config": "JSON"},
-    "rounds": {"run_id": "VARCHAR", "round": "INTEGER", "status": "VARCHAR", "summary": "JSON", "flow_run_id": "VARCHAR",
-               "started_at": "TIMESTAMP", "finished_at": "TIMESTAMP"},
-    "stage_runs": {"run_id": "VARCHAR", "round": "INTEGER", "stage": "VARCHAR", "finished_at": "TIMESTAMP", "output": "JSON"},
+    "rounds": {"run_id": "VARCHAR", "round": "INTEGER", "status": "VARCHAR", "summary": "JSON",
+               "flow_run_id": "VARCHAR", "started_at": "TIMESTAMP", "finished_at": "TIMESTAMP"},
+    "stage_runs": {"run_id": "VARCHAR", "round": "INTEGER", "stage": "VARCHAR", "finished_at": "TIMESTAMP",
+                   "output": "JSON"},
 }  # fmt: skip
 
 
@@ -73,8 +75,9 @@ class WarehouseViews:
             heads = self.glob("trajectories").replace("'", "''")
             return (
                 f"SELECT * EXCLUDE (filename) FROM read_parquet(['{empty}', '{pattern}'], hive_partitioning = true, "
-                f"hive_types = {{'run_id': VARCHAR, 'round': INTEGER}}, filename = true) WHERE run_id <> '{PLACEHOLDER_RUN}' "
-                f"AND regexp_extract(filename, '[^/]+/[^/]+/[^/]+$') IN "
+                "hive_types = {'run_id': VARCHAR, 'round': INTEGER}, filename = true) "
+                f"WHERE run_id <> '{PLACEHOLDER_RUN}' "
+                "AND regexp_extract(filename, '[^/]+/[^/]+/[^/]+$') IN "
                 f"(SELECT regexp_extract(file, '[^/]+/[^/]+/[^/]+$') FROM glob('{heads}'))"
             )
         return (
@@ -128,9 +131,13 @@ class WarehouseViews:
         con = self.connect()
         try:
             try:
-                relation = con.sql(query)
+                # duckdb's stubs say a relation, but a statement without a result (SET, PRAGMA) gives None.
+                relation = cast("duckdb.DuckDBPyRelation | None", con.sql(query))
             except duckdb.Error as exc:
-                raise self._damaged_table_file(exc, query) or exc
+                damaged = self._damaged_table_file(exc, query)
+                if damaged is None:
+                    raise
+                raise damaged from exc
             if relation is None:  # a statement without a result, e.g. SET or PRAGMA
                 return pl.DataFrame()
             # Polars cannot import DuckDB's INTERVAL (e.g. a difference of timestamps): show it as text.
@@ -138,13 +145,16 @@ class WarehouseViews:
                 relation = relation.project(
                     ", ".join(
                         f'CAST("{c}" AS VARCHAR) AS "{c}"' if str(t) == "INTERVAL" else f'"{c}"'
-                        for c, t in zip(relation.columns, relation.types)
+                        for c, t in zip(relation.columns, relation.types, strict=True)
                     )
                 )
             try:
                 return relation.pl()
             except duckdb.Error as exc:
-                raise self._damaged_table_file(exc, query) or exc
+                damaged = self._damaged_table_file(exc, query)
+                if damaged is None:
+                    raise
+                raise damaged from exc
         finally:
             con.close()
 

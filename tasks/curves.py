@@ -35,7 +35,8 @@ def baseline_of(run: dict[str, Any], key: str = "baseline_heldout_success") -> f
 
 
 def heldout_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
-    """Mean held-out success over ``runs`` by round: x = 0 is checkpoint 0 (when recorded), x = r + 1 follows round r."""
+    """Mean held-out success over ``runs`` by round:
+    x = 0 is checkpoint 0 (when recorded), x = r + 1 follows round r."""
     rounds = len(runs[0]["rounds"])
     x = list(range(1, rounds + 1))
     y = [statistics.fmean(r["rounds"][i]["heldout_success"] for r in runs) for i in range(rounds)]
@@ -46,7 +47,8 @@ def heldout_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
 
 
 def dev_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
-    """Mean dev success by round like ``heldout_curve`` (x = 0 when checkpoint 0 was scored); nan where no seed was scored."""
+    """Mean dev success by round like ``heldout_curve`` (x = 0 when checkpoint 0 was scored);
+    nan where no seed was scored."""
     rounds = min(len(r["rounds"]) for r in runs)
     x = list(range(1, rounds + 1))
     y = [mean_present([number(r["rounds"][i].get("dev_success")) for r in runs]) for i in range(rounds)]

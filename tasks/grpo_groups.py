@@ -62,7 +62,10 @@ def segment_groups(groups: Groups) -> Slots:
         for slot in range(max(len(t.segments) for t in group)):
             key = task_id if slot == 0 else f"{task_id}#{slot}"
             if key in slots:
-                raise DataError(f"Task ids {task_id!r} and {slots[key][0]!r} both name the GRPO group {key!r}; task ids must not end in '#<number>'.")
+                raise DataError(
+                    f"Task ids {task_id!r} and {slots[key][0]!r} both name the GRPO group {key!r}; task ids must not "
+                    "end in '#<number>'."
+                )
             slots[key] = (task_id, slot)
     return slots
 
@@ -97,7 +100,11 @@ class RoundGroups:
 
     def statistics(self) -> dict[str, int]:
         """What the update reports about its input, trained or skipped."""
-        return {"groups_flat": self.dropped["flat"], "groups_malformed": self.dropped["malformed"], "trajectories": self.trajectories}
+        return {
+            "groups_flat": self.dropped["flat"],
+            "groups_malformed": self.dropped["malformed"],
+            "trajectories": self.trajectories,
+        }
 
     def shares(self, ranks: int) -> list[list[str]]:
         """The task ids each of ``ranks`` ranks trains: a consecutive block of len(slots) / ranks TRL groups each.
@@ -132,7 +139,9 @@ def group_round(trajectories: list[Trajectory], group_size: int) -> RoundGroups:
         dropped=dropped,
         trajectories=len(trajectories),
         task_groups=len(groups),
-        longest_completion=max((len(s.completion_ids) for g in groups.values() for t in g for s in t.segments), default=0),
+        longest_completion=max(
+            (len(s.completion_ids) for g in groups.values() for t in g for s in t.segments), default=0
+        ),
         trained_on=lineage(trajectories, groups),
     )
 
@@ -147,7 +156,9 @@ def check_segments(trajectory: Trajectory) -> None:
     for index, segment in enumerate(trajectory.segments):
         n = len(segment.completion_ids)
         if not segment.prompt_ids or n == 0:
-            raise DataError(f"Trajectory {trajectory.trajectory_id} has no prompt or no completion tokens in segment {index}.")
+            raise DataError(
+                f"Trajectory {trajectory.trajectory_id} has no prompt or no completion tokens in segment {index}."
+            )
         if len(segment.completion_mask) != n or len(segment.logprobs) != n:
             raise DataError(
                 f"Trajectory {trajectory.trajectory_id}, segment {index}: completion_ids ({n}), completion_mask "
@@ -167,7 +178,9 @@ def replay_rows(prompts: list[str], groups: Groups, slots: Slots, pad_token_id: 
     for key in prompts:
         task_id, slot = slots[key]
         if task_id not in groups:
-            raise DataError(f"TRL asked this rank for the group {key!r}, which is not in its share of the round: {sorted(groups)}.")
+            raise DataError(
+                f"TRL asked this rank for the group {key!r}, which is not in its share of the round: {sorted(groups)}."
+            )
         group = groups[task_id]
         trajectory = group[handed[key] % len(group)]
         handed[key] += 1

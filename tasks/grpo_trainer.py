@@ -70,7 +70,14 @@ TESTED_TRL = "1.16.0"
 BEHAVIOUR_KEY = "sampling_per_token_logps"
 OLD_KEY = "old_per_token_logps"
 # Keys of TRL's per-step logs that describe bookkeeping rather than training.
-_IGNORED_LOG_KEYS = {"epoch", "step", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+_IGNORED_LOG_KEYS = {
+    "epoch",
+    "step",
+    "total_flos",
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+}
 
 
 def use_behaviour_logprobs(batch: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +121,9 @@ class StoredRollouts:
         return replay_rows(prompts, self.round_groups.groups, slots, self.pad_token_id)
 
 
-def stored_reward(prompts: list[str], completions: list[Any], stored_reward: list[float], **_: Any) -> list[float | None]:
+def stored_reward(
+    prompts: list[str], completions: list[Any], stored_reward: list[float], **_: Any
+) -> list[float | None]:
     """TRL's reward function: the reward stored with each row's episode."""
     return list(stored_reward)
 
@@ -169,7 +178,8 @@ def grpo_arguments(config: PipelineConfig, round_groups: RoundGroups, world: int
 
 
 def use_reference(trainer: GRPOTrainer, reference_checkpoint: Path) -> None:
-    """Make ``reference_checkpoint`` the model TRL's KL penalty is taken against, prepared the way TRL prepares its own."""
+    """Make ``reference_checkpoint`` the model TRL's KL penalty is taken against,
+    prepared the way TRL prepares its own."""
     reference, _ = load_policy(reference_checkpoint)
     if trainer.ref_model is not None:
         # Full weights: TRL built its reference from the input checkpoint and prepared it (dropout off,
@@ -178,7 +188,9 @@ def use_reference(trainer: GRPOTrainer, reference_checkpoint: Path) -> None:
         try:
             target.load_state_dict(reference.state_dict())
         except RuntimeError as exc:
-            raise DataError(f"The KL reference {reference_checkpoint} does not fit the policy's architecture: {exc}") from exc
+            raise DataError(
+                f"The KL reference {reference_checkpoint} does not fit the policy's architecture: {exc}"
+            ) from exc
         return
     # LoRA: TRL keeps no reference model and disables the adapter instead, which gives the input
     # checkpoint. A reference model, when present, takes precedence; prepare it as TRL does its own
@@ -198,7 +210,9 @@ def write_trained(model: Any, tokenizer: Any, lora: bool, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def save_from_ranks(trainer: GRPOTrainer, checkpoint_in: Path, out_dir: Path, tokenizer: Any, lora: LoraConfig | None) -> None:
+def save_from_ranks(
+    trainer: GRPOTrainer, checkpoint_in: Path, out_dir: Path, tokenizer: Any, lora: LoraConfig | None
+) -> None:
     """Save a checkpoint trained by several ranks: every rank helps gather the weights, rank 0 alone writes them.
 
     Gathering is a collective (DeepSpeed ZeRO-3 and FSDP hold a shard per rank), so every rank calls it;
@@ -226,7 +240,9 @@ def summarize_logs(log_history: list[dict[str, Any]]) -> dict[str, float]:
     return {key: sum(values) / len(values) for key, values in sums.items()}
 
 
-def train(checkpoint_in: Path, round_groups: RoundGroups, config: PipelineConfig, out_dir: Path, reference_checkpoint: Path) -> dict[str, Any]:
+def train(
+    checkpoint_in: Path, round_groups: RoundGroups, config: PipelineConfig, out_dir: Path, reference_checkpoint: Path
+) -> dict[str, Any]:
     """Train the policy at checkpoint_in on this process's groups of the round; the checkpoint goes to out_dir.
 
     Returns the update's statistics: the per-step means of what TRL logged (kl, clip_ratio/*, reward,
@@ -237,9 +253,9 @@ def train(checkpoint_in: Path, round_groups: RoundGroups, config: PipelineConfig
     slots = round_groups.slots
     if len(slots) % world:
         raise DataError(
-            f"{len(slots)} groups (segment slots of {round_groups.task_groups} tasks) cannot be shared evenly by {world} "
-            "training processes: every rank trains on whole groups and the same number of them. Launch a process count "
-            "that divides the groups (tasks/launch.py does)."
+            f"{len(slots)} groups (segment slots of {round_groups.task_groups} tasks) cannot be shared evenly by "
+            f"{world} training processes: every rank trains on whole groups and the same number of them. Launch a "
+            "process count that divides the groups (tasks/launch.py does)."
         )
     torch.set_num_threads(config.policy.torch_threads)
     model, tokenizer = load_policy(checkpoint_in)

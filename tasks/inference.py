@@ -54,7 +54,8 @@ def outcome_matrix(a: Outcomes, b: Outcomes | Mapping[str, bool]) -> tuple[np.nd
 
 
 def two_way_array_test(left: np.ndarray, right: np.ndarray) -> dict[str, float]:
-    """``two_way_test`` on (seeds x tasks) arrays; what the simulation calls. Also returns each side's mean (a_mean, b_mean)."""
+    """``two_way_test`` on (seeds x tasks) arrays; what the simulation calls.
+    Also returns each side's mean (a_mean, b_mean)."""
     seeds, tasks = left.shape if left.ndim == 2 else (0, 0)
     result = {"seeds": seeds, "tasks": tasks, "mean_diff": math.nan, "se": math.nan, "t": math.nan, "p": math.nan}
     if left.size:
@@ -80,7 +81,8 @@ def two_way_array_test(left: np.ndarray, right: np.ndarray) -> dict[str, float]:
 
 
 def _clustered_mean(diff: np.ndarray, groups: np.ndarray):
-    """statsmodels' OLS of ``diff`` on a constant with cluster-robust covariance over ``groups`` (one or two columns), t reference."""
+    """statsmodels' OLS of ``diff`` on a constant with cluster-robust covariance over ``groups``
+    (one or two columns), t reference."""
     return sm.OLS(diff, np.ones_like(diff)).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
 
 
@@ -117,11 +119,14 @@ def seed_level_array_test(left: np.ndarray, right: np.ndarray) -> dict[str, floa
 
 
 def holm(pvalues: Mapping[str, float]) -> dict[str, float]:
-    """Holm-adjusted p-values of one family (statsmodels' multipletests); untestable (nan) entries stay nan and do not count."""
+    """Holm-adjusted p-values of one family (statsmodels' multipletests);
+    untestable (nan) entries stay nan and do not count."""
     names = [k for k, p in pvalues.items() if not math.isnan(p)]
     adjusted = dict.fromkeys(pvalues, math.nan)
     if names:
-        adjusted.update(zip(names, (float(p) for p in multipletests([pvalues[k] for k in names], method="holm")[1])))
+        adjusted.update(
+            zip(names, (float(p) for p in multipletests([pvalues[k] for k in names], method="holm")[1]), strict=True)
+        )
     return adjusted
 
 
@@ -159,7 +164,11 @@ def _latent_offset(structure: Structure, target: float) -> float:
     rng = np.random.default_rng(20260101)
     base = stats.norm.ppf(structure.ckpt0_success)
     spread = math.sqrt(
-        structure.training_by_task**2 + structure.arm_by_task**2 + structure.seed_shift**2 + structure.run_shift**2 + structure.noise**2
+        structure.training_by_task**2
+        + structure.arm_by_task**2
+        + structure.seed_shift**2
+        + structure.run_shift**2
+        + structure.noise**2
     )
     latent = rng.normal(base, 1.0, 400_000) + rng.normal(0.0, spread, 400_000)
     low, high = -3.0, 3.0
@@ -197,10 +206,17 @@ ArrayTest = Callable[[np.ndarray, np.ndarray], dict[str, float]]
 
 
 def rejection_rates(
-    test: ArrayTest, draws: int, seeds: int, tasks: int, effect: float = 0.0, alpha: float = 0.05, seed: int = 0,
+    test: ArrayTest,
+    draws: int,
+    seeds: int,
+    tasks: int,
+    effect: float = 0.0,
+    alpha: float = 0.05,
+    seed: int = 0,
     structure: Structure = Structure(),
 ) -> dict[str, float]:
-    """Share of ``draws`` simulated experiments in which ``test`` rejects at ``alpha``, arm vs arm and arm vs checkpoint 0."""
+    """Share of ``draws`` simulated experiments in which ``test`` rejects at ``alpha``,
+    arm vs arm and arm vs checkpoint 0."""
     rng = np.random.default_rng(seed)
     hits = {"arm": 0, "ckpt0": 0}
     for _ in range(draws):
@@ -211,19 +227,30 @@ def rejection_rates(
 
 
 def detectable_effect(
-    seeds: int, tasks: int, power: float = 0.8, alpha: float = 0.05, draws: int = 400, step: float = 0.01, largest: float = 0.3,
-    test: ArrayTest = two_way_array_test, structure: Structure = Structure(),
+    seeds: int,
+    tasks: int,
+    power: float = 0.8,
+    alpha: float = 0.05,
+    draws: int = 400,
+    step: float = 0.01,
+    largest: float = 0.3,
+    test: ArrayTest = two_way_array_test,
+    structure: Structure = Structure(),
 ) -> dict[str, float]:
     """Smallest effect on held-out success (in steps of ``step``) that ``test`` detects with ``power``, per comparison.
 
     nan when even ``largest`` is not detected that often (tried first, so a design too small for any
     effect costs one step of the search).
     """
-    at_largest = rejection_rates(test, draws, seeds, tasks, largest, alpha, seed=int(round(largest * 1000)), structure=structure)
+    at_largest = rejection_rates(
+        test, draws, seeds, tasks, largest, alpha, seed=int(round(largest * 1000)), structure=structure
+    )
     found: dict[str, float] = {k: math.nan for k, rate in at_largest.items() if rate < power}
     effect = step
     while len(found) < 2 and effect <= largest + 1e-9:
-        rates = rejection_rates(test, draws, seeds, tasks, effect, alpha, seed=int(round(effect * 1000)), structure=structure)
+        rates = rejection_rates(
+            test, draws, seeds, tasks, effect, alpha, seed=int(round(effect * 1000)), structure=structure
+        )
         for comparison, rate in rates.items():
             if comparison not in found and rate >= power:
                 found[comparison] = round(effect, 4)

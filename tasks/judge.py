@@ -11,7 +11,7 @@ candidate with that reason, so only tasks the judge explicitly accepts pass. Off
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Task, Verdict
@@ -26,7 +26,9 @@ _REJECT = {"reject", "rejected", "fail", "failed", "invalid", "no", "false"}
 
 def judge_messages(task: Task, observations: list[str]) -> list[dict[str, str]]:
     calls = [c for turn in task.reference for c in turn]
-    steps = "\n".join(f"{i + 1}. {c.render()} -> {o[:200]}" for i, (c, o) in enumerate(zip(calls, observations)))
+    steps = "\n".join(
+        f"{i + 1}. {c.render()} -> {o[:200]}" for i, (c, o) in enumerate(zip(calls, observations, strict=True))
+    )
     user = "\n".join(
         [
             f"User request: {' / '.join(task.turns)[:800]}",

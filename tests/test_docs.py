@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from flows.cli import build_parser
 from coevolve.config import load_config
+from flows.cli import build_parser
 from tests.doc_blocks import REPO, command_blocks, doc_pages
 
 
@@ -41,7 +41,11 @@ def test_every_docs_page_is_linked_from_the_readme():
 
 def test_the_documentation_shows_the_commands_a_newcomer_starts_with():
     assert len(COMMANDS) >= 20  # every page's examples are found, not just the README's
-    assert any("make run" in block.text and "make test" in block.text for block in command_blocks() if block.page.name == "README.md")
+    assert any(
+        "make run" in block.text and "make test" in block.text
+        for block in command_blocks()
+        if block.page.name == "README.md"
+    )
 
 
 @pytest.mark.parametrize(("where", "args", "exported"), COMMANDS, ids=[c[0] for c in COMMANDS])

@@ -112,7 +112,9 @@ GRAPH = import_graph()
 
 def test_imports_inside_functions_and_optional_module_names_are_edges():
     source = "import json\ndef draw():\n    from tasks.plots import learning_curve\nround_flow = optional_module('flows.round')\n"
-    assert {"tasks.plots", "tasks.plots.learning_curve", "flows.round"} <= imported_names(ast.parse(source), "tasks.report", False)
+    assert {"tasks.plots", "tasks.plots.learning_curve", "flows.round"} <= imported_names(
+        ast.parse(source), "tasks.report", False
+    )
 
 
 def test_a_cycle_is_found_through_any_number_of_modules():
@@ -128,14 +130,22 @@ def test_the_graph_covers_every_package():
 def test_no_import_cycle_among_the_projects_modules():
     found = cycles(GRAPH)
     described = [
-        " <-> ".join(component) + ": " + "; ".join(f"{a} -> {b}" for a in component for b in sorted(GRAPH[a]) if b in component)
+        " <-> ".join(component)
+        + ": "
+        + "; ".join(f"{a} -> {b}" for a in component for b in sorted(GRAPH[a]) if b in component)
         for component in found
     ]
     assert not found, "import cycles:\n" + "\n".join(described)
 
 
 def test_the_ground_floor_imports_nothing_above_it():
-    upward = sorted(f"{a} -> {b}" for a, targets in GRAPH.items() if a.startswith("coevolve") for b in targets if not b.startswith("coevolve"))
+    upward = sorted(
+        f"{a} -> {b}"
+        for a, targets in GRAPH.items()
+        if a.startswith("coevolve")
+        for b in targets
+        if not b.startswith("coevolve")
+    )
     assert not upward, "coevolve/ imports from above it:\n" + "\n".join(upward)
 
 
@@ -146,6 +156,7 @@ def test_every_arrow_points_down_the_layers(package):
         for a, targets in GRAPH.items()
         if a.split(".")[0] == package
         for b in targets
-        if LAYERS[b.split(".")[0]] > LAYERS[package] or (LAYERS[b.split(".")[0]] == LAYERS[package] and b.split(".")[0] != package)
+        if LAYERS[b.split(".")[0]] > LAYERS[package]
+        or (LAYERS[b.split(".")[0]] == LAYERS[package] and b.split(".")[0] != package)
     )
     assert not upward, f"{package} imports from its own layer's neighbour or above:\n" + "\n".join(upward)

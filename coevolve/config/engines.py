@@ -29,38 +29,62 @@ class EngineSettings(Section):
     served_model: str | None = Field(
         None,
         description=(
-            "Model name on the 'openai' server; None sends the round's checkpoint path, which is the name vLLM serves a "
-            "folder under, so a server restarted on each checkpoint needs no setting."
+            "Model name on the 'openai' server; None sends the round's checkpoint path, which is the name vLLM "
+            "serves a folder under, so a server restarted on each checkpoint needs no setting."
         ),
     )
     api_key_env: str = Field(
         "COEVOLVE_OPENAI_API_KEY",
-        description="Environment variable holding the 'openai' server's API key, so keys never sit in config files; unset sends none.",
+        description=(
+            "Environment variable holding the 'openai' server's API key, so keys never sit in config files; unset "
+            "sends none."
+        ),
     )
-    request_timeout_s: float = Field(300.0, gt=0, description="Seconds one 'openai' completion may take: long messages on a busy server.")
-    request_retries: int = Field(3, ge=0, description="Retries of a failed 'openai' request (connection, timeout, 5xx) before the stage fails.")
-    concurrency: int = Field(32, ge=1, description="Requests in flight to each 'openai' server, so its continuous batching sees the batch.")
+    request_timeout_s: float = Field(
+        300.0, gt=0, description="Seconds one 'openai' completion may take: long messages on a busy server."
+    )
+    request_retries: int = Field(
+        3, ge=0, description="Retries of a failed 'openai' request (connection, timeout, 5xx) before the stage fails."
+    )
+    concurrency: int = Field(
+        32, ge=1, description="Requests in flight to each 'openai' server, so its continuous batching sees the batch."
+    )
     logprob_tolerance: float | None = Field(
         0.05,
         ge=0,
         description=(
-            "Engine 'openai' compares its first sampled batch's logprobs with a local forward pass of the checkpoint and "
-            "stops when the mean absolute difference per token exceeds this: a server without --logprobs-mode "
+            "Engine 'openai' compares its first sampled batch's logprobs with a local forward pass of the checkpoint "
+            "and stops when the mean absolute difference per token exceeds this: a server without --logprobs-mode "
             "processed_logprobs returns untempered logprobs, which silently bias GRPO's importance ratios. A float32 "
             "server agrees within 1e-3; a server in lower precision than the local float32 pass may need more. None "
             "skips the check (e.g. a checkpoint too large to load on the machine running the rollout stage)."
         ),
     )
-    vllm_dtype: str = Field("auto", description="Weights dtype of vLLM engines and servers; 'auto' keeps a local checkpoint's saved dtype.")
-    vllm_gpu_memory_utilization: float = Field(
-        0.5, gt=0, le=1, description="GPU memory share of engine 'vllm': half leaves room for the update stage's trainer."
+    vllm_dtype: str = Field(
+        "auto", description="Weights dtype of vLLM engines and servers; 'auto' keeps a local checkpoint's saved dtype."
     )
-    vllm_max_model_len: int | None = Field(None, ge=16, description="Context length of engine 'vllm'; None uses the model's.")
+    vllm_gpu_memory_utilization: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="GPU memory share of engine 'vllm': half leaves room for the update stage's trainer.",
+    )
+    vllm_max_model_len: int | None = Field(
+        None, ge=16, description="Context length of engine 'vllm'; None uses the model's."
+    )
     vllm_tensor_parallel_size: int = Field(
-        1, ge=1, description="GPUs one vLLM engine (in-process or `coevolve serve`) shards a model over: for models one GPU cannot hold."
+        1,
+        ge=1,
+        description=(
+            "GPUs one vLLM engine (in-process or `coevolve serve`) shards a model over: for models one GPU cannot hold."
+        ),
     )
     vllm_data_parallel_size: int = Field(
-        1, ge=1, description="Model replicas of one vLLM engine (in-process or `coevolve serve`): more rollout throughput per machine."
+        1,
+        ge=1,
+        description=(
+            "Model replicas of one vLLM engine (in-process or `coevolve serve`): more rollout throughput per machine."
+        ),
     )
 
 
@@ -74,28 +98,33 @@ class ServerSettings(Section):
         ),
     )
     control_timeout_s: float = Field(
-        30.0, gt=0, description="Seconds a health check or weight-push call to a server may take, so a hung server cannot stall a stage."
+        30.0,
+        gt=0,
+        description=(
+            "Seconds a health check or weight-push call to a server may take, so a hung server cannot stall a stage."
+        ),
     )
     weight_sync: Literal["auto", "lora", "reload", "off", "restart"] = Field(
         "auto",
         description=(
             "How engine 'openai' gets each round's weights onto its servers: 'lora' loads the round's adapter "
-            "(training.use_lora; servers started on checkpoint 0 with --enable-lora), 'reload' reloads the checkpoint in "
-            "place (servers with VLLM_SERVER_DEV_MODE=1), 'off' asks for the checkpoint by name (servers restarted on "
-            "each checkpoint by someone else), 'restart' starts the pipeline's own servers on each stage's checkpoint "
-            "(managed_servers > 0; for vLLM builds that cannot reload in place). 'auto' is 'lora' with use_lora, else "
-            "'restart' with managed servers, else 'reload' where the servers allow it, else 'off'."
+            "(training.use_lora; servers started on checkpoint 0 with --enable-lora), 'reload' reloads the "
+            "checkpoint in place (servers with VLLM_SERVER_DEV_MODE=1), 'off' asks for the checkpoint by name "
+            "(servers restarted on each checkpoint by someone else), 'restart' starts the pipeline's own servers on "
+            "each stage's checkpoint (managed_servers > 0; for vLLM builds that cannot reload in place). 'auto' is "
+            "'lora' with use_lora, else 'restart' with managed servers, else 'reload' where the servers allow it, "
+            "else 'off'."
         ),
     )
     managed_servers: int = Field(
         0,
         ge=0,
         description=(
-            "Rollout servers the pipeline starts itself (`coevolve serve`, on 127.0.0.1) on each rollout or evaluation "
-            "stage's checkpoint and stops when the stage releases its engine, so no server holds memory while the "
-            "update trains. The fallback where servers cannot take weights in place (a vLLM without reload_weights, or "
-            "a checkpoint that changed tied embeddings on servers not started by coevolve serve): costs one server start "
-            "per stage. 0: use base_url(s)."
+            "Rollout servers the pipeline starts itself (`coevolve serve`, on 127.0.0.1) on each rollout or "
+            "evaluation stage's checkpoint and stops when the stage releases its engine, so no server holds memory "
+            "while the update trains. The fallback where servers cannot take weights in place (a vLLM without "
+            "reload_weights, or a checkpoint that changed tied embeddings on servers not started by coevolve serve): "
+            "costs one server start per stage. 0: use base_url(s)."
         ),
     )
     managed_port: int = Field(
@@ -115,4 +144,6 @@ class ServerSettings(Section):
             "checkpoint, so a server on checkpoint 0 serves round r as the stack of r adapters (rank r x lora_rank)."
         ),
     )
-    server_max_loras: int = Field(2, ge=1, description="--max-loras of `coevolve serve`: the round's adapter and the one being replaced.")
+    server_max_loras: int = Field(
+        2, ge=1, description="--max-loras of `coevolve serve`: the round's adapter and the one being replaced."
+    )

@@ -12,8 +12,12 @@ from coevolve.config.base import Section
 
 class EnvironmentConfig(Section):
     name: Literal["bfcl"] = Field("bfcl", description="Environment the agent plays. BFCL v3 multi-turn runs offline.")
-    max_steps: int = Field(30, ge=1, description="Model messages per episode before it counts as a failure (paper: 30).")
-    max_steps_per_turn: int = Field(4, ge=1, description="Model messages per user turn; a turn ends when the model calls no tool.")
+    max_steps: int = Field(
+        30, ge=1, description="Model messages per episode before it counts as a failure (paper: 30)."
+    )
+    max_steps_per_turn: int = Field(
+        4, ge=1, description="Model messages per user turn; a turn ends when the model calls no tool."
+    )
     max_observation_chars: int = Field(
         80,
         ge=16,
@@ -50,7 +54,6 @@ class EnvironmentConfig(Section):
             "(coevolve.config.derive_bfcl_handler)."
         ),
     )
-
 
 
 def derive_bfcl_handler(model: str) -> str | None:

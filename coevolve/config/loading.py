@@ -51,7 +51,9 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise ConfigError(f"Override {pair!r} has no '='; write it as section.field=value, e.g. rollout.group_size=8.")
+            raise ConfigError(
+                f"Override {pair!r} has no '='; write it as section.field=value, e.g. rollout.group_size=8."
+            )
         key, raw = pair.split("=", 1)
         try:
             value = _load_yaml(raw) if raw != "" else ""
@@ -88,7 +90,10 @@ def load_config(
     except ValidationError as exc:
         raise ConfigError(explain(exc)) from None
     except SettingsError as exc:
-        raise ConfigError(f"A COEVOLVE_ environment variable could not be parsed ({exc}); list values are JSON, e.g. '[\"boundary\", \"rare\"]'.") from None
+        raise ConfigError(
+            f"A COEVOLVE_ environment variable could not be parsed ({exc}); list values are JSON, "
+            'e.g. \'["boundary", "rare"]\'.'
+        ) from None
 
 
 def _read_file(file: Path) -> dict[str, Any]:
@@ -111,7 +116,11 @@ class _LayeredConfig(BaseSettings, PipelineConfig):
     """
 
     model_config = SettingsConfigDict(
-        env_prefix="COEVOLVE_", env_nested_delimiter="__", case_sensitive=False, extra="forbid", validate_assignment=True
+        env_prefix="COEVOLVE_",
+        env_nested_delimiter="__",
+        case_sensitive=False,
+        extra="forbid",
+        validate_assignment=True,
     )
 
 

@@ -20,7 +20,9 @@ from coevolve.errors import ConfigError
 
 
 class PipelineConfig(Section):
-    run_id: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$", description="Names a run; rounds of one run share a pool.")
+    run_id: str = Field(
+        "default", pattern=r"^[A-Za-z0-9_.-]+$", description="Names a run; rounds of one run share a pool."
+    )
     state_dir: Path = Field(
         Path(".coevolve"),
         description=(
@@ -59,9 +61,9 @@ class PipelineConfig(Section):
         env = self.environment
         if env.prompt_style == "bfcl" and self.policy.model == "builtin:tiny":
             raise ValueError(
-                "environment.prompt_style 'bfcl' needs a pretrained model: builtin:tiny is fine-tuned on demonstrations "
-                "in the compact prompt and only knows that one. Keep prompt_style compact, or set policy.model to a "
-                "Hugging Face id or local path (and environment.bfcl_handler)."
+                "environment.prompt_style 'bfcl' needs a pretrained model: builtin:tiny is fine-tuned on "
+                "demonstrations in the compact prompt and only knows that one. Keep prompt_style compact, or set "
+                "policy.model to a Hugging Face id or local path (and environment.bfcl_handler)."
             )
         if env.prompt_style == "bfcl" and env.bfcl_handler is None:
             derived = derive_bfcl_handler(self.policy.model)
@@ -139,4 +141,3 @@ class PipelineConfig(Section):
             return PipelineConfig.model_validate(deep_merge(self.model_dump(mode="json"), overrides))
         except ValidationError as exc:
             raise ConfigError(explain(exc)) from None
-

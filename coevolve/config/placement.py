@@ -12,7 +12,9 @@ from coevolve.config.base import Section
 class PlacementConfig(Section):
     """Where each stage of a round runs: 'inline' in the round's process, or a deployment on a work pool."""
 
-    rollout: str = Field("inline", description="'inline', or the deployment that runs the stage, e.g. 'coevolve-stage/rollout-gpu'.")
+    rollout: str = Field(
+        "inline", description="'inline', or the deployment that runs the stage, e.g. 'coevolve-stage/rollout-gpu'."
+    )
     mine: str = Field("inline", description="'inline', or a deployment such as 'coevolve-stage/mine-cpu'.")
     synthesize: str = Field("inline", description="'inline', or a deployment such as 'coevolve-stage/synthesize-cpu'.")
     validate_: str = Field(
@@ -21,7 +23,9 @@ class PlacementConfig(Section):
     update: str = Field("inline", description="'inline', or a deployment such as 'coevolve-stage/update-gpu'.")
     evaluate: str = Field("inline", description="'inline', or a deployment such as 'coevolve-stage/evaluate-gpu'.")
     stage_timeout_s: float = Field(
-        6 * 3600.0, gt=0, description="Seconds the round waits for a deployed stage before failing it (a 4B update can take hours)."
+        6 * 3600.0,
+        gt=0,
+        description="Seconds the round waits for a deployed stage before failing it (a 4B update can take hours).",
     )
     round_concurrency: Literal["wait", "fail"] = Field(
         "wait",
@@ -49,4 +53,3 @@ class PlacementConfig(Section):
     def target(self, stage: str) -> str:
         """'inline' or the deployment of ``stage``."""
         return getattr(self, "validate_" if stage == "validate" else stage)
-

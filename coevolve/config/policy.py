@@ -21,9 +21,9 @@ class PolicyConfig(Section):
         4000,
         ge=1,
         description=(
-            "Demonstrations the builtin tiny model is fine-tuned on: single-turn tasks from the unguided explorer with "
-            "sft_min_calls to sft_max_calls calls, a different distribution from the multi-turn target tasks (D_0, dev, "
-            "held-out), so checkpoint 0 knows the format and the tools but has never seen a target task."
+            "Demonstrations the builtin tiny model is fine-tuned on: single-turn tasks from the unguided explorer "
+            "with sft_min_calls to sft_max_calls calls, a different distribution from the multi-turn target tasks "
+            "(D_0, dev, held-out), so checkpoint 0 knows the format and the tools but has never seen a target task."
         ),
     )
     sft_min_calls: int = Field(1, ge=1, description="Fewest calls of a demonstration task of the builtin tiny model.")
@@ -31,8 +31,8 @@ class PolicyConfig(Section):
         2,
         ge=1,
         description=(
-            "Most calls of a demonstration task: at most 2 in one turn, so the target's longer jobs spread over several "
-            "user turns are new to checkpoint 0 and left for the loop to teach."
+            "Most calls of a demonstration task: at most 2 in one turn, so the target's longer jobs spread over "
+            "several user turns are new to checkpoint 0 and left for the loop to teach."
         ),
     )
     sft_joint_calls: float = Field(
@@ -40,18 +40,28 @@ class PolicyConfig(Section):
         ge=0,
         le=1,
         description=(
-            "Share of the demonstrations that ask for their calls in one request; the others ask for each call in a turn "
-            "of its own. Low, so two calls in one request, which most target turns ask for, is the skill checkpoint 0 "
-            "has least of and the loop can teach."
+            "Share of the demonstrations that ask for their calls in one request; the others ask for each call in a "
+            "turn of its own. Low, so two calls in one request, which most target turns ask for, is the skill "
+            "checkpoint 0 has least of and the loop can teach."
         ),
     )
-    sft_steps: int = Field(800, ge=0, description="SFT steps for 'builtin:tiny': about 6 minutes here, partial skill so rounds have signal.")
-    sft_learning_rate: float = Field(6e-3, gt=0, description="Tiny random-init models need a large rate (6e-3 beat 3e-3 at equal steps).")
+    sft_steps: int = Field(
+        800,
+        ge=0,
+        description="SFT steps for 'builtin:tiny': about 6 minutes here, partial skill so rounds have signal.",
+    )
+    sft_learning_rate: float = Field(
+        6e-3, gt=0, description="Tiny random-init models need a large rate (6e-3 beat 3e-3 at equal steps)."
+    )
     sft_batch_size: int = Field(16, ge=1, description="Demonstrations per SFT step.")
     hidden_size: int = Field(128, ge=16, description="Width of the builtin tiny model.")
-    num_layers: int = Field(2, ge=1, description="Depth of the builtin tiny model: 2 layers train twice as fast as 4 at similar skill.")
+    num_layers: int = Field(
+        2, ge=1, description="Depth of the builtin tiny model: 2 layers train twice as fast as 4 at similar skill."
+    )
     vocab_size: int = Field(2048, ge=300, description="Byte-level BPE vocabulary trained on the demonstrations' text.")
-    torch_threads: int = Field(1, ge=1, description="CPU threads for torch: one is fastest for tiny models on shared cores.")
+    torch_threads: int = Field(
+        1, ge=1, description="CPU threads for torch: one is fastest for tiny models on shared cores."
+    )
     cpu_kernels: Literal["avx2", "native"] = Field(
         "avx2",
         description=(

@@ -18,9 +18,16 @@ from coevolve.config.evaluation import EvaluationSettings
 class SamplingSettings(Section):
     # What a round samples: tasks, the GRPO group, temperatures and message length.
     tasks_per_round: int = Field(
-        24, ge=1, description="Tasks drawn from the pool per round (paper: 32 per step); with 24, 6-7 groups a round have reward variance."
+        24,
+        ge=1,
+        description=(
+            "Tasks drawn from the pool per round (paper: 32 per step); with 24, 6-7 groups a round have reward "
+            "variance."
+        ),
     )
-    group_size: int = Field(6, ge=2, description="Samples per task, the GRPO group n (paper: 8). At least 2 for an advantage.")
+    group_size: int = Field(
+        6, ge=2, description="Samples per task, the GRPO group n (paper: 8). At least 2 for an advantage."
+    )
     temperature: float = Field(0.9, ge=0, description="Sampling temperature of training rollouts (paper: 0.9).")
     eval_temperature: float = Field(0.0, ge=0, description="Evaluation decoding; 0 is greedy (paper: greedy).")
     max_new_tokens: int = Field(96, ge=8, description="Tokens per model message (paper: 4096 per response).")
@@ -41,20 +48,20 @@ class RolloutConfig(EvaluationSettings, SamplingSettings, ServerSettings, Engine
         if self.managed_servers > 0:
             if self.engine != "openai":
                 raise ValueError(
-                    f"rollout.managed_servers={self.managed_servers} starts servers for engine 'openai', but rollout.engine "
-                    f"is {self.engine!r}; set rollout.engine=openai or rollout.managed_servers=0."
+                    f"rollout.managed_servers={self.managed_servers} starts servers for engine 'openai', but "
+                    f"rollout.engine is {self.engine!r}; set rollout.engine=openai or rollout.managed_servers=0."
                 )
             if self.base_url or self.base_urls:
                 raise ValueError(
-                    f"rollout.managed_servers={self.managed_servers} starts the pipeline's own servers, so rollout.base_url "
-                    "and rollout.base_urls must be empty; remove them to use managed servers, or set "
-                    "rollout.managed_servers=0 to use the servers at those URLs."
+                    f"rollout.managed_servers={self.managed_servers} starts the pipeline's own servers, so "
+                    "rollout.base_url and rollout.base_urls must be empty; remove them to use managed servers, or "
+                    "set rollout.managed_servers=0 to use the servers at those URLs."
                 )
         elif self.weight_sync == "restart":
             raise ValueError(
-                "rollout.weight_sync=restart restarts servers the pipeline starts itself, but rollout.managed_servers is 0; "
-                "set rollout.managed_servers=1 (or more), or choose weight_sync auto, lora, reload or off for servers "
-                "at rollout.base_url(s)."
+                "rollout.weight_sync=restart restarts servers the pipeline starts itself, but "
+                "rollout.managed_servers is 0; set rollout.managed_servers=1 (or more), or choose weight_sync auto, "
+                "lora, reload or off for servers at rollout.base_url(s)."
             )
         if self.engine == "openai" and not self.base_url and not self.base_urls and self.managed_servers == 0:
             raise ValueError(

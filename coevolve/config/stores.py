@@ -68,4 +68,3 @@ class WarehouseConfig(Section):
             "many small files (benchmarks/README.md, warehouse)."
         ),
     )
-

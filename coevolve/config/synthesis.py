@@ -14,12 +14,16 @@ class SignalConfig(Section):
         ["forgetting", "boundary", "rare"], description="Signals to mine; leave one out for an ablation."
     )
     forgetting_window: int = Field(10, ge=1, description="W: past scores per task; the paper gives no value.")
-    rare_theta: float = Field(5.0, gt=0, lt=100, description="A pattern is rare below theta percent of trajectories (paper: 5).")
+    rare_theta: float = Field(
+        5.0, gt=0, lt=100, description="A pattern is rare below theta percent of trajectories (paper: 5)."
+    )
     rare_min_total: int = Field(20, ge=1, description="N_min: trajectories seen before rarity is judged.")
     pattern: Literal["tool_sequence", "tool_bigrams"] = Field(
         "tool_sequence", description="Action pattern of a trajectory: its tool-name sequence, or its tool-name bigrams."
     )
-    max_signals_per_round: int = Field(24, ge=1, description="Signals passed to synthesis per round, kinds interleaved.")
+    max_signals_per_round: int = Field(
+        24, ge=1, description="Signals passed to synthesis per round, kinds interleaved."
+    )
 
 
 class SynthesisConfig(Section):
@@ -33,22 +37,34 @@ class SynthesisConfig(Section):
     synthesizer: Literal["programmatic", "llm"] = Field(
         "programmatic",
         description=(
-            "'programmatic' needs no LLM (the offline default); 'llm' has a chat model on an OpenAI-compatible endpoint "
-            "write the contexts, propose each exploration call and write the queries, as in the paper."
+            "'programmatic' needs no LLM (the offline default); 'llm' has a chat model on an OpenAI-compatible "
+            "endpoint write the contexts, propose each exploration call and write the queries, as in the paper."
         ),
     )
     llm_base_url: str = Field(
         "http://127.0.0.1:8000/v1",
-        description="OpenAI-compatible API root (ending in /v1) of the LLM synthesizer and the LLM judge; a local vLLM server by default.",
+        description=(
+            "OpenAI-compatible API root (ending in /v1) of the LLM synthesizer and the LLM judge; a local vLLM "
+            "server by default."
+        ),
     )
-    llm_model: str = Field("", description="Model name sent to the endpoint; required when synthesizer is 'llm' or the judge is on.")
+    llm_model: str = Field(
+        "", description="Model name sent to the endpoint; required when synthesizer is 'llm' or the judge is on."
+    )
     llm_api_key_env: str = Field(
         "OPENAI_API_KEY",
-        description="Name of the environment variable holding the endpoint's API key, so no secret lives in a config file; unset sends none.",
+        description=(
+            "Name of the environment variable holding the endpoint's API key, so no secret lives in a config file; "
+            "unset sends none."
+        ),
     )
-    llm_temperature: float = Field(0.7, ge=0, description="Sampling temperature of synthesis calls: some variety across exploration runs.")
+    llm_temperature: float = Field(
+        0.7, ge=0, description="Sampling temperature of synthesis calls: some variety across exploration runs."
+    )
     llm_max_tokens: int = Field(384, ge=16, description="Tokens per LLM reply; contexts and single calls are short.")
-    llm_timeout_s: float = Field(120.0, gt=0, description="Seconds per LLM request before it counts as an infrastructure failure.")
+    llm_timeout_s: float = Field(
+        120.0, gt=0, description="Seconds per LLM request before it counts as an infrastructure failure."
+    )
     explorations_per_signal: int = Field(2, ge=1, description="Independent exploration runs per signal (multi-round).")
     steps_per_exploration: int = Field(5, ge=1, description="Environment steps per exploration run (multi-step).")
     min_task_steps: int = Field(3, ge=1, description="Minimal reference length of a synthesized task (paper: 3).")
@@ -66,12 +82,15 @@ class ValidationConfig(Section):
     embedding_dedupe: bool = Field(
         False,
         description=(
-            "Reject candidates whose query is too similar to a pool task's (all-MiniLM-L6-v2 embeddings, optional extra "
-            "'similarity'); off by default: exact and normalized action-sequence dedupe already runs."
+            "Reject candidates whose query is too similar to a pool task's (all-MiniLM-L6-v2 embeddings, optional "
+            "extra 'similarity'); off by default: exact and normalized action-sequence dedupe already runs."
         ),
     )
     similarity_threshold: float = Field(
-        0.95, gt=0, le=1, description="Cosine similarity at or above which a candidate's query counts as a near-duplicate."
+        0.95,
+        gt=0,
+        le=1,
+        description="Cosine similarity at or above which a candidate's query counts as a near-duplicate.",
     )
 
 
@@ -86,13 +105,14 @@ class PoolConfig(Section):
             "entries spread a job over several requests. None makes single-turn tasks."
         ),
     )
-    policy: Literal["append", "dedupe"] = Field("append", description="How validated tasks join the pool; the paper appends.")
+    policy: Literal["append", "dedupe"] = Field(
+        "append", description="How validated tasks join the pool; the paper appends."
+    )
     max_size: int | None = Field(None, ge=1, description="Cap on the pool; None keeps every task (the paper).")
     seed: int | None = Field(
         None,
         description=(
-            "Seeds the seed pool, the held-out split and the builtin policy; None uses the run's seed. An ablation fixes "
-            "it so every arm and every loop seed starts from the same pool and checkpoint 0."
+            "Seeds the seed pool, the held-out split and the builtin policy; None uses the run's seed. An ablation "
+            "fixes it so every arm and every loop seed starts from the same pool and checkpoint 0."
         ),
     )
-

@@ -19,7 +19,9 @@ class TrainingConfig(Section):
             "builtin policy collapse within 5 rounds and 2e-3 within 1; 5e-4 stayed stable."
         ),
     )
-    steps_per_round: int = Field(4, ge=1, description="Optimizer steps on each round's groups (paper: F=10 steps per round).")
+    steps_per_round: int = Field(
+        4, ge=1, description="Optimizer steps on each round's groups (paper: F=10 steps per round)."
+    )
     epsilon_low: float = Field(0.20, ge=0, description="Lower clip range (paper: 0.20).")
     epsilon_high: float = Field(0.28, ge=0, description="Upper clip range (paper: 0.28).")
     beta: float = Field(1e-3, ge=0, description="KL coefficient (paper: 1e-3).")
@@ -60,4 +62,3 @@ class TrainingConfig(Section):
             "and FSDP2 ones); num_processes overrides the file's process count so the groups divide evenly."
         ),
     )
-

@@ -37,7 +37,9 @@ def demos() -> list[list[Message]]:
 
 @pytest.fixture(scope="session")
 def tiny_config() -> PolicyConfig:
-    return PolicyConfig(sft_steps=150, sft_learning_rate=3e-3, sft_batch_size=4, hidden_size=64, num_layers=2, vocab_size=320)
+    return PolicyConfig(
+        sft_steps=150, sft_learning_rate=3e-3, sft_batch_size=4, hidden_size=64, num_layers=2, vocab_size=320
+    )
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,9 @@ def test_prompt_then_generation_then_continuation_equals_the_whole_conversation(
     assert chat.prompt_ids(OPENING + [REPLY] + RESULTS) == stepwise
 
 
-@pytest.mark.parametrize("content", [" leading space", "\n\nleading newlines", "trailing  \n", "tabs\there", "ünïcode ✓", ""])
+@pytest.mark.parametrize(
+    "content", [" leading space", "\n\nleading newlines", "trailing  \n", "tabs\there", "ünïcode ✓", ""]
+)
 def test_composition_holds_for_awkward_message_boundaries(tokenizer, content):
     chat = ChatFormat(tokenizer)
     reply = Message("assistant", content)

@@ -6,8 +6,8 @@ import json
 import time
 
 from agent.chat import ChatFormat
-from agent.transformers_engine import TransformersEngine
 from agent.tiny import MARKER, build_tiny_policy, is_built
+from agent.transformers_engine import TransformersEngine
 
 
 def test_build_saves_safetensors_weights_tokenizer_and_marker(tiny_dir):

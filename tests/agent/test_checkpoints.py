@@ -43,8 +43,12 @@ def test_a_writer_that_fails_leaves_the_previous_checkpoint_untouched(tmp_path):
 
 
 def test_the_digest_covers_names_and_contents_but_not_the_tiny_policys_build_report(tmp_path):
-    save_atomically(tmp_path / "a", _write({"config.json": b"{}", "adapter/w.safetensors": b"1", "tiny_policy.json": b"12 s"}))
-    save_atomically(tmp_path / "b", _write({"config.json": b"{}", "adapter/w.safetensors": b"1", "tiny_policy.json": b"31 s"}))
+    save_atomically(
+        tmp_path / "a", _write({"config.json": b"{}", "adapter/w.safetensors": b"1", "tiny_policy.json": b"12 s"})
+    )
+    save_atomically(
+        tmp_path / "b", _write({"config.json": b"{}", "adapter/w.safetensors": b"1", "tiny_policy.json": b"31 s"})
+    )
     save_atomically(tmp_path / "c", _write({"config.json": b"{}", "adapter/w.safetensors": b"2"}))
     assert checkpoint_digest(tmp_path / "a") == checkpoint_digest(tmp_path / "b") != checkpoint_digest(tmp_path / "c")
 

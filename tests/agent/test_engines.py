@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.transformers_engine import TransformersEngine
 from agent.engines import context_length, make_engine
 from agent.http_engine import OpenAICompatibleEngine
+from agent.transformers_engine import TransformersEngine
 from coevolve.config import load_config
 from coevolve.errors import ConfigError
 
@@ -37,7 +37,9 @@ def test_openai_engine_asks_the_server_for_the_checkpoint_by_default(tmp_path, s
 
 
 def test_a_served_model_name_overrides_the_checkpoint_path(tmp_path, served_policy_dir):
-    engine = make_engine(served_policy_dir, config(tmp_path, engine="openai", base_url="http://h/v1", served_model="policy"))
+    engine = make_engine(
+        served_policy_dir, config(tmp_path, engine="openai", base_url="http://h/v1", served_model="policy")
+    )
     assert engine.model_name == "policy"
 
 

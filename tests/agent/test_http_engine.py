@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from agent.transformers_engine import TransformersEngine
 from agent.http_engine import OpenAICompatibleEngine, parse_token_id
+from agent.transformers_engine import TransformersEngine
 from coevolve.errors import InfrastructureError
 
 
@@ -67,7 +67,9 @@ def test_reports_the_served_context_length(remote):
 
 
 def test_an_unknown_model_name_fails_as_infrastructure(openai_server):
-    engine = OpenAICompatibleEngine(openai_server.base_url, "no-such-model", tokenizer_path=openai_server.model_dir, max_retries=0)
+    engine = OpenAICompatibleEngine(
+        openai_server.base_url, "no-such-model", tokenizer_path=openai_server.model_dir, max_retries=0
+    )
     with pytest.raises(InfrastructureError, match="no-such-model|404"):
         engine.generate([[1, 2, 3]], temperature=0.0, max_new_tokens=2)
 
@@ -78,7 +80,9 @@ def test_an_unreachable_server_fails_as_infrastructure_after_retries(served_poli
     with socket.socket() as sock:  # a port nobody listens on once the socket closes
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    engine = OpenAICompatibleEngine(f"http://127.0.0.1:{port}/v1", "m", tokenizer_path=served_policy_dir, max_retries=1, timeout_s=2)
+    engine = OpenAICompatibleEngine(
+        f"http://127.0.0.1:{port}/v1", "m", tokenizer_path=served_policy_dir, max_retries=1, timeout_s=2
+    )
     with pytest.raises(InfrastructureError, match="2 attempts"):
         engine.generate([[1, 2]], temperature=0.0, max_new_tokens=2)
 

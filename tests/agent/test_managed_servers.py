@@ -32,14 +32,32 @@ TEMPERATURE = 0.9
 
 def test_managed_servers_with_server_urls_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"managed_servers=1.*base_url.*must be empty.*managed_servers=0"):
-        load_config(overrides=["rollout.engine=openai", "rollout.managed_servers=1", "rollout.base_url=http://127.0.0.1:8000/v1"])
+        load_config(
+            overrides=[
+                "rollout.engine=openai",
+                "rollout.managed_servers=1",
+                "rollout.base_url=http://127.0.0.1:8000/v1",
+            ]
+        )
     with pytest.raises(ConfigError, match="must be empty"):
-        load_config(overrides=["rollout.engine=openai", "rollout.managed_servers=2", 'rollout.base_urls=["http://127.0.0.1:8001/v1"]'])
+        load_config(
+            overrides=[
+                "rollout.engine=openai",
+                "rollout.managed_servers=2",
+                'rollout.base_urls=["http://127.0.0.1:8001/v1"]',
+            ]
+        )
 
 
 def test_restart_without_managed_servers_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"weight_sync=restart.*set rollout.managed_servers=1"):
-        load_config(overrides=["rollout.engine=openai", "rollout.base_url=http://127.0.0.1:8000/v1", "rollout.weight_sync=restart"])
+        load_config(
+            overrides=[
+                "rollout.engine=openai",
+                "rollout.base_url=http://127.0.0.1:8000/v1",
+                "rollout.weight_sync=restart",
+            ]
+        )
 
 
 def test_managed_servers_need_engine_openai():
@@ -58,7 +76,10 @@ def test_auto_restarts_managed_servers_unless_training_lora():
     managed = ["rollout.engine=openai", "rollout.managed_servers=1"]
     assert weight_sync_mode(load_config(overrides=managed)) == "restart"
     assert weight_sync_mode(load_config(overrides=managed + ["training.use_lora=true"])) == "lora"
-    assert weight_sync_mode(load_config(overrides=["rollout.engine=openai", "rollout.base_url=http://127.0.0.1:8000/v1"])) == "auto"
+    assert (
+        weight_sync_mode(load_config(overrides=["rollout.engine=openai", "rollout.base_url=http://127.0.0.1:8000/v1"]))
+        == "auto"
+    )
 
 
 def test_a_taken_port_is_replaced_by_a_free_one():
@@ -116,8 +137,12 @@ def evolved(vllm_python, prefect_api, tmp_path_factory):
         run_id="managed",
         # No held-out split: only the rollout stages start servers, one start each (30-60 s on two cores).
         rollout={
-            "engine": "openai", "managed_servers": 1, "managed_port": free_port(), "vllm_dtype": "float32",
-            "heldout_tasks": 0, "temperature": TEMPERATURE,
+            "engine": "openai",
+            "managed_servers": 1,
+            "managed_port": free_port(),
+            "vllm_dtype": "float32",
+            "heldout_tasks": 0,
+            "temperature": TEMPERATURE,
         },  # fmt: skip
         # A large rate, so that a round whose groups have reward variance moves checkpoint 1 far from checkpoint 0.
         training={"use_lora": False, "learning_rate": 2e-2, "beta": 0.0},
@@ -141,8 +166,8 @@ def _server_logs(config) -> list[Path]:
 def test_round_one_was_served_by_a_server_started_on_checkpoint_one(evolved):
     import torch
 
-    from agent.transformers_engine import load_policy
     from agent.http_engine import local_logprobs
+    from agent.transformers_engine import load_policy
     from storage.warehouse import Warehouse
 
     config, _ = evolved

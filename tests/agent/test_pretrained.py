@@ -14,11 +14,14 @@ import pytest
 
 from agent.chat import ChatFormat
 from agent.pretrained import GGUF_FILE, MARKER, materialize_smollm2, smollm2_gguf
-from tests.conftest import require_smollm2
 from coevolve.errors import DataError
 from coevolve.records import Message
+from tests.conftest import require_smollm2
 
-OPENING = [Message("system", "Tools: mkdir(dir_name).\nReply with a python list of calls."), Message("user", "make a folder temp")]
+OPENING = [
+    Message("system", "Tools: mkdir(dir_name).\nReply with a python list of calls."),
+    Message("user", "make a folder temp"),
+]
 RESULTS = [Message("tool", "mkdir -> None"), Message("user", "now go in")]
 
 
@@ -104,7 +107,15 @@ def test_prompt_ids_are_the_templates_rendering_with_the_generation_prompt(token
 
 @pytest.mark.parametrize(
     "content",
-    ["[mkdir(dir_name='temp')]", "Sure: [cd(folder='temp')]", " leading space", "trailing  \n", "tabs\there", "ünïcode ✓", ""],
+    [
+        "[mkdir(dir_name='temp')]",
+        "Sure: [cd(folder='temp')]",
+        " leading space",
+        "trailing  \n",
+        "tabs\there",
+        "ünïcode ✓",
+        "",
+    ],
 )
 def test_prompt_then_generation_then_continuation_equals_the_whole_conversation(tokenizer, content):
     chat = ChatFormat(tokenizer)

@@ -75,7 +75,7 @@ def tasks():
 
 
 def _rollout(config: PipelineConfig, checkpoint, tasks, round_: int):
-    from agent.engines import open_engine, context_length
+    from agent.engines import context_length, open_engine
     from tasks.rollout import play_episodes
 
     with open_engine(checkpoint, config) as engine:
@@ -121,11 +121,15 @@ def _served_and_local(server_url: str, name: str, checkpoint: Path, prompts: lis
     """Seeded samples of one server: their token ids, served logprobs, and local logprobs of ``checkpoint``."""
     import torch
 
-    from agent.transformers_engine import load_policy
     from agent.http_engine import OpenAICompatibleEngine, local_logprobs
+    from agent.transformers_engine import load_policy
 
-    with OpenAICompatibleEngine(server_url, name, tokenizer_path=checkpoint, logprob_tolerance=None, max_retries=1) as engine:
-        generations = engine.generate(prompts, temperature=TEMPERATURE, max_new_tokens=16, seeds=list(range(len(prompts))))
+    with OpenAICompatibleEngine(
+        server_url, name, tokenizer_path=checkpoint, logprob_tolerance=None, max_retries=1
+    ) as engine:
+        generations = engine.generate(
+            prompts, temperature=TEMPERATURE, max_new_tokens=16, seeds=list(range(len(prompts)))
+        )
     completions = [g.token_ids for g in generations]
     torch.set_num_threads(1)
     local = local_logprobs(load_policy(checkpoint)[0], prompts, completions, TEMPERATURE)
@@ -148,8 +152,8 @@ def prompts(served_policy_dir, served_conversations):
 def test_round_one_logprobs_from_every_server_match_checkpoint_one(rounds, prompts, served_policy_dir):
     import torch
 
-    from agent.transformers_engine import load_policy
     from agent.http_engine import local_logprobs
+    from agent.transformers_engine import load_policy
 
     checkpoint, name = rounds["checkpoints"][1], rounds["names"][1]
     assert name.startswith(checkpoint.name + "-")  # the round's adapter, not the base model
@@ -175,7 +179,9 @@ def test_the_previous_round_s_adapter_is_unloaded(rounds, fleet):
         assert rounds["names"][2] in served and rounds["names"][1] not in served
 
 
-def test_a_checkpoint_path_written_relative_finds_the_server_started_on_its_absolute_path(fleet, served_policy_dir, prompts, monkeypatch):
+def test_a_checkpoint_path_written_relative_finds_the_server_started_on_its_absolute_path(
+    fleet, served_policy_dir, prompts, monkeypatch
+):
     from agent.http_engine import OpenAICompatibleEngine
 
     monkeypatch.chdir(served_policy_dir.parent)
@@ -202,12 +208,14 @@ def test_full_weights_are_reloaded_in_place_without_a_restart(rounds, config, fl
             engine.sync_weights(served_policy_dir, "reload")
 
 
-def test_a_checkpoint_that_changed_tied_embeddings_is_reloaded_with_its_output_layer(config, fleet, prompts, served_policy_dir, tmp_path):
+def test_a_checkpoint_that_changed_tied_embeddings_is_reloaded_with_its_output_layer(
+    config, fleet, prompts, served_policy_dir, tmp_path
+):
     """vLLM 0.32's reload leaves a tied output layer as it was; servers started as `coevolve serve` does rebuild it."""
     import torch
 
-    from agent.transformers_engine import load_policy
     from agent.engines import make_engine
+    from agent.transformers_engine import load_policy
 
     model, tokenizer = load_policy(served_policy_dir)
     assert model.config.tie_word_embeddings
@@ -271,6 +279,8 @@ def test_a_server_killed_mid_round_leaves_its_requests_to_the_other(rounds, conf
 
     survived, health = play(config)
     assert health == [True, False]
-    alone, _ = play(config.model_copy(update={"rollout": config.rollout.model_copy(update={"base_urls": [fleet[0].base_url]})}))
+    alone, _ = play(
+        config.model_copy(update={"rollout": config.rollout.model_copy(update={"base_urls": [fleet[0].base_url]})})
+    )
     # Seeds travel with the requests: the round's samples are those a single healthy server gives.
     assert [t.completion_ids for t in survived] == [t.completion_ids for t in alone]

@@ -23,7 +23,9 @@ def _task(request: str, folder: str) -> Task:
 def test_episode_seeds_are_a_fixed_digest_of_run_seed_round_task_and_sample():
     # A literal: the derivation must give the same seed in every process, on every machine, in every version.
     assert episode_seed(0, 0, "t", 0) == episode_seed(0, 0, "t", 0) == 263859441518335265
-    keys = [(seed, round_, task, sample) for seed in (0, 1) for round_ in (0, 1) for task in ("a", "b") for sample in (0, 1)]
+    keys = [
+        (seed, round_, task, sample) for seed in (0, 1) for round_ in (0, 1) for task in ("a", "b") for sample in (0, 1)
+    ]
     assert len({episode_seed(*key) for key in keys}) == len(keys)
 
 
@@ -37,7 +39,9 @@ def test_a_seeded_row_samples_the_same_tokens_whatever_its_batch(engine, prompts
     seeds = [11, 22, 33, 44]
     batched = engine.generate(prompts, temperature=1.0, max_new_tokens=24, seeds=seeds)
     alone = engine.generate([prompts[2]], temperature=1.0, max_new_tokens=24, seeds=[33])
-    reordered = engine.generate(prompts[::-1] + prompts[:1], temperature=1.0, max_new_tokens=24, seeds=seeds[::-1] + [11])
+    reordered = engine.generate(
+        prompts[::-1] + prompts[:1], temperature=1.0, max_new_tokens=24, seeds=seeds[::-1] + [11]
+    )
     assert alone[0].token_ids == batched[2].token_ids == reordered[1].token_ids
     assert reordered[4].token_ids == batched[0].token_ids
     assert alone[0].logprobs == pytest.approx(batched[2].logprobs, abs=1e-5)
@@ -71,7 +75,10 @@ def test_two_runs_with_one_seed_play_identical_episodes_on_a_concurrent_server(t
     from agent.engines import make_engine
 
     config = load_config(
-        data={"state_dir": str(tmp_path), "rollout": {"engine": "openai", "base_url": openai_server.base_url, "concurrency": 24}},
+        data={
+            "state_dir": str(tmp_path),
+            "rollout": {"engine": "openai", "base_url": openai_server.base_url, "concurrency": 24},
+        },
         environ={},
     )
     # Long requests (about 900 prompt tokens each): four distinct prompts fill more than one prefill step.

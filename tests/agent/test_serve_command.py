@@ -19,8 +19,8 @@ import psutil
 import pytest
 
 from agent.serve import REPO, ServeOptions, free_port, port_is_free, server_command, server_env, wait_until_ready
-from flows.cli import main
 from coevolve.config import load_config
+from flows.cli import main
 from tests.doc_blocks import command_block
 
 
@@ -72,7 +72,9 @@ def test_the_readme_fleet_example_serves_checkpoint_0_for_weight_reloads_and_its
     checkpoint.mkdir(parents=True)
     lines = _readme_fleet_block()
     # The README's own line finds checkpoint 0, run by bash in the folder a user runs it from.
-    found = subprocess.run(["bash", "-c", f"{lines[0]}\necho $CKPT"], cwd=tmp_path, capture_output=True, text=True, check=True)
+    found = subprocess.run(
+        ["bash", "-c", f"{lines[0]}\necho $CKPT"], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
     ckpt = found.stdout.strip()
     assert Path(ckpt) == checkpoint
     serves = [shlex.split(line, comments=True) for line in lines if ".venv/bin/coevolve serve" in line]
@@ -90,7 +92,9 @@ def test_the_readme_fleet_example_serves_checkpoint_0_for_weight_reloads_and_its
 
 
 def test_lora_training_serves_with_runtime_lora_room_for_stacked_rounds(tmp_path):
-    config = load_config(overrides=["training.use_lora=true", "training.lora_rank=8", "rollout.server_max_lora_rank=40"])
+    config = load_config(
+        overrides=["training.use_lora=true", "training.lora_rank=8", "rollout.server_max_lora_rank=40"]
+    )
     options = ServeOptions.from_config(config, tmp_path, cpu=False)
     flags = _flags(server_command(options, python="python"))
     assert "--enable-lora" in flags
@@ -122,7 +126,10 @@ def test_auto_dtype_serves_a_local_checkpoint_in_the_dtype_it_was_saved_in(tmp_p
     assert flags["--dtype"] == "float32"
     chosen = load_config(overrides=["rollout.vllm_dtype=bfloat16"])
     assert _flags(server_command(ServeOptions.from_config(chosen, tmp_path), python="python"))["--dtype"] == "bfloat16"
-    assert _flags(server_command(ServeOptions.from_config(load_config(), "Org/model"), python="python"))["--dtype"] == "auto"
+    assert (
+        _flags(server_command(ServeOptions.from_config(load_config(), "Org/model"), python="python"))["--dtype"]
+        == "auto"
+    )
 
 
 def test_parallel_sizes_pass_through_to_vllm(tmp_path):
@@ -157,7 +164,9 @@ def serve_processes(vllm_python, served_policy_dir, tmp_path_factory) -> Iterato
                 "--cpu", "--python", str(vllm_python), "--set", "rollout.vllm_max_model_len=2048",
             ]  # fmt: skip
             with log_path.open("w") as log:
-                process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                process = subprocess.Popen(
+                    command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
             servers[name] = ServeProcess(process, port, log_path, [])
         for server in servers.values():
             wait_until_ready(server.process, f"http://127.0.0.1:{server.port}/v1", server.log_path, timeout_s=600)

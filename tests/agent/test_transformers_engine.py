@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-
 from agent.transformers_engine import TransformersEngine
 
 

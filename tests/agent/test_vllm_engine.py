@@ -104,5 +104,7 @@ def test_reports_its_context_length_and_answers_an_empty_batch(probe):
 
 def test_the_engine_module_imports_without_vllm():
     # The main environment has no vllm: choosing another engine must not need it.
-    done = subprocess.run([sys.executable, "-c", "import agent.vllm_engine, sys; assert 'vllm' not in sys.modules"], cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", "import agent.vllm_engine, sys; assert 'vllm' not in sys.modules"], cwd=REPO
+    )
     assert done.returncode == 0

@@ -73,7 +73,12 @@ def prompts(served_policy_dir, served_conversations):
 
 @pytest.fixture(scope="module")
 def probe(vllm_python, vllm_environ, served_policy_dir, round1_dir, embeddings_changed_dir, prompts, tmp_path_factory):
-    job = {"round0": str(served_policy_dir), "round1": str(round1_dir), "embeddings_changed": str(embeddings_changed_dir), "prompts": prompts}
+    job = {
+        "round0": str(served_policy_dir),
+        "round1": str(round1_dir),
+        "embeddings_changed": str(embeddings_changed_dir),
+        "prompts": prompts,
+    }
     return run_vllm_probe(vllm_python, vllm_environ, PROBE, job, tmp_path_factory.mktemp("vllm-reload"))
 
 
@@ -82,17 +87,23 @@ def test_a_new_checkpoint_is_loaded_into_the_running_engine(probe):
 
 
 def test_after_the_reload_it_generates_with_the_new_weights(probe, round1_dir, prompts):
-    reference = TransformersEngine(round1_dir, torch_threads=1, seed=0).generate(prompts, temperature=0.0, max_new_tokens=12)
+    reference = TransformersEngine(round1_dir, torch_threads=1, seed=0).generate(
+        prompts, temperature=0.0, max_new_tokens=12
+    )
     assert [g["token_ids"] for g in probe["after"]] == [g.token_ids for g in reference]
     for got, want in zip(probe["after"], reference):
         assert got["logprobs"] == pytest.approx(want.logprobs, abs=1e-3)
     assert [g["logprobs"] for g in probe["after"]] != [g["logprobs"] for g in probe["before"]]
 
 
-def test_a_checkpoint_with_changed_tied_embeddings_gets_a_new_engine_with_its_weights(probe, embeddings_changed_dir, prompts):
+def test_a_checkpoint_with_changed_tied_embeddings_gets_a_new_engine_with_its_weights(
+    probe, embeddings_changed_dir, prompts
+):
     # vLLM 0.32 reloads tied embeddings without the output layer, so this checkpoint is not loaded in place.
     assert probe["rebuilt"]
-    reference = TransformersEngine(embeddings_changed_dir, torch_threads=1, seed=0).generate(prompts, temperature=0.0, max_new_tokens=12)
+    reference = TransformersEngine(embeddings_changed_dir, torch_threads=1, seed=0).generate(
+        prompts, temperature=0.0, max_new_tokens=12
+    )
     assert [g["token_ids"] for g in probe["after_rebuild"]] == [g.token_ids for g in reference]
 
 

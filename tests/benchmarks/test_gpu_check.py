@@ -18,8 +18,27 @@ def test_without_cuda_it_refuses_and_says_how_to_check_the_script(capsys):
 
 @pytest.mark.slow
 def test_with_allow_cpu_it_prints_throughput_update_time_and_memory(tmp_path, capsys):
-    assert main(["--allow-cpu", "--sft-steps", "2", "--prompts", "2", "--samples", "2", "--max-new-tokens", "8", "--work", str(tmp_path)]) == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"')]  # TRL prints its own dict logs too
+    assert (
+        main(
+            [
+                "--allow-cpu",
+                "--sft-steps",
+                "2",
+                "--prompts",
+                "2",
+                "--samples",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--work",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    lines = [
+        json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"')
+    ]  # TRL prints its own dict logs too
     parts = {line.get("part"): line for line in lines if "part" in line}
     assert parts["rollouts (transformers engine)"]["tokens"] > 0
     assert parts["update (TRL GRPO)"]["steps"] == 1

@@ -118,7 +118,9 @@ def test_state_dir_is_absolute_once_loaded(tmp_path, monkeypatch):
 
 def test_registering_checkpoints_by_uri_through_a_tracking_server_is_refused_saying_what_works():
     with pytest.raises(ConfigError, match="register_checkpoints='uri' cannot be used with the MLflow tracking server"):
-        load_config(overrides=["tracking.mlflow_uri=http://127.0.0.1:5000", "tracking.register_checkpoints=uri"], environ={})
+        load_config(
+            overrides=["tracking.mlflow_uri=http://127.0.0.1:5000", "tracking.register_checkpoints=uri"], environ={}
+        )
 
 
 def test_the_prompt_style_defaults_to_compact_with_no_bfcl_handler():
@@ -135,7 +137,9 @@ def test_the_bfcl_handler_is_derived_where_the_model_name_says_which():
 def test_an_ambiguous_model_name_asks_for_the_bfcl_handler():
     with pytest.raises(ConfigError, match="set environment.bfcl_handler to qwen_fc"):
         load_config(overrides=["environment.prompt_style=bfcl", "policy.model=Qwen/Qwen3-4B"])
-    config = load_config(overrides=["environment.prompt_style=bfcl", "environment.bfcl_handler=qwen", "policy.model=Qwen/Qwen3-4B"])
+    config = load_config(
+        overrides=["environment.prompt_style=bfcl", "environment.bfcl_handler=qwen", "policy.model=Qwen/Qwen3-4B"]
+    )
     assert config.environment.bfcl_handler == "qwen"
 
 

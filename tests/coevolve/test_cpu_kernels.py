@@ -22,7 +22,12 @@ def _capability(tmp_path: Path, *overrides: str) -> str:
     env = {k: v for k, v in os.environ.items() if k not in PINS and not k.startswith("COEVOLVE_")}
     out = subprocess.run(
         [sys.executable, "-c", PROBE, f"state_dir={tmp_path}", *overrides],
-        cwd=REPO, env=env, capture_output=True, text=True, check=True, timeout=120,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     )
     return out.stdout.strip().splitlines()[-1]
 
@@ -35,4 +40,3 @@ def test_the_default_runs_avx2_kernels_whatever_the_cpu_offers(tmp_path):
     native = _native(tmp_path)
     expected = "AVX2" if native in ("AVX2", "AVX512") else native  # a CPU without AVX2 keeps what it has
     assert _capability(tmp_path) == expected
-

@@ -5,10 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coevolve.records import ToolCall
+from coevolve.records import Provenance, Task, ToolCall
 from envs.base import Environment
 from envs.bfcl import INSTRUCTION, BfclEnvironment, official_tasks
-from coevolve.records import Provenance, Task
 
 FS_CONFIG = {"GorillaFileSystem": {"root": {"alex": {"type": "directory", "contents": {}}}}}
 
@@ -175,7 +174,9 @@ def test_default_list_arguments_never_leak_between_episodes(make_task, twitter_c
     task = make_task(["Post."], [[ToolCall("post_tweet", {"content": "a"})]], twitter_config, ["TwitterAPI"])
     env = BfclEnvironment()
     env.reset(task)
-    env.execute([ToolCall("post_tweet", {"content": "a"}), ToolCall("mention", {"tweet_id": 0, "mentioned_usernames": ["bob"]})])
+    env.execute(
+        [ToolCall("post_tweet", {"content": "a"}), ToolCall("mention", {"tweet_id": 0, "mentioned_usernames": ["bob"]})]
+    )
     env.reset(task)
     result = env.execute([ToolCall("post_tweet", {"content": "a"})])
     assert '"mentions": []' in result[0]
@@ -216,9 +217,20 @@ def test_miss_func_hides_functions_until_the_reveal_turn():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(max_size=120) | st.sampled_from(["[ls()]", "done", "[cd(folder='docs')]", "[rm('x')]"]), max_size=6))
+@given(
+    st.lists(
+        st.text(max_size=120) | st.sampled_from(["[ls()]", "done", "[cd(folder='docs')]", "[rm('x')]"]), max_size=6
+    )
+)
 def test_step_never_raises_on_arbitrary_messages(texts):
-    task = Task("bfcl", FS_CONFIG, ["GorillaFileSystem"], ["a", "b"], [[ToolCall("ls", {})], [ToolCall("pwd", {})]], Provenance("seed"))
+    task = Task(
+        "bfcl",
+        FS_CONFIG,
+        ["GorillaFileSystem"],
+        ["a", "b"],
+        [[ToolCall("ls", {})], [ToolCall("pwd", {})]],
+        Provenance("seed"),
+    )
     env = BfclEnvironment(max_steps_per_turn=2)
     env.reset(task)
     for text in texts:

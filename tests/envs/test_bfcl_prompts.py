@@ -18,15 +18,15 @@ import pytest
 
 # envs first: it points BFCL_PROJECT_ROOT at a scratch folder before bfcl-eval creates folders there.
 from envs import bfcl_api  # isort: skip
-from bfcl_eval.model_handler.api_inference.openai_completion import OpenAICompletionsHandler  # noqa: E402
-from bfcl_eval.model_handler.local_inference.llama_3_1 import LlamaHandler_3_1  # noqa: E402
-from bfcl_eval.model_handler.local_inference.qwen import QwenHandler  # noqa: E402
-from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler  # noqa: E402
-from bfcl_eval.utils import load_dataset_entry  # noqa: E402
+from bfcl_eval.model_handler.api_inference.openai_completion import OpenAICompletionsHandler
+from bfcl_eval.model_handler.local_inference.llama_3_1 import LlamaHandler_3_1
+from bfcl_eval.model_handler.local_inference.qwen import QwenHandler
+from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
+from bfcl_eval.utils import load_dataset_entry
 
-from envs.bfcl import CATEGORIES, BfclEnvironment, official_tasks  # noqa: E402
-from envs.bfcl_prompts import BfclConversation, call_text  # noqa: E402
-from envs.calls import parse_tool_calls  # noqa: E402
+from envs.bfcl import CATEGORIES, BfclEnvironment, official_tasks
+from envs.bfcl_prompts import BfclConversation, call_text
+from envs.calls import parse_tool_calls
 
 THINK = "<think>\nThe user wants this done; I call the tools.\n</think>\n\n"
 
@@ -42,8 +42,12 @@ class _Message(dict):
 def _bfcl_handler(family: str, monkeypatch, run: str):
     """A handler of ``family`` under a model name of its own: bfcl keeps each entry's API instances in
     module globals keyed by model name and entry id, so every replay needs a fresh name."""
-    cls = {"qwen_fc": QwenFCHandler, "qwen": QwenHandler, "llama_3_1": LlamaHandler_3_1,
-           "chat": OpenAICompletionsHandler}[family]
+    cls = {
+        "qwen_fc": QwenFCHandler,
+        "qwen": QwenHandler,
+        "llama_3_1": LlamaHandler_3_1,
+        "chat": OpenAICompletionsHandler,
+    }[family]
     if family == "chat":
         monkeypatch.setenv("OPENAI_API_KEY", "unused-no-request-is-sent")
     return cls(f"parity-{run}-{family}", 0.0, f"parity-{run}-{family}", family != "qwen" and family != "chat")
@@ -54,7 +58,9 @@ def _reply(family: str, calls, texts: list[str]) -> str:
     if not calls:
         return THINK + "All done." if family.startswith("qwen") else ""
     if family == "qwen_fc":
-        return THINK + "\n".join(f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n</tool_call>" for c in calls)
+        return THINK + "\n".join(
+            f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n</tool_call>" for c in calls
+        )
     if family == "llama_3_1":
         objects = [{"name": c.name, "parameters": c.arguments} for c in calls]
         joined = "; ".join(json.dumps(o) for o in objects)
@@ -113,7 +119,10 @@ def entries():
     """Every multi-turn entry as bfcl-eval's generation loads it, with its task and reference strings."""
     out = []
     for category in CATEGORIES:
-        answers = {a["id"]: a["ground_truth"] for a in bfcl_api.load_jsonl(bfcl_api.DATA_DIR / "possible_answer" / f"BFCL_v4_{category}.json")}
+        answers = {
+            a["id"]: a["ground_truth"]
+            for a in bfcl_api.load_jsonl(bfcl_api.DATA_DIR / "possible_answer" / f"BFCL_v4_{category}.json")
+        }
         tasks = {t.description: t for t in official_tasks(category)}
         for entry in load_dataset_entry(category):
             out.append((entry, tasks[entry["id"]], answers[entry["id"]]))

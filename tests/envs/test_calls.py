@@ -143,10 +143,16 @@ def test_llama_calls_as_a_python_literal_are_parsed_without_evaluating_anything(
 
 
 def test_generic_chat_python_call_list_is_parsed():
-    assert parse_tool_calls("```\n[mv(source='a', destination='b')]\n```") == ([ToolCall("mv", {"source": "a", "destination": "b"})], None)
+    assert parse_tool_calls("```\n[mv(source='a', destination='b')]\n```") == (
+        [ToolCall("mv", {"source": "a", "destination": "b"})],
+        None,
+    )
 
 
 def test_bracketed_reading_takes_call_lists_with_a_missing_bracket_as_bfcls_prompting_decoder_does():
     for text in ("cd(folder='a'), ls(a=True)", "[cd(folder='a'), ls(a=True)", "```\ncd(folder='a'), ls(a=True)]\n```"):
-        assert parse_tool_calls(text, bracketed=True) == ([ToolCall("cd", {"folder": "a"}), ToolCall("ls", {"a": True})], None)
+        assert parse_tool_calls(text, bracketed=True) == (
+            [ToolCall("cd", {"folder": "a"}), ToolCall("ls", {"a": True})],
+            None,
+        )
     assert parse_tool_calls("[cd(folder='a'), ls(a=True)")[1] is not None  # the compact style's reading stays strict

@@ -107,7 +107,9 @@ def environment_verdict(env: BfclEnvironment, task, sequence: list[list[str]]) -
     return success, None if success else details["error_type"]
 
 
-def bfcl_verdict(entry: dict, answer: list[list[str]], sequence: list[list[str]], model_name: str) -> tuple[bool, str | None]:
+def bfcl_verdict(
+    entry: dict, answer: list[list[str]], sequence: list[list[str]], model_name: str
+) -> tuple[bool, str | None]:
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
     # bfcl's decoder drops empty steps, so a turn without calls is an empty list of steps.

@@ -82,7 +82,10 @@ def test_verbalize_names_every_argument_value_verbatim():
             assert repr(value) in text, (name, text)
     assert verbalize(ToolCall("mkdir", {"dir_name": "temp"})) == "create a directory named 'temp'"
     assert verbalize(ToolCall("cd", {"folder": "docs"})) == "go into the folder 'docs'"
-    assert verbalize(ToolCall("post_tweet", {"content": "hi", "tags": ["#a"]})) == "post a tweet saying 'hi' with tags=['#a']"
+    assert (
+        verbalize(ToolCall("post_tweet", {"content": "hi", "tags": ["#a"]}))
+        == "post a tweet saying 'hi' with tags=['#a']"
+    )
     assert verbalize(ToolCall("unknown_tool", {"k": 1})) == "call unknown_tool with k=1"
 
 

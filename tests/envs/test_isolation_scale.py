@@ -55,7 +55,9 @@ def measure() -> dict[str, int]:
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="resident memory is read from /proc")
 def test_ten_thousand_episodes_keep_memory_flat():
     environ = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, __file__], cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, __file__], cwd=REPO, env=environ, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     marks = json.loads(done.stdout.strip().splitlines()[-1])
     assert marks["rss_end"] - marks["rss_start"] < MAX_RSS_GROWTH_BYTES

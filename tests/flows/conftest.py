@@ -42,9 +42,16 @@ def cli_env(state_dir: Path, prefect_home: Path | None = None) -> dict[str, str]
     """Offline switches plus a Prefect home of its own (default: the state folder's), for a temporary API per process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
-        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", DO_NOT_TRACK="true",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_DISABLE_TELEMETRY="true", TOKENIZERS_PARALLELISM="false",
-        PREFECT_HOME=str(prefect_home or state_dir / "prefect"), BFCL_PROJECT_ROOT=str(state_dir / "bfcl"), PYTHONPATH=str(REPO),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        DO_NOT_TRACK="true",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        TOKENIZERS_PARALLELISM="false",
+        PREFECT_HOME=str(prefect_home or state_dir / "prefect"),
+        BFCL_PROJECT_ROOT=str(state_dir / "bfcl"),
+        PYTHONPATH=str(REPO),
     )
     return env
 
@@ -56,7 +63,11 @@ def start_round(
     with log.open("a") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "flows.cli", "round", "--round", str(round_), "--config", str(config_file)],
-            cwd=REPO, env=cli_env(state_dir, prefect_home), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO,
+            env=cli_env(state_dir, prefect_home),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
 
@@ -95,5 +106,8 @@ def cli():
     import types
 
     return types.SimpleNamespace(
-        write_config_file=write_config_file, start_round=start_round, kill_group=kill_group, wait_for_stage=wait_for_stage
+        write_config_file=write_config_file,
+        start_round=start_round,
+        kill_group=kill_group,
+        wait_for_stage=wait_for_stage,
     )

@@ -25,5 +25,7 @@ def test_arms_with_the_same_settings_refuse_to_start_naming_them(tmp_path):
 
 def test_two_seeds_given_twice_refuse_to_share_a_run_id(tmp_path):
     base = load_config(overrides=[f"state_dir={tmp_path}"], environ={})
-    with pytest.raises(ConfigError, match=r"static \(seed 3\), static \(seed 3\) all resolve to run id 'abl-static-s3'"):
+    with pytest.raises(
+        ConfigError, match=r"static \(seed 3\), static \(seed 3\) all resolve to run id 'abl-static-s3'"
+    ):
         arm_configs(base, ["static"], [3, 3], "abl")

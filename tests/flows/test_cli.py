@@ -32,8 +32,16 @@ def test_sql_without_a_warehouse_says_how_to_make_one(tmp_path, capsys):
 
 def test_the_round_table_has_one_column_per_figure():
     row = summary_row(
-        {"round": 1, "pool_size": 104, "rollouts": 72, "success_rate": 0.25, "signals": {"forgetting": 1, "boundary": 12, "rare": 3},
-         "accepted": 4, "rejected": 9, "heldout_success": 0.125},
+        {
+            "round": 1,
+            "pool_size": 104,
+            "rollouts": 72,
+            "success_rate": 0.25,
+            "signals": {"forgetting": 1, "boundary": 12, "rare": 3},
+            "accepted": 4,
+            "rejected": 9,
+            "heldout_success": 0.125,
+        },
         61.2,
     )
     assert row.split() == ["1", "104", "72", "0.250", "1/12/3", "4", "9", "0.125", "61s"]
@@ -41,7 +49,9 @@ def test_the_round_table_has_one_column_per_figure():
 
 
 def test_evaluate_with_an_unknown_category_exits_2_naming_the_choices(tmp_path, capsys):
-    code = main(["evaluate", "--checkpoint", str(tmp_path), "--categories", "base,simple", "--set", f"state_dir={tmp_path}"])
+    code = main(
+        ["evaluate", "--checkpoint", str(tmp_path), "--categories", "base,simple", "--set", f"state_dir={tmp_path}"]
+    )
     assert code == 2 and "multi_turn_miss_func" in capsys.readouterr().err
 
 
@@ -76,7 +86,11 @@ def test_sql_with_a_bad_query_exits_non_zero_without_a_traceback(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(repo), "PREFECT_HOME": str(tmp_path / "prefect")}
     done = subprocess.run(
         [sys.executable, "-m", "flows.cli", "sql", "SELEC 1", "--set", f"state_dir={tmp_path}"],
-        cwd=repo, env=env, capture_output=True, text=True, timeout=120,
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode != 0 and done.stdout == ""
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1 and "SELEC" in done.stderr
@@ -90,7 +104,9 @@ def test_sql_on_a_damaged_warehouse_says_how_to_recover(tmp_path, capsys):
     assert str(tmp_path / "warehouse") in err and "from a backup" in err and err.count("\n") == 1
 
 
-def test_sql_on_an_unreachable_object_store_names_the_endpoint_and_the_setting_on_one_line(tmp_path, capsys, monkeypatch):
+def test_sql_on_an_unreachable_object_store_names_the_endpoint_and_the_setting_on_one_line(
+    tmp_path, capsys, monkeypatch
+):
     from agent.serve import free_port
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
@@ -105,4 +121,3 @@ def test_sql_on_an_unreachable_object_store_names_the_endpoint_and_the_setting_o
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"cannot reach the warehouse s3://bucket/prefix at endpoint {endpoint}" in err
     assert "warehouse.storage_options" in err and "AWS_ENDPOINT_URL" in err
-

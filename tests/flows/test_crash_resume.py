@@ -192,9 +192,9 @@ def test_a_round_is_not_finished_before_its_version_stage_is_recorded(both_runs)
 
 def test_status_shows_the_round_finished_with_its_real_duration(both_runs, capsys) -> None:
     """Round 0 ran from the first attempt's start to the last one's finish: far more than a second."""
-    from flows.cli import main
-
     import os
+
+    from flows.cli import main
 
     _, crashed = both_runs
     config_file = crashed.state_dir.parent / "config.yaml"

@@ -29,9 +29,16 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 def _env(home: Path, api_url: str, state_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
-        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", DO_NOT_TRACK="true",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_DISABLE_TELEMETRY="true", TOKENIZERS_PARALLELISM="false",
-        PREFECT_HOME=str(home), PREFECT_API_URL=api_url, BFCL_PROJECT_ROOT=str(state_dir / "bfcl"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        DO_NOT_TRACK="true",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        TOKENIZERS_PARALLELISM="false",
+        PREFECT_HOME=str(home),
+        PREFECT_API_URL=api_url,
+        BFCL_PROJECT_ROOT=str(state_dir / "bfcl"),
         PYTHONPATH=str(REPO),
         PWD=str(REPO),  # prefect.yaml's pull step records {{ $PWD }}: the checkout flow runs start in
     )
@@ -85,7 +92,11 @@ def test_the_per_round_deployment_runs_a_round_on_a_process_worker(tiny_config, 
     with server_log.open("w") as out:
         server = subprocess.Popen(
             [str(PREFECT), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     worker = None
     try:
@@ -95,11 +106,18 @@ def test_the_per_round_deployment_runs_a_round_on_a_process_worker(tiny_config, 
         with worker_log.open("w") as out:
             worker = subprocess.Popen(
                 [str(PREFECT), "worker", "start", "--pool", "coevolve-cpu"],
-                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         created = prefect(
-            "deployment", "run", "coevolve-round/per-round",
-            "--params", json.dumps({"round_": 0, "config": config.model_dump(mode="json")}),
+            "deployment",
+            "run",
+            "coevolve-round/per-round",
+            "--params",
+            json.dumps({"round_": 0, "config": config.model_dump(mode="json")}),
         )
         flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", created).group(1)
         deadline = time.monotonic() + 600

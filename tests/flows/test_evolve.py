@@ -10,7 +10,9 @@ def test_the_table_names_the_run_its_rounds_and_the_state_folder(prefect_api, ti
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"run {config.run_id!r}: rounds 0..-1, state in {config.state_dir.resolve()}"
     assert lines[1] == format_row(COLUMNS)
-    assert lines[2].startswith("done in ") and lines[2].endswith('query with: coevolve sql "SELECT * FROM v_success_by_round"')
+    assert lines[2].startswith("done in ") and lines[2].endswith(
+        'query with: coevolve sql "SELECT * FROM v_success_by_round"'
+    )
     assert len(lines) == 3
 
 

@@ -10,8 +10,15 @@ from tasks.plots import learning_curve
 
 def _summary(r: int) -> RoundSummary:
     return RoundSummary(
-        run_id="r", round=r, pool_size=100 + 5 * r, rollouts=72, success_rate=0.1 * r, signals={"boundary": r, "rare": 1},
-        accepted=5, rejected=1, heldout_success=0.05 * r,
+        run_id="r",
+        round=r,
+        pool_size=100 + 5 * r,
+        rollouts=72,
+        success_rate=0.1 * r,
+        signals={"boundary": r, "rare": 1},
+        accepted=5,
+        rejected=1,
+        heldout_success=0.05 * r,
     )
 
 

@@ -79,7 +79,9 @@ def smollm2_server(vllm_python, smollm2_dir, tmp_path_factory):
         "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",
     ]  # fmt: skip
     with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=vllm_env(), cwd=REPO, start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=vllm_env(), cwd=REPO, start_new_session=True
+        )
     try:
         _wait_until_ready(process, base_url, log_path)
         yield base_url
@@ -158,7 +160,9 @@ def behaviour_logprob_gap(model, trajectory, temperature: float) -> float:
     sequence = torch.tensor([trajectory.prompt_ids + trajectory.completion_ids])
     with torch.inference_mode():
         logits = model(sequence).logits[0, len(trajectory.prompt_ids) - 1 : -1].float()
-    recomputed = torch.log_softmax(logits / temperature, dim=-1).gather(-1, torch.tensor(trajectory.completion_ids)[:, None])[:, 0]
+    recomputed = torch.log_softmax(logits / temperature, dim=-1).gather(
+        -1, torch.tensor(trajectory.completion_ids)[:, None]
+    )[:, 0]
     gaps = [abs(float(r) - s) for r, s, m in zip(recomputed, trajectory.logprobs, trajectory.completion_mask) if m]
     return max(gaps)
 
@@ -186,8 +190,8 @@ def test_transformers_round_stores_exactly_the_tokens_smollm2_was_given_and_prod
 
 
 def test_transformers_round_goes_through_update_and_version(transformers_round):
-    from storage.warehouse import Warehouse
     from agent.checkpoints import checkpoint_digest
+    from storage.warehouse import Warehouse
 
     config, summary, _ = transformers_round
     with Warehouse(config.warehouse_path, read_only=True) as wh:
@@ -245,8 +249,8 @@ def test_server_round_stores_exactly_the_tokens_smollm2_was_given_and_produced(s
 
 
 def test_server_round_goes_through_update_and_version(server_round):
-    from storage.warehouse import Warehouse
     from agent.checkpoints import checkpoint_digest
+    from storage.warehouse import Warehouse
 
     config, summary, _ = server_round
     with Warehouse(config.warehouse_path, read_only=True) as wh:

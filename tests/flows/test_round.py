@@ -1,6 +1,5 @@
 """A whole round end to end: real Prefect flow run, DuckDB file, MLflow store, TRL trainer, bfcl-eval classes."""
 
-import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -65,10 +64,14 @@ def test_running_a_finished_round_again_changes_nothing(finished_round):
 
     config, summary = finished_round
     with Warehouse(config.warehouse_path, read_only=True) as wh:
-        before = wh.sql("SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, (SELECT count(*) FROM pool_membership) AS p")
+        before = wh.sql(
+            "SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, (SELECT count(*) FROM pool_membership) AS p"
+        )
     again = coevolve_round(round_=0, config=config.model_dump(mode="json"))
     with Warehouse(config.warehouse_path, read_only=True) as wh:
-        after = wh.sql("SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, (SELECT count(*) FROM pool_membership) AS p")
+        after = wh.sql(
+            "SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, (SELECT count(*) FROM pool_membership) AS p"
+        )
     assert before.to_dicts() == after.to_dicts()
     assert again["model_version"] == summary["model_version"]
 
@@ -82,8 +85,8 @@ def second_round(finished_round):
 
 
 def test_the_next_round_starts_from_the_recorded_checkpoint_and_pool(finished_round, second_round):
-    from storage.warehouse import Warehouse
     from agent.checkpoints import checkpoint_digest
+    from storage.warehouse import Warehouse
 
     config, first = finished_round
     assert second_round["round"] == 1 and second_round["model_version"] == "2"
@@ -114,7 +117,9 @@ def test_checkpoint_one_is_tagged_with_the_pool_it_was_trained_from(finished_rou
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         pool0 = pool_digest(wh.pool("e2e", 0))
         prepared = wh.stage_output("e2e", 0, "prepare")
-        trajectory_ids = wh.sql("SELECT trajectory_id FROM trajectories WHERE run_id = 'e2e' AND round = 0")["trajectory_id"].to_list()
+        trajectory_ids = wh.sql("SELECT trajectory_id FROM trajectories WHERE run_id = 'e2e' AND round = 0")[
+            "trajectory_id"
+        ].to_list()
     client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
     version = client.get_model_version(config.registered_model_name, summary["model_version"])
     assert version.tags["pool_digest"] == pool0 == prepared["pool_digest"]

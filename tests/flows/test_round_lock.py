@@ -21,7 +21,9 @@ def test_a_second_process_on_a_running_run_stops_with_the_lock_message(tiny_conf
             assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the first round never took the lock"
             time.sleep(0.2)
-        second = cli.start_round(config_file, config.state_dir, 1, tmp_path / "second.log", prefect_home=tmp_path / "prefect-2")
+        second = cli.start_round(
+            config_file, config.state_dir, 1, tmp_path / "second.log", prefect_home=tmp_path / "prefect-2"
+        )
         assert second.wait(timeout=300) == 2
         message = (tmp_path / "second.log").read_text()
         assert "error: Run 'e2e' is already running a round in another process" in message

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.checkpoints import checkpoint_digest
 from coevolve.config import PipelineConfig, PolicyConfig
 from coevolve.records import Message, Trajectory
-from agent.checkpoints import checkpoint_digest
 from tasks.update import grpo_update
 
 pytestmark = pytest.mark.slow
@@ -33,9 +33,18 @@ def _policy_and_batch(tmp_path: Path) -> tuple[Path, list[Trajectory]]:
             message = chat.generated_ids(GOOD if reward > 0 else BAD)
             batch.append(
                 Trajectory(
-                    run_id="test", round=0, task_id=task_id, sample=sample, steps=[], prompt_ids=prompt,
-                    completion_ids=message, completion_mask=[1] * len(message), logprobs=[-1.0] * len(message),
-                    reward=reward, success=reward > 0, finish_reason="done",
+                    run_id="test",
+                    round=0,
+                    task_id=task_id,
+                    sample=sample,
+                    steps=[],
+                    prompt_ids=prompt,
+                    completion_ids=message,
+                    completion_mask=[1] * len(message),
+                    logprobs=[-1.0] * len(message),
+                    reward=reward,
+                    success=reward > 0,
+                    finish_reason="done",
                 )
             )
     return policy, batch
@@ -44,7 +53,9 @@ def _policy_and_batch(tmp_path: Path) -> tuple[Path, list[Trajectory]]:
 def test_two_updates_from_the_same_groups_and_seed_write_identical_checkpoints(tmp_path: Path) -> None:
     policy, batch = _policy_and_batch(tmp_path)
     config = PipelineConfig(
-        state_dir=tmp_path, seed=5, rollout={"group_size": 4, "temperature": 0.9},
+        state_dir=tmp_path,
+        seed=5,
+        rollout={"group_size": 4, "temperature": 0.9},
         training={"learning_rate": 3e-3, "steps_per_round": 2},
     )
     first = grpo_update(policy, batch, config, tmp_path / "first")

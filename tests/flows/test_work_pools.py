@@ -58,7 +58,12 @@ KILLED_STAGE_TIMEOUT_S = 60.0
 
 def _worker_env(home: Path, api_url: str) -> dict[str, str]:
     """What a worker started by hand on another machine has: a shell's PATH and HOME, and the server."""
-    return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(home)), "PREFECT_HOME": str(home), "PREFECT_API_URL": api_url}
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", str(home)),
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": api_url,
+    }
 
 
 def _start_worker(pool: str, name: str, folder: Path, api_url: str) -> subprocess.Popen:
@@ -109,7 +114,9 @@ def _wait_http(url: str, process: subprocess.Popen, log: Path, timeout_s: float 
 def _flow_runs(api_url: str) -> list[dict]:
     import httpx
 
-    response = httpx.post(f"{api_url}/flow_runs/filter", json={"limit": 200, "sort": "EXPECTED_START_TIME_ASC"}, timeout=30)
+    response = httpx.post(
+        f"{api_url}/flow_runs/filter", json={"limit": 200, "sort": "EXPECTED_START_TIME_ASC"}, timeout=30
+    )
     response.raise_for_status()
     return response.json()
 
@@ -130,7 +137,9 @@ def _wait_terminal(api_url: str, flow_run_id: str, logs: list[Path], timeout_s: 
     while state not in TERMINAL and time.monotonic() < deadline:
         time.sleep(2)
         state = _flow_run_state(api_url, flow_run_id)
-    assert state in TERMINAL, f"flow run {flow_run_id} is still {state}:\n" + "\n".join(p.read_text()[-3000:] for p in logs)
+    assert state in TERMINAL, f"flow run {flow_run_id} is still {state}:\n" + "\n".join(
+        p.read_text()[-3000:] for p in logs
+    )
     return state
 
 
@@ -153,7 +162,9 @@ def _scheduled_nightly_runs(api_url: str, server: subprocess.Popen, log: Path, t
         if runs:
             return runs
         time.sleep(2)
-    raise AssertionError(f"no scheduled run of coevolve-evolve/nightly after {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+    raise AssertionError(
+        f"no scheduled run of coevolve-evolve/nightly after {timeout_s:.0f} s:\n{log.read_text()[-3000:]}"
+    )
 
 
 def _retarget_nightly_run(api_url: str, flow_run_id: str, state_dir: Path) -> str:
@@ -163,9 +174,11 @@ def _retarget_nightly_run(api_url: str, flow_run_id: str, state_dir: Path) -> st
     config = PipelineConfig.model_validate({"run_id": "nightly", "state_dir": str(state_dir)})
     parameters = {"rounds": 0, "config": config.model_dump(mode="json")}
     httpx.patch(f"{api_url}/flow_runs/{flow_run_id}", json={"parameters": parameters}, timeout=10).raise_for_status()
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    now = datetime.datetime.now(datetime.UTC).isoformat()
     state = {"type": "SCHEDULED", "name": "Scheduled", "state_details": {"scheduled_time": now}}
-    httpx.post(f"{api_url}/flow_runs/{flow_run_id}/set_state", json={"state": state, "force": True}, timeout=10).raise_for_status()
+    httpx.post(
+        f"{api_url}/flow_runs/{flow_run_id}/set_state", json={"state": state, "force": True}, timeout=10
+    ).raise_for_status()
     return flow_run_id
 
 
@@ -202,8 +215,12 @@ def cluster(tmp_path_factory):
             cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     ns = SimpleNamespace(
-        root=root, api_url=api_url, mlflow_uri=f"http://127.0.0.1:{mlflow_port}", artifacts=root / "artifacts",
-        prefect=prefect, processes=processes,
+        root=root,
+        api_url=api_url,
+        mlflow_uri=f"http://127.0.0.1:{mlflow_port}",
+        artifacts=root / "artifacts",
+        prefect=prefect,
+        processes=processes,
     )
     try:
         _wait_healthy(api_url, processes["server"], logs.server)
@@ -240,7 +257,9 @@ def _start_round(cluster, config) -> str:
 
 def _trajectory_files(config) -> list[Path]:
     """The round's stored trajectory files (storage/VIEWS.md: tables/<table>/run_id=<run>/round=<round>/)."""
-    return list((Path(config.warehouse_path) / "tables" / "trajectories" / f"run_id={RUN_ID}" / "round=0").glob("*.parquet"))
+    return list(
+        (Path(config.warehouse_path) / "tables" / "trajectories" / f"run_id={RUN_ID}" / "round=0").glob("*.parquet")
+    )
 
 
 def _stage_done(config, stage: str) -> bool:
@@ -258,13 +277,17 @@ def _stage_done(config, stage: str) -> bool:
 def rounds(cluster, tiny_config, cli):
     root = cluster.root
     worker_logs = [root / "cpu-box" / "worker.log", root / "gpu-box" / "worker.log", root / "gpu-box-2" / "worker.log"]
-    wait = lambda run_id, timeout_s=900: _wait_terminal(cluster.api_url, run_id, [p for p in worker_logs if p.exists()], timeout_s)  # noqa: E731
+    wait = lambda run_id, timeout_s=900: _wait_terminal(
+        cluster.api_url, run_id, [p for p in worker_logs if p.exists()], timeout_s
+    )  # noqa: E731
 
     # The same round inline, in its own process, state folder and MLflow store.
     inline = tiny_config(root / "inline" / "state", run_id=RUN_ID, **CRASH_OVERRIDES)
     inline_log = root / "inline" / "round.log"
     inline_log.parent.mkdir()
-    inline_process = cli.start_round(cli.write_config_file(inline, root / "inline" / "config.yaml"), inline.state_dir, 0, inline_log)
+    inline_process = cli.start_round(
+        cli.write_config_file(inline, root / "inline" / "config.yaml"), inline.state_dir, 0, inline_log
+    )
     try:
         # Two runs of the placed round at once with 'fail', then one with 'wait' while the first still runs.
         placed = _placed_config(
@@ -275,7 +298,9 @@ def rounds(cluster, tiny_config, cli):
         deadline = time.monotonic() + 600
         while not any(_flow_run_state(cluster.api_url, r) in TERMINAL for r in racing) and time.monotonic() < deadline:
             time.sleep(2)
-        waiting = _start_round(cluster, placed.with_overrides({"placement": {"round_concurrency": "wait", "round_wait_s": 900}}))
+        waiting = _start_round(
+            cluster, placed.with_overrides({"placement": {"round_concurrency": "wait", "round_wait_s": 900}})
+        )
         racing_states = {r: wait(r) for r in racing}
         waiting_state = wait(waiting)
 
@@ -291,9 +316,13 @@ def rounds(cluster, tiny_config, cli):
         _kill_tree(cluster.processes["gpu-worker"])
         durable_at_kill = len(_trajectory_files(resumed))
         rollout_done_at_kill = _stage_done(resumed, "rollout")
-        cluster.processes["gpu-worker"] = _start_worker("coevolve-gpu", "gpu-worker-2", root / "gpu-box-2", cluster.api_url)
+        cluster.processes["gpu-worker"] = _start_worker(
+            "coevolve-gpu", "gpu-worker-2", root / "gpu-box-2", cluster.api_url
+        )
         # Started at once: it waits for the run's slot until the first attempt gives up on its rollout.
-        second = _start_round(cluster, resumed.with_overrides({"placement": {"stage_timeout_s": 3600, "round_wait_s": 900}}))
+        second = _start_round(
+            cluster, resumed.with_overrides({"placement": {"stage_timeout_s": 3600, "round_wait_s": 900}})
+        )
         first_state = wait(first)
         second_state = wait(second)
 
@@ -415,7 +444,9 @@ def test_the_resumed_round_registers_the_uninterrupted_rounds_pool_and_checkpoin
     assert resumed_record["pool_digest"] == inline_record["pool_digest"]
     for tag in ("pool_digest", "produced_pool_digest", "checkpoint_digest"):
         assert resumed_version.tags[tag] == inline_version.tags[tag]
-    assert [str(v.version) for v in client.search_model_versions(f"name = '{rounds.resumed.registered_model_name}'")] == ["1"]
+    assert [
+        str(v.version) for v in client.search_model_versions(f"name = '{rounds.resumed.registered_model_name}'")
+    ] == ["1"]
 
 
 # --- MLflow ----------------------------------------------------------------------------------------------------
@@ -447,18 +478,22 @@ def test_register_uri_points_the_version_at_the_checkpoint_folder_and_copies_not
 
 
 def test_the_scheduler_creates_the_nightly_runs_prefect_yaml_defines(cluster) -> None:
-    (nightly,) = [d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"] if d["name"] == "nightly"]
+    (nightly,) = [
+        d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"] if d["name"] == "nightly"
+    ]
     assert nightly["schedules"][0]["cron"] == "0 1 * * *"
     runs = cluster.nightly_scheduled
     assert len(runs) >= 1 and all(r["auto_scheduled"] for r in runs)
     starts = [datetime.datetime.fromisoformat(r["expected_start_time"]) for r in runs]
-    assert all((s.astimezone(datetime.timezone.utc).hour, s.minute, s.second) == (1, 0, 0) for s in starts)
+    assert all((s.astimezone(datetime.UTC).hour, s.minute, s.second) == (1, 0, 0) for s in starts)
     assert all(r["parameters"] == nightly["parameters"] for r in runs)
     assert "bulk DML" not in (cluster.root / "server.log").read_text()
 
 
 def test_a_worker_runs_a_scheduled_nightly_run_to_completion(cluster) -> None:
-    state = _wait_terminal(cluster.api_url, cluster.nightly_run, [cluster.root / "cpu-box" / "worker.log"], timeout_s=300)
+    state = _wait_terminal(
+        cluster.api_url, cluster.nightly_run, [cluster.root / "cpu-box" / "worker.log"], timeout_s=300
+    )
     run = _flow_run(cluster.api_url, cluster.nightly_run)
     assert state == "COMPLETED", run["state"]["message"]
     assert run["auto_scheduled"] and run["work_pool_name"] == "coevolve-cpu"

@@ -25,8 +25,12 @@ def build_task(i: int, origin: str = "seed", round: int = 0, tools: tuple[str, .
         involved_classes=["GorillaFileSystem"],
         turns=[f"Create folder d{i}, enter it and list it."],
         reference=[[ToolCall(name, {"dir_name": f"d{i}"} if name == "mkdir" else {}) for name in tools]],
-        provenance=Provenance(origin=origin, round=round, parent_trajectory_id=None if origin == "seed" else "p/r0/t/s0",
-                              signal_id=None if origin == "seed" else f"{origin}:p/r0/t/s0"),
+        provenance=Provenance(
+            origin=origin,
+            round=round,
+            parent_trajectory_id=None if origin == "seed" else "p/r0/t/s0",
+            signal_id=None if origin == "seed" else f"{origin}:p/r0/t/s0",
+        ),
         description=f"task {i}",
     )
 
@@ -42,15 +46,30 @@ def build_trajectory(
 ) -> Trajectory:
     observations = observations if observations is not None else tuple("ok" for _ in tools)
     steps = [
-        Step(turn=0, index=0, model_text=" ".join(f"{t}()" for t in tools),
-             calls=[ToolCall(t, {"x": 1}) for t in tools], observations=list(observations), completion_tokens=7),
+        Step(
+            turn=0,
+            index=0,
+            model_text=" ".join(f"{t}()" for t in tools),
+            calls=[ToolCall(t, {"x": 1}) for t in tools],
+            observations=list(observations),
+            completion_tokens=7,
+        ),
         Step(turn=0, index=1, model_text="done", error="no tool call" if not success else None, completion_tokens=2),
     ]
     return Trajectory(
-        run_id=run_id, round=round, task_id=task_id, sample=sample, steps=steps,
-        prompt_ids=[1, 2, 3], completion_ids=[4, 5, 6, 7], completion_mask=[1, 1, 0, 1],
-        logprobs=[-0.25, -1.5, 0.0, -0.125], reward=1.0 if success else 0.0, success=success,
-        finish_reason="done", duration_s=0.5,
+        run_id=run_id,
+        round=round,
+        task_id=task_id,
+        sample=sample,
+        steps=steps,
+        prompt_ids=[1, 2, 3],
+        completion_ids=[4, 5, 6, 7],
+        completion_mask=[1, 1, 0, 1],
+        logprobs=[-0.25, -1.5, 0.0, -0.125],
+        reward=1.0 if success else 0.0,
+        success=success,
+        finish_reason="done",
+        duration_s=0.5,
     )
 
 

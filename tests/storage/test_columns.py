@@ -27,7 +27,9 @@ def test_trajectory_files_written_without_the_column_read_as_one_segment(warehou
     warehouse.write_trajectories([make_trajectory("t-1", 0, True)])
     for path in [*warehouse.files.files("trajectories", RUN, 0), warehouse._empty_file("trajectories")]:
         pq.write_table(pq.read_table(path).drop_columns(["later_segments"]), path)
-    warehouse.write_trajectories([dataclasses.replace(make_trajectory("t-1", 0, True, round=1), later_segments=[SECOND])])
+    warehouse.write_trajectories(
+        [dataclasses.replace(make_trajectory("t-1", 0, True, round=1), later_segments=[SECOND])]
+    )
 
     assert [t.later_segments for t in warehouse.trajectories(RUN, 0)] == [[]]
     assert [t.later_segments for t in warehouse.trajectories(RUN, 1)] == [[SECOND]]

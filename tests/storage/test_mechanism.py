@@ -32,13 +32,20 @@ def test_a_one_call_reference_gives_its_tool_name_alone():
 
 def test_informative_groups_are_those_whose_rewards_differ(warehouse: Warehouse, make_task, make_trajectory):
     t0, t1, t2 = (make_task(i).task_id for i in range(3))
-    warehouse.write_trajectories([
-        make_trajectory(t0, 0, True), make_trajectory(t0, 1, False),  # informative
-        make_trajectory(t1, 0, True), make_trajectory(t1, 1, True),  # all solved
-        make_trajectory(t2, 0, False), make_trajectory(t2, 1, False),  # all failed
-        make_trajectory(t1, 0, True, round=1), make_trajectory(t1, 1, False, round=1),
-        make_trajectory(t0, 0, True, run_id="other"), make_trajectory(t0, 1, True, run_id="other"),
-    ])
+    warehouse.write_trajectories(
+        [
+            make_trajectory(t0, 0, True),
+            make_trajectory(t0, 1, False),  # informative
+            make_trajectory(t1, 0, True),
+            make_trajectory(t1, 1, True),  # all solved
+            make_trajectory(t2, 0, False),
+            make_trajectory(t2, 1, False),  # all failed
+            make_trajectory(t1, 0, True, round=1),
+            make_trajectory(t1, 1, False, round=1),
+            make_trajectory(t0, 0, True, run_id="other"),
+            make_trajectory(t0, 1, True, run_id="other"),
+        ]
+    )
     assert informative_group_share(warehouse, RUN, 0) == pytest.approx(1 / 3)
     assert informative_group_share(warehouse, RUN, 1) == 1.0
     assert informative_group_share(warehouse, "other", 0) == 0.0
@@ -49,7 +56,11 @@ def test_a_round_without_rollouts_has_no_informative_share(warehouse: Warehouse)
 
 
 def test_coverage_is_the_share_of_heldout_patterns_found_in_the_training_pool(warehouse: Warehouse, make_task):
-    heldout = [make_task(0, tools=("mkdir", "cd", "ls")), make_task(1, tools=("pwd",)), make_task(2, tools=("ls", "rm"))]
+    heldout = [
+        make_task(0, tools=("mkdir", "cd", "ls")),
+        make_task(1, tools=("pwd",)),
+        make_task(2, tools=("ls", "rm")),
+    ]
     pool0 = [make_task(10, tools=("mkdir", "cd")), make_task(11, tools=("rm", "ls"))]
     pool1 = pool0 + [make_task(12, tools=("pwd",)), make_task(13, tools=("cd", "ls", "rm"))]
     warehouse.write_tasks(heldout + pool1)
@@ -68,21 +79,29 @@ def test_coverage_is_undefined_without_a_heldout_split(warehouse: Warehouse, mak
     assert math.isnan(heldout_coverage(warehouse, RUN, 0))
 
 
-def test_accepted_candidates_count_by_the_kind_of_their_signal_and_random_without_a_stored_one(warehouse: Warehouse, make_task):
-    warehouse.write_signals([
-        Signal(RUN, 0, "boundary", "run-a/r0/t/s0", "t", {}),
-        Signal(RUN, 0, "rare", "run-a/r0/t/s1", "t", {}),
-    ])
-    warehouse.write_candidates(RUN, 0, [
-        # The task's origin does not decide the kind: the signal it answers does.
-        Candidate(make_task(1, origin="rare"), "boundary:run-a/r0/t/s0", Verdict(True, "ok")),
-        Candidate(make_task(2, origin="boundary"), "boundary:run-a/r0/t/s0", Verdict(True, "ok")),
-        Candidate(make_task(3, origin="rare"), "rare:run-a/r0/t/s1", Verdict(False, "no reward")),
-        Candidate(make_task(4, origin="rare"), "rare:run-a/r0/t/s1"),
-        # The random control's targets are not stored as signals: its candidates answer none.
-        Candidate(make_task(5, origin="random"), "random:0:0", Verdict(True, "ok")),
-        Candidate(make_task(6, origin="random"), None, Verdict(True, "ok")),
-    ])
+def test_accepted_candidates_count_by_the_kind_of_their_signal_and_random_without_a_stored_one(
+    warehouse: Warehouse, make_task
+):
+    warehouse.write_signals(
+        [
+            Signal(RUN, 0, "boundary", "run-a/r0/t/s0", "t", {}),
+            Signal(RUN, 0, "rare", "run-a/r0/t/s1", "t", {}),
+        ]
+    )
+    warehouse.write_candidates(
+        RUN,
+        0,
+        [
+            # The task's origin does not decide the kind: the signal it answers does.
+            Candidate(make_task(1, origin="rare"), "boundary:run-a/r0/t/s0", Verdict(True, "ok")),
+            Candidate(make_task(2, origin="boundary"), "boundary:run-a/r0/t/s0", Verdict(True, "ok")),
+            Candidate(make_task(3, origin="rare"), "rare:run-a/r0/t/s1", Verdict(False, "no reward")),
+            Candidate(make_task(4, origin="rare"), "rare:run-a/r0/t/s1"),
+            # The random control's targets are not stored as signals: its candidates answer none.
+            Candidate(make_task(5, origin="random"), "random:0:0", Verdict(True, "ok")),
+            Candidate(make_task(6, origin="random"), None, Verdict(True, "ok")),
+        ],
+    )
     assert accepted_by_kind(warehouse, RUN, 0) == {"boundary": 2, "random": 2}
     assert accepted_by_kind(warehouse, RUN, 1) == {}
 
@@ -93,4 +112,8 @@ def test_round_mechanism_reads_all_three_in_one_session(warehouse: Warehouse, ma
     warehouse.set_pool(RUN, HELDOUT, [task.task_id])
     warehouse.set_pool(RUN, 0, [task.task_id])
     warehouse.write_trajectories([make_trajectory(task.task_id, 0, True), make_trajectory(task.task_id, 1, False)])
-    assert round_mechanism(warehouse, RUN, 0) == {"informative_groups": 1.0, "heldout_coverage": 1.0, "accepted_by_kind": {}}
+    assert round_mechanism(warehouse, RUN, 0) == {
+        "informative_groups": 1.0,
+        "heldout_coverage": 1.0,
+        "accepted_by_kind": {},
+    }

@@ -39,7 +39,13 @@ def s3(tmp_path_factory) -> Iterator[str]:
     """The endpoint of a fresh S3-compatible server on loopback with one bucket; stopped after the module."""
     home = tmp_path_factory.mktemp("aws")
     with pytest.MonkeyPatch.context() as mp:
-        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        for key in (
+            "AWS_PROFILE",
+            "AWS_SESSION_TOKEN",
+            "AWS_SECURITY_TOKEN",
+            "AWS_ROLE_ARN",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+        ):
             mp.delenv(key, raising=False)
         mp.setenv("AWS_ACCESS_KEY_ID", "testing")
         mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -131,7 +137,8 @@ def test_an_open_session_sees_files_another_process_writes(s3: str, make_task, m
             subprocess.run([sys.executable, "-c", writer, root, s3, str(REPO)], check=True, timeout=300, cwd=REPO)
             # The held session and this filesystem list the store again: the new files are there.
             assert con.sql("SELECT round, count(*) FROM trajectories GROUP BY round ORDER BY round").fetchall() == [
-                (0, 1), (1, 2)
+                (0, 1),
+                (1, 2),
             ]
             assert len(wh.files.files("trajectories", RUN, 1)) == 1
             assert con.sql("SELECT count(*) FROM v_success_by_round").fetchall() == [(2,)]
@@ -186,7 +193,9 @@ def test_a_round_with_its_warehouse_on_s3_answers_coevolve_sql(s3: str, tmp_path
     stored = keys(s3, "e2e/")
     assert "e2e/catalog/layout.json" in stored
     assert any(k.startswith("e2e/tables/trajectories/run_id=e2e/round=0/") for k in stored)
-    assert any(k.startswith("e2e/catalog/stage_runs/run_id=e2e/round=0/") and k.endswith("version.json") for k in stored)
+    assert any(
+        k.startswith("e2e/catalog/stage_runs/run_id=e2e/round=0/") and k.endswith("version.json") for k in stored
+    )
 
     query = subprocess.run(
         [sys.executable, "-m", "flows.cli", "sql", "SELECT * FROM v_success_by_round", "--config", str(config_file)],

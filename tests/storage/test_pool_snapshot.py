@@ -24,7 +24,9 @@ def test_a_snapshot_has_one_row_per_task_with_its_origin_and_tools(tmp_path: Pat
     write_pool_snapshot(tasks, path)
     frame = pl.read_parquet(path)
     assert frame.columns == ["task_id", "origin", "round", "tools", "task"]
-    assert frame.select("task_id", "origin", "round").rows() == [(t.task_id, t.provenance.origin, t.provenance.round) for t in tasks]
+    assert frame.select("task_id", "origin", "round").rows() == [
+        (t.task_id, t.provenance.origin, t.provenance.round) for t in tasks
+    ]
     assert frame["tools"].to_list() == [["mkdir", "cd", "ls"]] * 2
 
 

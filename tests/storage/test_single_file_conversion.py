@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flows.cli import main
 from coevolve.errors import DataError
 from coevolve.records import Task, Trajectory
+from flows.cli import main
 from storage.single_file_check import TABLES
 from storage.single_file_conversion import compare, default_target, migrate
 from storage.warehouse import Warehouse
@@ -70,7 +70,9 @@ def test_the_new_warehouse_returns_what_was_inserted(old_warehouse) -> None:
         assert odd.calls[0].arguments == {"file_name": "résumé.txt", "mode": 0.1, "nested": {"b": [1, None], "a": "x"}}
         curve = wh.sql("SELECT run_id, round, trajectories, successes FROM v_success_by_round ORDER BY ALL").rows()
         assert curve == [("run-a", 0, 3, 2), ("run-a", 1, 1, 0), ("run-b", 0, 1, 1)]
-        tools = wh.sql("SELECT tool_name, calls, failed_calls FROM v_tool_failure_rates WHERE run_id = 'run-a' ORDER BY ALL")
+        tools = wh.sql(
+            "SELECT tool_name, calls, failed_calls FROM v_tool_failure_rates WHERE run_id = 'run-a' ORDER BY ALL"
+        )
         assert ("touch", 1, 0) in tools.rows()
         created = wh.sql("SELECT created_at, config FROM runs WHERE run_id = 'run-a'").row(0)
         assert created[0] == STAMP and json.loads(created[1]) == {"seed": 3, "pool": {"seed_size": 12}, "name": "ü"}
@@ -91,7 +93,9 @@ def test_a_damaged_target_is_reported_per_table(old_warehouse, tmp_path: Path) -
     steps = pq.read_table(steps_file)
     calls = steps.column("calls").to_pylist()
     calls[0][0]["arguments"] = [("x", "2")]
-    steps = steps.set_column(steps.schema.get_field_index("calls"), "calls", pa.array(calls, steps.schema.field("calls").type))
+    steps = steps.set_column(
+        steps.schema.get_field_index("calls"), "calls", pa.array(calls, steps.schema.field("calls").type)
+    )
     pq.write_table(steps, steps_file)
     report = compare(path, target)
     assert not report.ok
@@ -147,7 +151,9 @@ def test_files_that_are_not_single_file_warehouses_are_refused(tmp_path: Path) -
     assert not (tmp_path / "warehouse").exists()
 
 
-def test_an_interrupted_migration_leaves_no_warehouse_and_the_next_one_starts_over(old_warehouse, tmp_path: Path) -> None:
+def test_an_interrupted_migration_leaves_no_warehouse_and_the_next_one_starts_over(
+    old_warehouse, tmp_path: Path
+) -> None:
     source = old_warehouse["path"]
     target = default_target(source)
     staging = target.parent / ".warehouse.migrating"
@@ -170,7 +176,9 @@ def _listing(root: Path) -> list[str]:
     ["after:tables/trajectories/", "after:catalog/rounds/", "before:catalog/layout.json"],
     ids=["after-a-table-file", "after-a-catalog-record", "before-the-layout-record"],
 )
-def test_a_migration_killed_at_a_commit_point_then_run_again_equals_an_uninterrupted_one(old_warehouse, tmp_path, crash_at) -> None:
+def test_a_migration_killed_at_a_commit_point_then_run_again_equals_an_uninterrupted_one(
+    old_warehouse, tmp_path, crash_at
+) -> None:
     """The process dies (tests/crash_at.py) at the point; the pipeline refuses the state folder; a plain re-run completes."""
     path = old_warehouse["path"]
     repo = Path(__file__).resolve().parents[2]
@@ -188,8 +196,13 @@ def test_a_migration_killed_at_a_commit_point_then_run_again_equals_an_uninterru
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("COEVOLVE_CRASH_EXHAUSTIVE") != "1", reason="crash at every commit point: set COEVOLVE_CRASH_EXHAUSTIVE=1")
-def test_exhaustive_a_migration_killed_before_and_after_every_write_then_run_again_equals_an_uninterrupted_one(old_warehouse, tmp_path) -> None:
+@pytest.mark.skipif(
+    os.environ.get("COEVOLVE_CRASH_EXHAUSTIVE") != "1",
+    reason="crash at every commit point: set COEVOLVE_CRASH_EXHAUSTIVE=1",
+)
+def test_exhaustive_a_migration_killed_before_and_after_every_write_then_run_again_equals_an_uninterrupted_one(
+    old_warehouse, tmp_path
+) -> None:
     """Every traced write is a crash point, before and after; each death is followed by the same command,
     which dies at the next point, until a last plain run. Until the publishing rename the pipeline refuses
     the state folder; after it, the target is the uninterrupted migration's."""

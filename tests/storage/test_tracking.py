@@ -34,9 +34,15 @@ def _round(tmp_path: Path, make_task, r: int, tasks: int) -> tuple[Path, str, Pa
 
 def _log(tracker: Tracker, name: str, model: str, pool: Path, digest: str, ckpt: Path, r: int) -> dict[str, str]:
     return tracker.log_round(
-        run_name=name, params={"group_size": 2, "lr": 1e-4}, metrics={"success_rate": 0.5, "pool_size": 3},
-        pool_path=pool, pool_digest=digest, checkpoint_dir=ckpt, registered_model=model,
-        flow_run_id=f"flow-{r}", tags={"run_id": "run-a", "round": str(r)},
+        run_name=name,
+        params={"group_size": 2, "lr": 1e-4},
+        metrics={"success_rate": 0.5, "pool_size": 3},
+        pool_path=pool,
+        pool_digest=digest,
+        checkpoint_dir=ckpt,
+        registered_model=model,
+        flow_run_id=f"flow-{r}",
+        tags={"run_id": "run-a", "round": str(r)},
     )
 
 

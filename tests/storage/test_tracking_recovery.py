@@ -28,8 +28,15 @@ def _log(tracker: Tracker, tmp_path: Path, make_task, model: str, r: int, heldou
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
     return tracker.log_round(
-        run_name=f"{model}/round-{r}", params={}, metrics={"heldout_success": heldout}, pool_path=pool,
-        pool_digest=digest, checkpoint_dir=ckpt, registered_model=model, flow_run_id=f"flow-{r}", tags={},
+        run_name=f"{model}/round-{r}",
+        params={},
+        metrics={"heldout_success": heldout},
+        pool_path=pool,
+        pool_digest=digest,
+        checkpoint_dir=ckpt,
+        registered_model=model,
+        flow_run_id=f"flow-{r}",
+        tags={},
     )
 
 
@@ -40,7 +47,9 @@ def _alias(tracker: Tracker, name: str, alias: str) -> str:
 
 def test_a_round_that_crashed_after_registering_keeps_its_one_version(tracker, tmp_path, make_task) -> None:
     # What a process killed between create_model_version and closing the run leaves behind.
-    crashed = tracker.client.create_run(tracker.experiment_id, tags={RUN_NAME_TAG: "m1/round-0", "registered_model": "m1"})
+    crashed = tracker.client.create_run(
+        tracker.experiment_id, tags={RUN_NAME_TAG: "m1/round-0", "registered_model": "m1"}
+    )
     tracker.client.log_batch(crashed.info.run_id, metrics=[Metric("heldout_success", 0.5, 0, 0)])
     tracker.client.create_registered_model("m1")
     tracker.client.create_model_version("m1", f"{crashed.info.artifact_uri}/checkpoint", run_id=crashed.info.run_id)
@@ -54,7 +63,9 @@ def test_a_round_that_crashed_after_registering_keeps_its_one_version(tracker, t
     assert _alias(tracker, "m1", CURRENT_ALIAS) == "1"
 
 
-def test_best_points_at_the_highest_heldout_success_and_keeps_the_earliest_on_ties(tracker, tmp_path, make_task) -> None:
+def test_best_points_at_the_highest_heldout_success_and_keeps_the_earliest_on_ties(
+    tracker, tmp_path, make_task
+) -> None:
     seen = []
     for r, heldout in enumerate([0.25, 0.5, 0.5, 0.0]):
         _log(tracker, tmp_path, make_task, "m2", r, heldout)
@@ -73,4 +84,6 @@ def test_an_artifact_can_be_attached_to_a_finished_run(tracker, tmp_path, make_t
     figure = tmp_path / "learning-curve-000.png"
     figure.write_bytes(b"\x89PNG")
     tracker.attach_artifact(info["mlflow_run_id"], figure)
-    assert [a.path for a in tracker.client.list_artifacts(info["mlflow_run_id"], "figures")] == ["figures/learning-curve-000.png"]
+    assert [a.path for a in tracker.client.list_artifacts(info["mlflow_run_id"], "figures")] == [
+        "figures/learning-curve-000.png"
+    ]

@@ -40,8 +40,14 @@ def test_layout_versions_are_numbered_after_the_single_file_ones() -> None:
 def test_every_documented_view_exists(warehouse: Warehouse) -> None:
     views = warehouse.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal")["view_name"].to_list()
     assert set(views) >= {
-        "v_success_by_round", "v_success_by_task", "v_tool_failure_rates", "v_signal_mix",
-        "v_pool_growth", "v_forgetting_events", "v_acceptance_rates", "v_bfcl_multi_turn",
+        "v_success_by_round",
+        "v_success_by_task",
+        "v_tool_failure_rates",
+        "v_signal_mix",
+        "v_pool_growth",
+        "v_forgetting_events",
+        "v_acceptance_rates",
+        "v_bfcl_multi_turn",
     }
 
 

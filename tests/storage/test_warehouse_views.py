@@ -22,21 +22,27 @@ def history(warehouse: Warehouse, make_task, make_trajectory) -> Warehouse:
     warehouse.set_pool(RUN, 0, [t0.task_id, t1.task_id])
     warehouse.set_pool(RUN, 1, [t0.task_id, t1.task_id, t2.task_id, t3.task_id])
     trajs = [
-        make_trajectory(t0.task_id, 0, True), make_trajectory(t0.task_id, 1, True),
-        make_trajectory(t1.task_id, 0, True), make_trajectory(t1.task_id, 1, False),
+        make_trajectory(t0.task_id, 0, True),
+        make_trajectory(t0.task_id, 1, True),
+        make_trajectory(t1.task_id, 0, True),
+        make_trajectory(t1.task_id, 1, False),
         make_trajectory(t0.task_id, 0, False, round=1, observations=("ok", "Error: no such directory")),
         make_trajectory(t0.task_id, 1, False, round=1, observations=("ok", "error: no such directory")),
         make_trajectory(t1.task_id, 0, True, round=1, observations=('{"error": "exists"}', "ok")),
         make_trajectory(t1.task_id, 1, True, round=1),
     ]
     warehouse.write_trajectories(trajs)
-    warehouse.write_signals([
-        Signal(RUN, 0, "boundary", trajs[2].trajectory_id, t1.task_id, {}),
-        Signal(RUN, 0, "boundary", trajs[3].trajectory_id, t1.task_id, {}),
-        Signal(RUN, 0, "rare", trajs[0].trajectory_id, t0.task_id, {}),
-        Signal(RUN, 1, "forgetting", trajs[4].trajectory_id, t0.task_id, {}),
-    ])
-    candidates = [Candidate(make_task(10 + i, origin="boundary"), f"boundary:{i}", Verdict(True, "ok")) for i in range(3)]
+    warehouse.write_signals(
+        [
+            Signal(RUN, 0, "boundary", trajs[2].trajectory_id, t1.task_id, {}),
+            Signal(RUN, 0, "boundary", trajs[3].trajectory_id, t1.task_id, {}),
+            Signal(RUN, 0, "rare", trajs[0].trajectory_id, t0.task_id, {}),
+            Signal(RUN, 1, "forgetting", trajs[4].trajectory_id, t0.task_id, {}),
+        ]
+    )
+    candidates = [
+        Candidate(make_task(10 + i, origin="boundary"), f"boundary:{i}", Verdict(True, "ok")) for i in range(3)
+    ]
     candidates.append(Candidate(make_task(20, origin="rare"), "rare:0", Verdict(False, "no reward")))
     candidates.append(Candidate(make_task(21, origin="rare"), "rare:1"))
     warehouse.write_candidates(RUN, 0, candidates)
@@ -44,7 +50,9 @@ def history(warehouse: Warehouse, make_task, make_trajectory) -> Warehouse:
 
 
 def test_success_by_round(history: Warehouse) -> None:
-    rows = history.sql("SELECT round, trajectories, tasks, successes, success_rate FROM v_success_by_round ORDER BY round")
+    rows = history.sql(
+        "SELECT round, trajectories, tasks, successes, success_rate FROM v_success_by_round ORDER BY round"
+    )
     assert rows.rows() == [(0, 4, 2, 3, 0.75), (1, 4, 2, 2, 0.5)]
 
 
@@ -56,7 +64,9 @@ def test_success_by_task(history: Warehouse, make_task) -> None:
 
 
 def test_tool_failure_rates_count_error_observations_per_tool(history: Warehouse) -> None:
-    rows = history.sql("SELECT tool_name, calls, failed_calls, failure_rate FROM v_tool_failure_rates ORDER BY tool_name")
+    rows = history.sql(
+        "SELECT tool_name, calls, failed_calls, failure_rate FROM v_tool_failure_rates ORDER BY tool_name"
+    )
     assert rows.rows() == [("cd", 8, 2, 0.25), ("mkdir", 8, 1, 0.125)]
 
 
@@ -73,30 +83,47 @@ FROM calls WHERE tool_name IS NOT NULL GROUP BY ALL ORDER BY ALL
 """
 
 
-def test_tool_failure_rates_equal_judging_every_stored_observation(warehouse: Warehouse, make_task, make_trajectory) -> None:
-    tricky = ("  ERROR: denied", "no error here", " {'error': 'x'}", "{\"result\": \"error\"}", "Errors", "", "ok")
+def test_tool_failure_rates_equal_judging_every_stored_observation(
+    warehouse: Warehouse, make_task, make_trajectory
+) -> None:
+    tricky = ("  ERROR: denied", "no error here", " {'error': 'x'}", '{"result": "error"}', "Errors", "", "ok")
     trajs = [
-        make_trajectory(make_task(i).task_id, s, False, round=r, observations=(tricky[(i + s) % 7], tricky[(i + 2 * s + r) % 7]))
-        for i in range(4) for s in range(3) for r in range(2)
+        make_trajectory(
+            make_task(i).task_id, s, False, round=r, observations=(tricky[(i + s) % 7], tricky[(i + 2 * s + r) % 7])
+        )
+        for i in range(4)
+        for s in range(3)
+        for r in range(2)
     ]
     warehouse.write_trajectories(trajs[:10])  # two batches, so counts of several files add up
     warehouse.write_trajectories(trajs[10:])
     expected = warehouse.sql(FAILURES_FROM_STEPS).rows()
-    assert warehouse.sql("SELECT run_id, tool_name, calls, failed_calls FROM v_tool_failure_rates ORDER BY ALL").rows() == expected
+    assert (
+        warehouse.sql("SELECT run_id, tool_name, calls, failed_calls FROM v_tool_failure_rates ORDER BY ALL").rows()
+        == expected
+    )
     assert sum(row[3] for row in expected) > 0
 
 
-def test_a_step_with_fewer_observations_than_calls_counts_the_unanswered_call_as_not_failed(warehouse: Warehouse, make_task, make_trajectory) -> None:
+def test_a_step_with_fewer_observations_than_calls_counts_the_unanswered_call_as_not_failed(
+    warehouse: Warehouse, make_task, make_trajectory
+) -> None:
     trajectory = make_trajectory(make_task(0).task_id, 0, False, observations=("Error: x",))
     warehouse.write_trajectories([trajectory])
     expected = warehouse.sql(FAILURES_FROM_STEPS).rows()
-    assert warehouse.sql("SELECT run_id, tool_name, calls, failed_calls FROM v_tool_failure_rates ORDER BY ALL").rows() == expected
+    assert (
+        warehouse.sql("SELECT run_id, tool_name, calls, failed_calls FROM v_tool_failure_rates ORDER BY ALL").rows()
+        == expected
+    )
 
 
 def test_signal_mix_counts_and_shares_kinds_per_round(history: Warehouse) -> None:
     rows = history.sql("SELECT round, kind, signals, share FROM v_signal_mix ORDER BY round, kind")
-    assert rows.rows() == [(0, "boundary", 2, pytest.approx(2 / 3)), (0, "rare", 1, pytest.approx(1 / 3)),
-                           (1, "forgetting", 1, 1.0)]
+    assert rows.rows() == [
+        (0, "boundary", 2, pytest.approx(2 / 3)),
+        (0, "rare", 1, pytest.approx(1 / 3)),
+        (1, "forgetting", 1, 1.0),
+    ]
 
 
 def test_pool_growth_counts_new_tasks_by_origin(history: Warehouse) -> None:
@@ -108,8 +135,13 @@ def test_pool_growth_counts_new_tasks_by_origin(history: Warehouse) -> None:
 
 
 def test_forgetting_events_find_a_solved_task_failing_later(history: Warehouse, make_task) -> None:
-    rows = history.sql("SELECT task_id, round, sample, reward, best_before, window_size, signalled FROM v_forgetting_events ORDER BY sample")
-    assert rows.rows() == [(make_task(0).task_id, 1, 0, 0.0, 1.0, 2, True), (make_task(0).task_id, 1, 1, 0.0, 1.0, 2, False)]
+    rows = history.sql(
+        "SELECT task_id, round, sample, reward, best_before, window_size, signalled FROM v_forgetting_events ORDER BY sample"
+    )
+    assert rows.rows() == [
+        (make_task(0).task_id, 1, 0, 0.0, 1.0, 2, True),
+        (make_task(0).task_id, 1, 1, 0.0, 1.0, 2, False),
+    ]
 
 
 def test_forgetting_events_are_the_miners_forgetting_signals(warehouse: Warehouse, make_task, make_trajectory) -> None:
@@ -119,7 +151,9 @@ def test_forgetting_events_are_the_miners_forgetting_signals(warehouse: Warehous
     warehouse.ensure_run(RUN, config.model_dump(mode="json"))
     once, long_ago = make_task(0), make_task(1)
     trajs = [make_trajectory(once.task_id, s, s == 0) for s in range(3)]
-    trajs += [make_trajectory(long_ago.task_id, 0, True)] + [make_trajectory(long_ago.task_id, s, False, round=1) for s in range(3)]
+    trajs += [make_trajectory(long_ago.task_id, 0, True)] + [
+        make_trajectory(long_ago.task_id, s, False, round=1) for s in range(3)
+    ]
     trajs += [make_trajectory(t.task_id, s, False, round=2) for t in (once, long_ago) for s in range(2)]
     warehouse.write_trajectories(trajs)
     for round_ in (1, 2):
@@ -139,7 +173,9 @@ def test_bfcl_multi_turn_overall_is_the_unweighted_mean_with_missing_categories_
     warehouse.write_evaluations(RUN, 0, "multi_turn_base", [(f"b{i}", i < 3, float(i < 3), None) for i in range(4)])
     warehouse.write_evaluations(RUN, 0, "multi_turn_miss_func", [("m0", True, 1.0, None), ("m1", False, 0.0, None)])
     warehouse.write_evaluations(RUN, 0, "heldout", [("h0", True, 1.0, None)])
-    rows = warehouse.sql("SELECT multi_turn_base, multi_turn_miss_func, multi_turn_miss_param, multi_turn_overall, all_categories, tasks FROM v_bfcl_multi_turn")
+    rows = warehouse.sql(
+        "SELECT multi_turn_base, multi_turn_miss_func, multi_turn_miss_param, multi_turn_overall, all_categories, tasks FROM v_bfcl_multi_turn"
+    )
     # (0.75 + 0.5 + 0 + 0) / 4: categories weigh the same whatever their sizes; held-out rows are not BFCL's.
     assert rows.rows() == [(0.75, 0.5, None, 0.3125, False, 6)]
 
@@ -160,6 +196,8 @@ def test_views_that_read_as_curves_list_rounds_in_order(warehouse: Warehouse, ma
         warehouse.write_trajectories([make_trajectory(task.task_id, 0, round_ != 1, round=round_)])
         warehouse.set_pool(RUN, round_, [task.task_id])
         warehouse.write_signals([Signal(RUN, round_, "rare", f"traj-{round_}", task.task_id, {})])
-        warehouse.write_candidates(RUN, round_, [Candidate(make_task(10 + round_), f"rare:{round_}", Verdict(True, "ok"))])
+        warehouse.write_candidates(
+            RUN, round_, [Candidate(make_task(10 + round_), f"rare:{round_}", Verdict(True, "ok"))]
+        )
     rounds = warehouse.sql(f"SELECT round FROM {view}").to_series().to_list()
     assert rounds == [0, 1, 2]

@@ -9,8 +9,18 @@ RUN = "run-a"
 
 
 def _counts(wh: Warehouse) -> dict[str, int]:
-    tables = ["runs", "tasks", "pool_membership", "trajectories", "steps", "signals", "candidates", "evaluations",
-              "rounds", "stage_runs"]
+    tables = [
+        "runs",
+        "tasks",
+        "pool_membership",
+        "trajectories",
+        "steps",
+        "signals",
+        "candidates",
+        "evaluations",
+        "rounds",
+        "stage_runs",
+    ]
     return {t: wh.sql(f"SELECT count(*) AS n FROM {t}")["n"][0] for t in tables}
 
 
@@ -34,8 +44,18 @@ def test_writing_the_same_records_twice_keeps_the_same_row_counts(warehouse, mak
     first = _counts(warehouse)
     _write_everything(warehouse, make_task, make_trajectory)
     assert _counts(warehouse) == first
-    assert first == {"runs": 1, "tasks": 3, "pool_membership": 3, "trajectories": 6, "steps": 12, "signals": 6,
-                     "candidates": 2, "evaluations": 3, "rounds": 1, "stage_runs": 1}
+    assert first == {
+        "runs": 1,
+        "tasks": 3,
+        "pool_membership": 3,
+        "trajectories": 6,
+        "steps": 12,
+        "signals": 6,
+        "candidates": 2,
+        "evaluations": 3,
+        "rounds": 1,
+        "stage_runs": 1,
+    }
 
 
 def test_a_rewritten_trajectory_replaces_the_old_one_and_its_steps(warehouse, make_task, make_trajectory) -> None:
@@ -83,8 +103,17 @@ def test_trajectory_frame_has_the_mining_columns_up_to_a_round(warehouse, make_t
     tid = make_task(0).task_id
     warehouse.write_trajectories([make_trajectory(tid, 0, True, round=r) for r in range(3)])
     frame = warehouse.trajectory_frame(RUN, upto_round=1)
-    assert frame.columns == ["trajectory_id", "run_id", "round", "task_id", "sample", "reward", "success",
-                             "finish_reason", "tool_sequence"]
+    assert frame.columns == [
+        "trajectory_id",
+        "run_id",
+        "round",
+        "task_id",
+        "sample",
+        "reward",
+        "success",
+        "finish_reason",
+        "tool_sequence",
+    ]
     assert frame["round"].to_list() == [0, 1]
     assert frame["tool_sequence"].to_list() == [["mkdir", "cd"], ["mkdir", "cd"]]
     assert warehouse.trajectory_frame(RUN).height == 3
@@ -92,8 +121,12 @@ def test_trajectory_frame_has_the_mining_columns_up_to_a_round(warehouse, make_t
 
 
 def test_finished_rounds_read_back_as_summaries_in_order(warehouse) -> None:
-    summaries = [RoundSummary(RUN, r, 10 + r, 60, 0.25 * r, {"rare": r}, r, 1, 0.5, pool_digest=f"d{r}",
-                              durations_s={"rollout": 1.5}) for r in (1, 0)]
+    summaries = [
+        RoundSummary(
+            RUN, r, 10 + r, 60, 0.25 * r, {"rare": r}, r, 1, 0.5, pool_digest=f"d{r}", durations_s={"rollout": 1.5}
+        )
+        for r in (1, 0)
+    ]
     for s in summaries:
         warehouse.start_round(RUN, s.round, f"flow-{s.round}")
         warehouse.finish_round(RUN, s.round, s)

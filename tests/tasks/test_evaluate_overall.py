@@ -26,7 +26,8 @@ def _bfcl_overall(accuracies: dict[str, float]) -> float:
     calculate_unweighted_accuracy = _bfcl_unweighted_accuracy()
     categories = ["multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context"]
     scores = [
-        {"accuracy": accuracies[c], "total_count": 200, "display_accuracy": accuracies[c]} if c in accuracies
+        {"accuracy": accuracies[c], "total_count": 200, "display_accuracy": accuracies[c]}
+        if c in accuracies
         else {"accuracy": 0, "total_count": 0, "display_accuracy": "N/A"}
         for c in categories
     ]
@@ -36,7 +37,12 @@ def _bfcl_overall(accuracies: dict[str, float]) -> float:
 @pytest.mark.parametrize(
     "accuracies",
     [
-        {"multi_turn_base": 0.63, "multi_turn_miss_func": 0.4, "multi_turn_miss_param": 0.35, "multi_turn_long_context": 0.5},
+        {
+            "multi_turn_base": 0.63,
+            "multi_turn_miss_func": 0.4,
+            "multi_turn_miss_param": 0.35,
+            "multi_turn_long_context": 0.5,
+        },
         {"multi_turn_base": 0.265, "heldout": 0.9},
     ],
 )

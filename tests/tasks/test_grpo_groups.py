@@ -16,8 +16,18 @@ GROUP_SIZE = 2
 def _trajectory(task_id: str, sample: int, reward: float, segments: int = 1) -> Trajectory:
     later = [Segment([1, 2, 3], [4 + s, 5], [1, 1], [-0.5, -0.5]) for s in range(segments - 1)]
     return Trajectory(
-        run_id="r", round=3, task_id=task_id, sample=sample, steps=[], prompt_ids=[1, 2], completion_ids=[7, 8, 9],
-        completion_mask=[1, 0, 1], logprobs=[-1.0, 0.0, -1.0], reward=reward, success=reward > 0, finish_reason="done",
+        run_id="r",
+        round=3,
+        task_id=task_id,
+        sample=sample,
+        steps=[],
+        prompt_ids=[1, 2],
+        completion_ids=[7, 8, 9],
+        completion_mask=[1, 0, 1],
+        logprobs=[-1.0, 0.0, -1.0],
+        reward=reward,
+        success=reward > 0,
+        finish_reason="done",
         later_segments=later,
     )
 

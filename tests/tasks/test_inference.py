@@ -28,7 +28,9 @@ def test_the_simulation_has_the_structure_of_the_measured_ablation():
     rng = np.random.default_rng(7)
     draws = [simulate_experiment(rng, SEEDS, TASKS) for _ in range(300)]
     assert np.mean([ckpt0.mean() for _, _, ckpt0 in draws]) == pytest.approx(0.19, abs=0.02)
-    assert np.mean([b.mean() for _, b, _ in draws]) == pytest.approx(0.19, abs=0.02)  # trained arms as good as checkpoint 0: the null
+    assert np.mean([b.mean() for _, b, _ in draws]) == pytest.approx(
+        0.19, abs=0.02
+    )  # trained arms as good as checkpoint 0: the null
     assert np.mean([(a != ckpt0).mean() for a, _, ckpt0 in draws]) == pytest.approx(0.10, abs=0.02)
     assert np.mean([(a != b).mean() for a, b, _ in draws]) == pytest.approx(0.10, abs=0.02)
     assert np.mean([a.mean(axis=1).std(ddof=1) for a, _, _ in draws]) == pytest.approx(0.03, abs=0.01)
@@ -68,7 +70,9 @@ def test_power_against_a_known_effect_grows_with_the_held_out_split():
 def test_the_detectable_effect_is_the_smallest_effect_with_80_percent_power():
     found = detectable_effect(SEEDS, 500, draws=200, step=0.02)
     assert 0.02 < found["arm"] <= 0.1 and 0.02 < found["ckpt0"] <= 0.1
-    below = rejection_rates(two_way_array_test, 200, SEEDS, 500, effect=found["arm"] - 0.02, seed=int(round((found["arm"] - 0.02) * 1000)))
+    below = rejection_rates(
+        two_way_array_test, 200, SEEDS, 500, effect=found["arm"] - 0.02, seed=int(round((found["arm"] - 0.02) * 1000))
+    )
     assert below["arm"] < 0.8
 
 
@@ -93,7 +97,9 @@ def test_checkpoint_0_is_one_outcome_per_task_repeated_for_every_seed():
 
 
 def test_only_seeds_and_tasks_both_sides_have_are_compared():
-    left, right = outcome_matrix({1: {"a": True, "b": True}, 2: {"a": False}}, {1: {"a": False}, 2: {"a": True}, 3: {"a": True}})
+    left, right = outcome_matrix(
+        {1: {"a": True, "b": True}, 2: {"a": False}}, {1: {"a": False}, 2: {"a": True}, 3: {"a": True}}
+    )
     assert left.tolist() == [[1.0], [0.0]] and right.tolist() == [[0.0], [1.0]]
 
 
@@ -103,5 +109,9 @@ def test_a_single_seed_cannot_be_tested():
 
 def test_holm_adjusts_within_a_family_and_leaves_untestable_comparisons_out():
     adjusted = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": math.nan})
-    assert adjusted["a"] == pytest.approx(0.03) and adjusted["c"] == pytest.approx(0.06) and adjusted["b"] == pytest.approx(0.06)
+    assert (
+        adjusted["a"] == pytest.approx(0.03)
+        and adjusted["c"] == pytest.approx(0.06)
+        and adjusted["b"] == pytest.approx(0.06)
+    )
     assert math.isnan(adjusted["d"])

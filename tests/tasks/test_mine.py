@@ -76,7 +76,11 @@ def test_trajectories_without_tool_calls_are_never_rare():
 
 def test_disabled_signals_are_not_mined():
     rows = [(0, "a", 0, 1, ["ls"]), (0, "a", 1, 0, ["ls"])]
-    assert count_by_kind(mine_signals(frame(rows), 0, "run", SignalConfig(enabled=[]))) == {"forgetting": 0, "boundary": 0, "rare": 0}
+    assert count_by_kind(mine_signals(frame(rows), 0, "run", SignalConfig(enabled=[]))) == {
+        "forgetting": 0,
+        "boundary": 0,
+        "rare": 0,
+    }
 
 
 def test_selection_interleaves_kinds_and_spreads_tasks():
@@ -127,7 +131,10 @@ row_strategy = st.tuples(
 @given(st.lists(row_strategy, min_size=1, max_size=40, unique_by=lambda r: (r[0], r[1], r[2])), st.integers(0, 2))
 def test_polars_signals_match_the_row_by_row_reference(rows, round_):
     config = SignalConfig(forgetting_window=2, rare_min_total=3, rare_theta=20)
-    got = {(s.kind, s.task_id, int(s.trajectory_id.rsplit("/s", 1)[1])) for s in mine_signals(frame(rows), round_, "run", config)}
+    got = {
+        (s.kind, s.task_id, int(s.trajectory_id.rsplit("/s", 1)[1]))
+        for s in mine_signals(frame(rows), round_, "run", config)
+    }
     assert got == reference_signals(rows, round_, config)
 
 

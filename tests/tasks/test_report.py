@@ -10,15 +10,32 @@ from tasks.report import summarize, write_report
 
 def run(arm, seed, heldout, pool=(110, 120), official=0.0):
     rounds = [
-        {"round": i, "heldout_success": h, "pool_size": p, "accepted": 5, "rejected": 5, "signals": {"forgetting": 1, "boundary": 2, "rare": 3}}
+        {
+            "round": i,
+            "heldout_success": h,
+            "pool_size": p,
+            "accepted": 5,
+            "rejected": 5,
+            "signals": {"forgetting": 1, "boundary": 2, "rare": 3},
+        }
         for i, (h, p) in enumerate(zip(heldout, pool))
     ]
-    return {"arm": arm, "seed": seed, "run_id": f"a-{arm}-s{seed}", "rounds": rounds, "official": {"multi_turn_base": official}}
+    return {
+        "arm": arm,
+        "seed": seed,
+        "run_id": f"a-{arm}-s{seed}",
+        "rounds": rounds,
+        "official": {"multi_turn_base": official},
+    }
 
 
 RESULTS = [
-    run("full", 1, [0.1, 0.30]), run("full", 2, [0.1, 0.32]), run("full", 3, [0.1, 0.35]),
-    run("static", 1, [0.1, 0.10], pool=(100, 100)), run("static", 2, [0.1, 0.14], pool=(100, 100)), run("static", 3, [0.1, 0.12], pool=(100, 100)),
+    run("full", 1, [0.1, 0.30]),
+    run("full", 2, [0.1, 0.32]),
+    run("full", 3, [0.1, 0.35]),
+    run("static", 1, [0.1, 0.10], pool=(100, 100)),
+    run("static", 2, [0.1, 0.14], pool=(100, 100)),
+    run("static", 3, [0.1, 0.12], pool=(100, 100)),
 ]
 
 
@@ -61,7 +78,9 @@ def outcomes_run(arm, seed, solved, baseline_solved, tasks=12):
     r |= {
         "heldout_outcomes": {f"t{i:02d}": i < solved for i in range(tasks)},
         "baseline_outcomes": {f"t{i:02d}": i < baseline_solved for i in range(tasks)},
-        "heldout_size": tasks, "heldout_digest": "abc123", "tested_split": "final-heldout",
+        "heldout_size": tasks,
+        "heldout_digest": "abc123",
+        "tested_split": "final-heldout",
     }
     return r
 
@@ -80,7 +99,9 @@ def test_each_comparison_is_the_two_way_test_on_the_runs_task_outcomes():
     full = {r["seed"]: r["heldout_outcomes"] for r in SCORED if r["arm"] == "full"}
     static = {r["seed"]: r["heldout_outcomes"] for r in SCORED if r["arm"] == "static"}
     assert summary["tests"]["static"]["p"] == pytest.approx(two_way_test(full, static)["p"])
-    assert summary["tests"]["static"]["tasks"] == 12 and summary["tests"]["static"]["mean_diff"] == pytest.approx(3 / 12)
+    assert summary["tests"]["static"]["tasks"] == 12 and summary["tests"]["static"]["mean_diff"] == pytest.approx(
+        3 / 12
+    )
     assert summary["ckpt0_tests"]["full"]["p"] == pytest.approx(two_way_test(full, SCORED[0]["baseline_outcomes"])["p"])
 
 
@@ -98,7 +119,10 @@ def test_the_report_prints_raw_and_adjusted_p_values_the_split_and_the_detectabl
     out = write_report(SCORED, tmp_path, "Scored", power_draws=20)
     text = (tmp_path / "report.md").read_text()
     static, full0 = out["tests"]["static"], out["ckpt0_tests"]["full"]
-    assert f"| static | 3 | 12 | {static['mean_diff']:+.3f} | {static['se']:.3f} | {static['t']:.2f} | {static['p']:.3f} | {static['p_holm']:.3f} |" in text
+    assert (
+        f"| static | 3 | 12 | {static['mean_diff']:+.3f} | {static['se']:.3f} | {static['t']:.2f} | {static['p']:.3f} | {static['p_holm']:.3f} |"
+        in text
+    )
     assert f"| full | 3 | 12 | 0.250 | {full0['final']:.3f} | {full0['mean_diff']:+.3f} |" in text
     assert "### Family 1: `full` against each arm (2 comparisons, Holm)" in text
     assert "### Family 2: each arm against checkpoint 0 (3 comparisons, Holm)" in text
@@ -122,14 +146,27 @@ def mech_run(arm, seed, informative, coverage, accepted, dev=None, baseline=0.1,
     """A run whose round summaries carry the mechanism fields the version stage records."""
     r = run(arm, seed, list(heldout))
     for i, s in enumerate(r["rounds"]):
-        s.update(informative_groups=informative[i], heldout_coverage=coverage[i], accepted_by_kind=accepted[i],
-                 dev_success=None if dev is None else dev[i], baseline_heldout_success=baseline)
+        s.update(
+            informative_groups=informative[i],
+            heldout_coverage=coverage[i],
+            accepted_by_kind=accepted[i],
+            dev_success=None if dev is None else dev[i],
+            baseline_heldout_success=baseline,
+        )
     r["baseline_dev_success"] = baseline_dev
     return r
 
 
 MECH = [
-    mech_run("full", 1, [0.5, 0.25], [0.4, 0.6], [{"boundary": 2, "random": 0}, {"rare": 1}], dev=[0.2, 0.4], baseline_dev=0.1),
+    mech_run(
+        "full",
+        1,
+        [0.5, 0.25],
+        [0.4, 0.6],
+        [{"boundary": 2, "random": 0}, {"rare": 1}],
+        dev=[0.2, 0.4],
+        baseline_dev=0.1,
+    ),
     mech_run("full", 2, [0.25, 0.75], [0.4, 0.8], [{"boundary": 4}, {}], dev=[0.4, 0.6], baseline_dev=0.1),
     mech_run("random", 1, [0.0, 0.0], [0.4, 0.4], [{"random": 3}, {"random": 1}], heldout=(0.1, 0.1)),
     mech_run("random", 2, [0.5, float("nan")], [0.4, 0.4], [{"random": 5}, {"random": 1}], heldout=(0.1, 0.15)),
@@ -184,7 +221,10 @@ def test_runs_without_a_checkpoint_0_score_are_not_compared_with_it(tmp_path):
     test = summarize(RESULTS)["ckpt0_tests"]["full"]
     assert test["seeds"] == 0 and math.isnan(test["p"])
     write_report(RESULTS, tmp_path, "No baseline")
-    assert "| full | 0 | 0 | n/a | n/a | n/a | n/a | n/a | n/a (no per-task outcomes) |" in (tmp_path / "report.md").read_text()
+    assert (
+        "| full | 0 | 0 | n/a | n/a | n/a | n/a | n/a | n/a (no per-task outcomes) |"
+        in (tmp_path / "report.md").read_text()
+    )
 
 
 def test_the_seed_level_recheck_of_the_30_run_report_holm_corrects_both_families():

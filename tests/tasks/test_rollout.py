@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from agent.chat import ChatFormat
-from agent.transformers_engine import Generation
 from agent.tiny import train_tokenizer
+from agent.transformers_engine import Generation
 from coevolve.config import EnvironmentConfig, PolicyConfig
 from envs.bfcl import official_tasks
 from envs.explorer import build_tasks, demonstration
@@ -22,8 +22,8 @@ def tasks():
 @pytest.fixture(scope="module")
 def untrained_engine(tmp_path_factory, tasks):
     """A random-init policy: its output is garbage, which is exactly what this module needs."""
-    from agent.transformers_engine import TransformersEngine
     from agent.tiny import build_tiny_policy
+    from agent.transformers_engine import TransformersEngine
 
     env = make_environment(EnvironmentConfig())
     conversations = [demonstration(t, env) for t in tasks]
@@ -33,7 +33,15 @@ def untrained_engine(tmp_path_factory, tasks):
 
 
 def play(engine, tasks, **kw):
-    settings = dict(samples=2, temperature=1.0, max_new_tokens=24, env_config=EnvironmentConfig(max_steps=3), run_id="t", round_=0, progress=False)
+    settings = dict(
+        samples=2,
+        temperature=1.0,
+        max_new_tokens=24,
+        env_config=EnvironmentConfig(max_steps=3),
+        run_id="t",
+        round_=0,
+        progress=False,
+    )
     settings.update(kw)
     return play_episodes(engine, tasks, **settings)
 
@@ -146,7 +154,13 @@ class _ScriptedEngine:
     """Replies from a script, tokenized by a real tokenizer; records the prompt of every step."""
 
     def __init__(self, tokenizer, replies):
-        self.tokenizer, self.chat, self.replies, self.prompts, self.generated = tokenizer, ChatFormat(tokenizer), list(replies), [], []
+        self.tokenizer, self.chat, self.replies, self.prompts, self.generated = (
+            tokenizer,
+            ChatFormat(tokenizer),
+            list(replies),
+            [],
+            [],
+        )
 
     def generate(self, prompts, temperature, max_new_tokens, seeds=None):
         out = []
@@ -184,7 +198,8 @@ def _placements(segment, prompts, generated) -> dict[int, int]:
     return {
         k: len(prompt)
         for k, (prompt, reply) in enumerate(zip(prompts, generated))
-        if len(prompt) >= len(segment.prompt_ids) and sequence[: len(prompt)] == prompt
+        if len(prompt) >= len(segment.prompt_ids)
+        and sequence[: len(prompt)] == prompt
         and sequence[len(prompt) : len(prompt) + len(reply)] == reply
     }
 
@@ -197,7 +212,9 @@ def _trained_positions(segment) -> set[int]:
 def test_bfcl_style_trains_only_tokens_a_step_was_given_or_produced(rewritten_episode):
     t, prompts, generated = rewritten_episode
     for segment in t.segments:
-        replies = {start + i for k, start in _placements(segment, prompts, generated).items() for i in range(len(generated[k]))}
+        replies = {
+            start + i for k, start in _placements(segment, prompts, generated).items() for i in range(len(generated[k]))
+        }
         # Every trained token is a step's reply, right after exactly the prompt that step was given.
         assert _trained_positions(segment) <= replies
 

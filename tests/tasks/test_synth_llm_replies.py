@@ -47,7 +47,7 @@ def fs_task():
 def test_json_is_found_in_fences_prose_or_bare():
     assert extract_json_object('{"a": 1}') == ({"a": 1}, None)
     assert extract_json_object('Sure! {"a": 1} hope it helps')[0] == {"a": 1}
-    assert extract_json_object("```json\n{\"a\": [1, 2]}\n```")[0] == {"a": [1, 2]}
+    assert extract_json_object('```json\n{"a": [1, 2]}\n```')[0] == {"a": [1, 2]}
 
 
 def test_a_reply_without_json_is_rejected_with_a_reason():
@@ -131,7 +131,9 @@ def test_replies_become_a_task_the_validator_accepts(fs_task):
     triplets = [t for t, _, _ in (run_step(env, r, env.tool_names(), "run#0") for r in replies) if t is not None]
     provenance = Provenance("boundary", 1, "run/r1/t/s0", "boundary:run/r1/t/s0")
     minimal = abstract(triplets, fs_task.initial_config, fs_task.involved_classes, provenance)
-    task, reason = write_query(minimal, '{"description": "Set up alpha", "query": "Create alpha, enter it and add notes.txt."}')
+    task, reason = write_query(
+        minimal, '{"description": "Set up alpha", "query": "Create alpha, enter it and add notes.txt."}'
+    )
     assert reason is None and task.turns == ["Create alpha, enter it and add notes.txt."]
     assert [c.name for c in task.reference[0]] == ["mkdir", "cd", "touch"]
     [judged] = validate_candidates([Candidate(task, provenance.signal_id)], [], set(), SynthesisConfig())
@@ -147,7 +149,9 @@ def test_a_sealed_task_the_model_rewords_is_refused(split, reason):
     triplets = [t for t, _, _ in (run_step(env, r, env.tool_names(), "run#0") for r in replies)]
     provenance = Provenance("rare", 2, "run/r2/t/s0", "rare:run/r2/t/s0")
     minimal = abstract(triplets, sealed.initial_config, sealed.involved_classes, provenance)
-    task, _ = write_query(minimal, '{"description": "Tidy the workspace", "query": "Could you tidy up my workspace as follows?"}')
+    task, _ = write_query(
+        minimal, '{"description": "Tidy the workspace", "query": "Could you tidy up my workspace as follows?"}'
+    )
     assert task.reference == sealed.reference and task.turns != sealed.turns
     heldout, dev = ([sealed], []) if split == "heldout" else ([], [sealed])
     [judged] = validate_candidates([Candidate(task, provenance.signal_id)], [], heldout, SynthesisConfig(), dev=dev)

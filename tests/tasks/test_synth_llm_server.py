@@ -41,10 +41,14 @@ def test_a_request_the_server_refuses_is_a_request_error_not_a_crash(chat):
 def test_garbage_from_a_tiny_model_is_rejected_with_reasons_and_synthesis_goes_on(chat, task):
     signals = [
         Signal("run", 1, "boundary", f"run/r1/{task.task_id}/s0", task.task_id, {"group_rewards": [1.0, 0.0]}),
-        Signal("run", 1, "rare", f"run/r1/{task.task_id}/s1", task.task_id, {"pattern": "ls>cd", "count": 1, "total": 40}),
+        Signal(
+            "run", 1, "rare", f"run/r1/{task.task_id}/s1", task.task_id, {"pattern": "ls>cd", "count": 1, "total": 40}
+        ),
     ]
     config = SynthesisConfig(synthesizer="llm", llm_model="m", explorations_per_signal=1, steps_per_exploration=3)
-    candidates, records = LLMSynthesizer(chat).synthesize(signals, {task.task_id: task}, {}, config, 1, 0, progress=False)
+    candidates, records = LLMSynthesizer(chat).synthesize(
+        signals, {task.task_id: task}, {}, config, 1, 0, progress=False
+    )
     assert set(records) == {s.signal_id for s in signals}
     for signal in signals:
         record = records[signal.signal_id]
@@ -67,7 +71,9 @@ def test_every_step_the_model_proposes_is_executed_or_rejected(chat, task):
     }
     import random
 
-    triplets, rejections = LLMSynthesizer(chat).explore("boundary", task, context, tools, 4, random.Random(0), "probe#0")
+    triplets, rejections = LLMSynthesizer(chat).explore(
+        "boundary", task, context, tools, 4, random.Random(0), "probe#0"
+    )
     executed_or_rejected = len(triplets) + sum(1 for r in rejections if "failed:" not in r)
     assert executed_or_rejected <= 4
     assert all(t.action.name in tools for t in triplets)

@@ -19,8 +19,8 @@ BAD = "[cd(folder='nowhere')]"
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-init tiny Qwen3 with the tiny tokenizer (no SFT: the test needs weights, not skill)."""
-    from agent.tiny import build_model, train_tokenizer
     from agent.chat import render_tiny
+    from agent.tiny import build_model, train_tokenizer
 
     text = render_tiny([Message("user", "make a folder temp"), Message("assistant", GOOD + " " + BAD)], False)
     tokenizer = train_tokenizer([text] * 4, vocab_size=300)
@@ -44,8 +44,8 @@ def _completion_logprobs(model_dir: Path, prompt: list[int], completion: list[in
 
 def _batch(policy_dir: Path, temperature: float, rewards: dict[str, list[float]]) -> list[Trajectory]:
     """Per task, alternate the good and the bad message; the good one also gets a tool result appended."""
-    from agent.transformers_engine import load_policy
     from agent.chat import ChatFormat
+    from agent.transformers_engine import load_policy
 
     _, tokenizer = load_policy(policy_dir)
     chat = ChatFormat(tokenizer)
@@ -59,9 +59,18 @@ def _batch(policy_dir: Path, temperature: float, rewards: dict[str, list[float]]
             env = tool_ids if reward > 0 else []
             out.append(
                 Trajectory(
-                    run_id="test", round=0, task_id=task_id, sample=sample, steps=[],
-                    prompt_ids=prompt, completion_ids=message + env, completion_mask=[1] * len(message) + [0] * len(env),
-                    logprobs=logprobs + [0.0] * len(env), reward=reward, success=reward > 0, finish_reason="done",
+                    run_id="test",
+                    round=0,
+                    task_id=task_id,
+                    sample=sample,
+                    steps=[],
+                    prompt_ids=prompt,
+                    completion_ids=message + env,
+                    completion_mask=[1] * len(message) + [0] * len(env),
+                    logprobs=logprobs + [0.0] * len(env),
+                    reward=reward,
+                    success=reward > 0,
+                    finish_reason="done",
                 )
             )
     return out
@@ -81,7 +90,9 @@ def _mean_logprob(model_dir: Path, policy_dir: Path, text: str) -> float:
 
     _, tokenizer = load_policy(policy_dir)
     chat = ChatFormat(tokenizer)
-    values = _completion_logprobs(model_dir, chat.prompt_ids([Message("user", "make a folder temp")]), chat.generated_ids(text), 1.0)
+    values = _completion_logprobs(
+        model_dir, chat.prompt_ids([Message("user", "make a folder temp")]), chat.generated_ids(text), 1.0
+    )
     return sum(values) / len(values)
 
 
@@ -220,12 +231,16 @@ def _first_step_kl(policy: Path, reference: Path, trajectories: list[Trajectory]
 
 
 @pytest.mark.parametrize("use_lora", [False, True], ids=["full", "lora"])
-def test_the_kl_penalty_is_taken_against_the_reference_checkpoint_given(policy_dir, later_checkpoint, tmp_path, use_lora):
+def test_the_kl_penalty_is_taken_against_the_reference_checkpoint_given(
+    policy_dir, later_checkpoint, tmp_path, use_lora
+):
     # One group, one step: TRL's logged KL is that of the round's input against its reference model.
     trajectories = _batch(later_checkpoint, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0]})
     config = _config(tmp_path, steps_per_round=1, use_lora=use_lora, lora_rank=4)
     initial = grpo_update(later_checkpoint, trajectories, config, tmp_path / "initial", reference_checkpoint=policy_dir)
-    round_ = grpo_update(later_checkpoint, trajectories, config, tmp_path / "round", reference_checkpoint=later_checkpoint)
+    round_ = grpo_update(
+        later_checkpoint, trajectories, config, tmp_path / "round", reference_checkpoint=later_checkpoint
+    )
     expected = _first_step_kl(later_checkpoint, policy_dir, trajectories, 0.9)
     assert expected > 1e-3  # the two checkpoints really differ
     assert initial["kl"] == pytest.approx(expected, rel=1e-3)
@@ -242,7 +257,9 @@ def test_kl_reference_initial_is_checkpoint_zero_of_the_run_and_round_the_input(
     with open_warehouse(config) as wh:
         wh.mark_stage(config.run_id, 0, "prepare", {"checkpoint": str(policy_dir)})
         assert kl_reference_checkpoint(config, wh, later_checkpoint) == policy_dir
-        assert kl_reference_checkpoint(_config(tmp_path, kl_reference="round"), wh, later_checkpoint) == later_checkpoint
+        assert (
+            kl_reference_checkpoint(_config(tmp_path, kl_reference="round"), wh, later_checkpoint) == later_checkpoint
+        )
 
 
 def test_kl_reference_initial_without_a_recorded_checkpoint_zero_fails(later_checkpoint, tmp_path):
@@ -266,7 +283,9 @@ def _with_second_segment(policy_dir: Path, trajectories: list[Trajectory], sampl
 
     _, tokenizer = load_policy(policy_dir)
     chat = ChatFormat(tokenizer)
-    prompt = chat.prompt_ids([Message("user", "make a folder temp"), Message("assistant", "ok"), Message("user", "again")])
+    prompt = chat.prompt_ids(
+        [Message("user", "make a folder temp"), Message("assistant", "ok"), Message("user", "again")]
+    )
     out = []
     for t in trajectories:
         if t.sample in samples:

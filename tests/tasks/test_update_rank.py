@@ -20,9 +20,18 @@ def _config(state_dir: Path) -> PipelineConfig:
 
 def _trajectory(task_id: str, sample: int) -> Trajectory:
     return Trajectory(
-        run_id="ranks", round=0, task_id=task_id, sample=sample, steps=[Step(turn=0, index=0, model_text=f"{task_id} {sample}")],
-        prompt_ids=[1, 2], completion_ids=[3, 4], completion_mask=[1, 1], logprobs=[-1.0, -1.0], reward=float(sample),
-        success=sample > 0, finish_reason="done",
+        run_id="ranks",
+        round=0,
+        task_id=task_id,
+        sample=sample,
+        steps=[Step(turn=0, index=0, model_text=f"{task_id} {sample}")],
+        prompt_ids=[1, 2],
+        completion_ids=[3, 4],
+        completion_mask=[1, 1],
+        logprobs=[-1.0, -1.0],
+        reward=float(sample),
+        success=sample > 0,
+        finish_reason="done",
     )
 
 
@@ -47,9 +56,13 @@ def test_a_rank_whose_share_changed_in_the_warehouse_stops_before_training(store
     config, trajectories = stored
     round_groups = group_round(trajectories, 2)
     spec = {
-        "config": config.model_dump(mode="json"), "round": 0, "checkpoint": str(tmp_path / "absent"),
-        "out_dir": str(tmp_path / "out"), "reference_checkpoint": str(tmp_path / "absent"),
-        "round_groups": round_groups.plan(), "shares": [["t-a", "t-b"], ["t-c", "t-e"]],
+        "config": config.model_dump(mode="json"),
+        "round": 0,
+        "checkpoint": str(tmp_path / "absent"),
+        "out_dir": str(tmp_path / "out"),
+        "reference_checkpoint": str(tmp_path / "absent"),
+        "round_groups": round_groups.plan(),
+        "shares": [["t-a", "t-b"], ["t-c", "t-e"]],
     }
     with pytest.raises(DataError, match=r"Rank 1 found the groups \['t-c'\] .* planned \['t-c', 't-e'\]"):
         run_rank(spec, rank=1, world=2)

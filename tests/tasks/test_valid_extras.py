@@ -52,6 +52,8 @@ def test_a_reworded_query_is_a_near_duplicate_by_embedding(tasks):
     index = NearDuplicateIndex([pool[0].turns[0]], [pool[0].task_id], threshold=0.8)
     close = replace(tasks[1], turns=["Make a folder called reports, then move summary.txt into that folder."])
     far = replace(tasks[2], turns=["Post a tweet saying hello world and mention the user alice."])
-    judged = validate_candidates([Candidate(close, None), Candidate(far, None)], pool, set(), SynthesisConfig(), near_duplicates=index)
+    judged = validate_candidates(
+        [Candidate(close, None), Candidate(far, None)], pool, set(), SynthesisConfig(), near_duplicates=index
+    )
     assert judged[0].verdict.reason.startswith(f"near-duplicate query of {pool[0].task_id}")
     assert judged[1].verdict.accepted, judged[1].verdict.reason

@@ -21,7 +21,12 @@ def verdicts(candidates, pool=(), heldout=(), dev=()):
 
 
 def reworded(task, query="Please do the same thing, worded another way."):
-    return replace(task, turns=[query], description=query, provenance=Provenance("boundary", 3, "run/r3/t/s0", "boundary:run/r3/t/s0"))
+    return replace(
+        task,
+        turns=[query],
+        description=query,
+        provenance=Provenance("boundary", 3, "run/r3/t/s0", "boundary:run/r3/t/s0"),
+    )
 
 
 def test_a_clean_new_task_is_accepted(tasks):
@@ -59,15 +64,26 @@ def test_a_reworded_dev_task_is_refused_as_a_dev_task(tasks):
 def other_state(task):
     """The task from a state with one more tweet posted before it starts."""
     twitter = task.initial_config["TwitterAPI"]
-    return replace(task, initial_config={**task.initial_config, "TwitterAPI": {**twitter, "tweet_counter": twitter["tweet_counter"] + 1}})
+    return replace(
+        task,
+        initial_config={
+            **task.initial_config,
+            "TwitterAPI": {**twitter, "tweet_counter": twitter["tweet_counter"] + 1},
+        },
+    )
 
 
 def test_a_task_is_its_state_classes_and_normalized_calls_not_its_wording(tasks):
     task = tasks[1]  # two classes: MessageAPI and GorillaFileSystem
-    loud = [[ToolCall(c.name, {k: v.upper() if isinstance(v, str) else v for k, v in c.arguments.items()}) for c in turn] for turn in task.reference]
+    loud = [
+        [ToolCall(c.name, {k: v.upper() if isinstance(v, str) else v for k, v in c.arguments.items()}) for c in turn]
+        for turn in task.reference
+    ]
     assert reworded(task).task_id != task.task_id
     assert reworded(task).identity == task.identity
-    assert replace(task, reference=loud, involved_classes=list(reversed(task.involved_classes))).identity == task.identity
+    assert (
+        replace(task, reference=loud, involved_classes=list(reversed(task.involved_classes))).identity == task.identity
+    )
     assert replace(task, reference=[list(task.reference[0][:-1])]).identity != task.identity
     assert other_state(tasks[0]).identity != tasks[0].identity
 
@@ -78,13 +94,18 @@ def test_same_calls_from_another_initial_state_are_not_a_held_out_task(tasks):
 
 
 def test_a_reference_that_fails_on_replay_is_rejected_with_the_call(tasks):
-    broken = replace(tasks[2], reference=[[ToolCall("cd", {"folder": "no_such_dir_anywhere"})] + list(tasks[2].reference[0])])
+    broken = replace(
+        tasks[2], reference=[[ToolCall("cd", {"folder": "no_such_dir_anywhere"})] + list(tasks[2].reference[0])]
+    )
     [(accepted, reason)] = verdicts([Candidate(broken, None)])
     assert not accepted and reason.startswith("replay failed")
 
 
 def test_an_unknown_tool_in_a_synthesized_task_is_rejected_not_raised(tasks):
-    bogus = replace(tasks[3], reference=[[ToolCall("__import__", {"name": "os"}), ToolCall("rm_rf", {}), ToolCall("eval", {"x": "1"})]])
+    bogus = replace(
+        tasks[3],
+        reference=[[ToolCall("__import__", {"name": "os"}), ToolCall("rm_rf", {}), ToolCall("eval", {"x": "1"})]],
+    )
     [(accepted, reason)] = verdicts([Candidate(bogus, None)])
     assert not accepted and reason.startswith("replay failed")
 
