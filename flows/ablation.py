@@ -39,9 +39,9 @@ from prefect.task_runners import ProcessPoolTaskRunner
 
 from agent.checkpoints import checkpoint_digest, save_atomically
 from coevolve.config import PipelineConfig
-from coevolve.settings import apply_settings
 from coevolve.errors import ConfigError, DataError
 from coevolve.records import Task, canonical_json, digest
+from coevolve.settings import apply_settings
 from coevolve.stages import PrepareInput
 from flows.evaluate import coevolve_evaluate
 from flows.round import coevolve_round
@@ -66,7 +66,9 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def arm_config(base: PipelineConfig, arm: str, seed: int, name: str, checkpoint0_scores_from: str | None = None) -> PipelineConfig:
+def arm_config(
+    base: PipelineConfig, arm: str, seed: int, name: str, checkpoint0_scores_from: str | None = None
+) -> PipelineConfig:
     """The configuration of one (arm, seed) run: the arm's overrides, its own run id and loop seed.
 
     ``checkpoint0_scores_from``: the run whose scores of the shared checkpoint 0 this run copies.
@@ -81,7 +83,9 @@ def arm_config(base: PipelineConfig, arm: str, seed: int, name: str, checkpoint0
     return base.with_overrides(overrides)
 
 
-def arm_configs(base: PipelineConfig, arms: list[str], seeds: list[int], name: str) -> list[tuple[str, int, PipelineConfig]]:
+def arm_configs(
+    base: PipelineConfig, arms: list[str], seeds: list[int], name: str
+) -> list[tuple[str, int, PipelineConfig]]:
     """Every (arm, seed) run's configuration, checked to be distinct runs before any of them starts.
 
     Raises ConfigError naming the arms when two runs resolve to one run id (they would share a pool
@@ -104,7 +108,9 @@ def arm_configs(base: PipelineConfig, arms: list[str], seeds: list[int], name: s
         by_settings.setdefault((seed, canonical_json(settings)), []).append(arm)
     for run_id, names in by_run_id.items():
         if len(names) > 1:
-            raise ConfigError(f"Ablation runs {', '.join(names)} all resolve to run id {run_id!r}; give each arm and seed its own.")
+            raise ConfigError(
+                f"Ablation runs {', '.join(names)} all resolve to run id {run_id!r}; give each arm and seed its own."
+            )
     for (seed, _), names in by_settings.items():
         if len(names) > 1:
             raise ConfigError(
@@ -128,14 +134,19 @@ def round0_key(config: PipelineConfig) -> str | None:
     and the held-out and dev splits' digests: two runs with the same key compute the same round 0 there.
     """
     settings = config.model_dump(
-        mode="json", exclude={"run_id": True, "rollout": {"checkpoint0_scores_from": True}, **dict.fromkeys(ARM_SECTIONS, True)}
+        mode="json",
+        exclude={"run_id": True, "rollout": {"checkpoint0_scores_from": True}, **dict.fromkeys(ARM_SECTIONS, True)},
     )
     with open_warehouse(config) as wh:
         prepared = wh.stage_output(config.run_id, 0, "prepare")
         if prepared is None:
             return None
-        splits = {name: pool_digest(wh.pool(config.run_id, r)) for name, r in (("heldout", HELDOUT_ROUND), ("dev", DEV_ROUND))}
-    return digest({"settings": settings, "checkpoint0": prepared["checkpoint_digest"], "pool0": prepared["pool_digest"], **splits})
+        splits = {
+            name: pool_digest(wh.pool(config.run_id, r)) for name, r in (("heldout", HELDOUT_ROUND), ("dev", DEV_ROUND))
+        }
+    return digest(
+        {"settings": settings, "checkpoint0": prepared["checkpoint_digest"], "pool0": prepared["pool_digest"], **splits}
+    )
 
 
 def _copy_checkpoint(source: str, target: str, expected: str) -> None:
@@ -145,7 +156,9 @@ def _copy_checkpoint(source: str, target: str, expected: str) -> None:
         shutil.copytree(source, staging)
         if checkpoint_digest(staging) != expected:
             shutil.rmtree(staging, ignore_errors=True)
-            raise DataError(f"Checkpoint {source} no longer matches its recorded digest {expected[:16]}; re-run round 0 of its run.")
+            raise DataError(
+                f"Checkpoint {source} no longer matches its recorded digest {expected[:16]}; re-run round 0 of its run."
+            )
 
     save_atomically(Path(target), copy_verified)
 
@@ -199,7 +212,7 @@ def copy_round0(source: PipelineConfig, target: PipelineConfig) -> str | None:
 
 def _own_id(trajectory_id: str, source: str, target: str) -> str:
     """An episode id of ``source`` as ``target`` would have named the same episode (ids start with the run id)."""
-    return target + trajectory_id[len(source):] if trajectory_id.startswith(f"{source}/") else trajectory_id
+    return target + trajectory_id[len(source) :] if trajectory_id.startswith(f"{source}/") else trajectory_id
 
 
 def checkpoint0_run_id(name: str) -> str:
@@ -224,7 +237,9 @@ def final_heldout_of(config: PipelineConfig) -> tuple[list[Task], dict]:
         return wh.pool(config.run_id, FINAL_HELDOUT_ROUND), wh.stage_output(config.run_id, 0, "prepare") or {}
 
 
-def score_final_heldout(base: PipelineConfig, name: str, cfg: PipelineConfig, summaries: list[dict], baseline: dict) -> dict[str, Any]:
+def score_final_heldout(
+    base: PipelineConfig, name: str, cfg: PipelineConfig, summaries: list[dict], baseline: dict
+) -> dict[str, Any]:
     """Score one run's final checkpoint on the final held-out split, and checkpoint 0 the first time only.
 
     ``baseline`` holds the split's digest, checkpoint 0's digest and its outcomes (score_checkpoint0 fills
@@ -235,7 +250,10 @@ def score_final_heldout(base: PipelineConfig, name: str, cfg: PipelineConfig, su
     tasks, prepared = final_heldout_of(cfg)
     if not tasks:
         return {}
-    shared = {"split_digest": prepared.get("final_heldout_digest"), "checkpoint_digest": prepared.get("checkpoint_digest")}
+    shared = {
+        "split_digest": prepared.get("final_heldout_digest"),
+        "checkpoint_digest": prepared.get("checkpoint_digest"),
+    }
     for key, value in shared.items():
         if baseline.setdefault(key, value) != value:
             raise DataError(
@@ -275,8 +293,12 @@ def score_checkpoint0(base: PipelineConfig, name: str, first: PipelineConfig) ->
 
 @task(name="ablation-seed", cache_policy=NO_CACHE)
 def seed_chain(
-    base_config: dict[str, Any], runs: list[tuple[str, int, dict[str, Any]]], rounds: int, official_limit: int | None,
-    name: str, baseline: dict[str, Any],
+    base_config: dict[str, Any],
+    runs: list[tuple[str, int, dict[str, Any]]],
+    rounds: int,
+    official_limit: int | None,
+    name: str,
+    baseline: dict[str, Any],
 ) -> list[dict[str, Any]]:
     """Every arm of one seed, in order: the first computes round 0, the later ones copy it (copy_round0).
 
@@ -305,7 +327,9 @@ def seed_chain(
             limit=official_limit,
         )
         final = score_final_heldout(base, name, cfg, summaries, baseline)
-        results.append({"arm": arm, "seed": seed, "run_id": cfg.run_id, "rounds": summaries, "official": official, **final})
+        results.append(
+            {"arm": arm, "seed": seed, "run_id": cfg.run_id, "rounds": summaries, "official": official, **final}
+        )
     return results
 
 

@@ -52,7 +52,10 @@ def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dic
         updated = run_stage(cfg, UpdateInput(round_=round_, checkpoint=prepared.checkpoint))
         evaluated = run_stage(cfg, EvaluateInput(round_=round_, checkpoint=updated.checkpoint))
         versioned = run_stage(
-            cfg, VersionInput(round_=round_, rollout=rollout, mine=mined, validate_=validated, update=updated, evaluate=evaluated)
+            cfg,
+            VersionInput(
+                round_=round_, rollout=rollout, mine=mined, validate_=validated, update=updated, evaluate=evaluated
+            ),
         )
         # After the version stage's record: a crash in between re-runs this step only (see finish_round).
         finish_round(cfg, round_, versioned)

@@ -53,7 +53,14 @@ RUN_SLOT_LEASE_S = 60.0
 
 # The round's stages by name, in the order a round runs them.
 STAGES: dict[str, Stage] = stage_registry(
-    prepare_stage, rollout_stage, mine_stage, synthesize_stage, validate_stage, update_stage, evaluate_stage, version_stage
+    prepare_stage,
+    rollout_stage,
+    mine_stage,
+    synthesize_stage,
+    validate_stage,
+    update_stage,
+    evaluate_stage,
+    version_stage,
 )
 # A stage is found by its input model: the round flow hands over typed inputs, never a stage's name.
 _BY_INPUT: dict[type[Contract], Stage] = {s.inputs: s for s in STAGES.values()}
@@ -78,7 +85,7 @@ def coevolve_stage(stage: str, inputs: dict[str, Any], config: dict[str, Any] | 
 def run_stage(cfg: PipelineConfig, inputs: Contract) -> Any:
     """Run the stage ``inputs`` are for, where ``cfg.placement`` says, and return its typed (recorded) output."""
     stage = _BY_INPUT[type(inputs)]
-    round_ = getattr(inputs, "round_")
+    round_ = inputs.round_
     target = placement_target(cfg, stage)
     if target == "inline":
         return stage(cfg, inputs)
@@ -90,7 +97,11 @@ def run_stage(cfg: PipelineConfig, inputs: Contract) -> Any:
         return stage.outputs.model_validate(recorded)
     flow_run = run_deployment(
         target,
-        parameters={"stage": stage.name, "inputs": inputs.model_dump(mode="json"), "config": cfg.model_dump(mode="json")},
+        parameters={
+            "stage": stage.name,
+            "inputs": inputs.model_dump(mode="json"),
+            "config": cfg.model_dump(mode="json"),
+        },
         timeout=cfg.placement.stage_timeout_s,
         poll_interval=POLL_INTERVAL_S,
     )

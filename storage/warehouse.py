@@ -115,7 +115,7 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
         return DataError(
             f"Warehouse {self.root} is damaged: {self.files.url(path)} is not the layout record this code writes "
             f'(a JSON object with an integer "version"). Restore it from a backup, or move it aside (mv {path} '
-            f"{path}.damaged) and write {{\"version\": {LATEST_VERSION}}} in its place if the warehouse was written "
+            f'{path}.damaged) and write {{"version": {LATEST_VERSION}}} in its place if the warehouse was written '
             "by this code; the table files under tables/ and the other records under catalog/ are untouched."
         )
 
@@ -215,7 +215,7 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
         self._writable()
         if from_stage not in STAGES:
             raise DataError(f"Unknown stage {from_stage!r}; stages are {', '.join(STAGES)}.")
-        dropped = STAGES[STAGES.index(from_stage):]
+        dropped = STAGES[STAGES.index(from_stage) :]
         # Stage marks go first, last stage first: an interruption never leaves a stage marked
         # finished without its rows.
         for stage in reversed(dropped):

@@ -112,7 +112,9 @@ def signals_from_frames(frames: dict[str, pl.DataFrame], round_: int, run_id: st
                 continue
             ids, tasks = fired["trajectory_id"].to_list(), fired["task_id"].to_list()
             if kind == "forgetting":
-                evidence = [{"window": w, "score": r} for w, r in zip(fired["window"].to_list(), fired["reward"].to_list())]
+                evidence = [
+                    {"window": w, "score": r} for w, r in zip(fired["window"].to_list(), fired["reward"].to_list())
+                ]
             elif kind == "boundary":
                 evidence = [{"group_rewards": r} for r in fired["rewards"].to_list()]
             else:
@@ -201,8 +203,10 @@ def _boundary(current: pl.DataFrame) -> pl.DataFrame:
         .select("task_id", "rewards")
     )
     return (
-        current.lazy().join(groups, on="task_id", how="inner", maintain_order="left")
-        .select("trajectory_id", "task_id", "rewards").collect()
+        current.lazy()
+        .join(groups, on="task_id", how="inner", maintain_order="left")
+        .select("trajectory_id", "task_id", "rewards")
+        .collect()
     )
 
 
@@ -252,7 +256,9 @@ def _rare(current: pl.DataFrame, history_counts: pl.DataFrame, config: SignalCon
         "trajectory_id", "task_id", "pattern", "count", pl.lit(total, dtype=pl.Int64).alias("total")
     )
     if config.pattern != "tool_sequence":  # several patterns per trajectory: keep the first by text
-        fired = fired.sort(["trajectory_id", "pattern"]).unique(subset=["trajectory_id"], keep="first", maintain_order=True)
+        fired = fired.sort(["trajectory_id", "pattern"]).unique(
+            subset=["trajectory_id"], keep="first", maintain_order=True
+        )
     return fired.collect()
 
 

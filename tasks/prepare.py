@@ -11,7 +11,6 @@ of training on it.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
@@ -46,7 +45,9 @@ if TYPE_CHECKING:
     from storage.warehouse import Warehouse
 
 
-def copied_baseline(wh: Warehouse, config: PipelineConfig, checkpoint_sha: str, splits: dict[str, list[Task]]) -> dict[str, float] | None:
+def copied_baseline(
+    wh: Warehouse, config: PipelineConfig, checkpoint_sha: str, splits: dict[str, list[Task]]
+) -> dict[str, float] | None:
     """Checkpoint 0's rates per split copied from ``rollout.checkpoint0_scores_from``'s round-0 rows; None to score it here.
 
     Copies only when that run recorded the same checkpoint 0 (digest) and scored exactly these tasks on
@@ -89,7 +90,9 @@ def verify_pool(config: PipelineConfig, wh: Warehouse, round_: int, expected: st
     """Pool ``round_``'s snapshot file and the warehouse's membership must both match the recorded digest."""
     path = config.pool_path(round_)
     if not expected:
-        raise DataError(f"Pool {round_} of run {config.run_id!r} ({path}) has no recorded digest, so it cannot be verified.")
+        raise DataError(
+            f"Pool {round_} of run {config.run_id!r} ({path}) has no recorded digest, so it cannot be verified."
+        )
     storage_pool.read_pool_snapshot(path, expected_digest=expected)
     actual = storage_pool.pool_digest(wh.pool(config.run_id, round_))
     if actual != expected:

@@ -78,7 +78,7 @@ def stage(
 
     def declare(function: StageFunction) -> Stage:
         def run(config: PipelineConfig, inputs: Contract) -> Contract:
-            round_ = getattr(inputs, "round_")
+            round_ = inputs.round_
             keep = recorded(inputs)
             with open_warehouse(config) as wh:
                 done = wh.stage_output(config.run_id, round_, name) if keep else None

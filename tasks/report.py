@@ -29,9 +29,9 @@ from storage.pool import pool_digest
 from storage.tracking import Tracker
 from tasks.common import open_warehouse
 from tasks.curves import ACCEPTED_KINDS, baseline_of, mean_present, number
-from tasks.splits import HELDOUT_ROUND, HELDOUT_SPLIT
 from tasks.inference import detectable_effect, holm, seed_level_array_test, two_way_test
 from tasks.plots import ablation_curves, mechanism_figures
+from tasks.splits import HELDOUT_ROUND, HELDOUT_SPLIT
 
 # Evaluation split of the final held-out split's rows (tasks/splits.build_final_heldout), scored by the ablation flow.
 FINAL_SPLIT = "final-heldout"
@@ -41,7 +41,6 @@ FINAL_SPLIT = "final-heldout"
 POWER_DRAWS = 400
 # The largest effect the search tries (in held-out success): beyond it the report says "n/a".
 POWER_LARGEST = 0.3
-
 
 
 def final_heldout(run: dict[str, Any]) -> float:
@@ -81,7 +80,9 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             "signals": signals,
         }
     by_seed = {arm: {r["seed"]: final_heldout(r) for r in runs} for arm, runs in arms.items()}
-    outcomes = {arm: {r["seed"]: r["heldout_outcomes"] for r in runs if r.get("heldout_outcomes")} for arm, runs in arms.items()}
+    outcomes = {
+        arm: {r["seed"]: r["heldout_outcomes"] for r in runs if r.get("heldout_outcomes")} for arm, runs in arms.items()
+    }
     tests = {}
     if "full" in arms:
         for other in arms:
@@ -123,6 +124,7 @@ def _comparison(a: dict[int, Any], b: Any, a_by_seed: dict[int, float], b_by_see
 
 # --- mechanism: per arm and round, mean over seeds --------------------------------------------------
 
+
 def mechanism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per round of the arm's runs, each value the mean over seeds (nan where no seed recorded it).
 
@@ -140,7 +142,12 @@ def mechanism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "signals": {k: mean_present([float(s["signals"].get(k, 0)) for s in rounds]) for k in SIGNAL_KINDS},
                 # Summaries without the field have no per-kind counts: nan, not 0.
                 "accepted": {
-                    k: mean_present([float((s.get("accepted_by_kind") or {}).get(k, 0)) if "accepted_by_kind" in s else math.nan for s in rounds])
+                    k: mean_present(
+                        [
+                            float((s.get("accepted_by_kind") or {}).get(k, 0)) if "accepted_by_kind" in s else math.nan
+                            for s in rounds
+                        ]
+                    )
                     for k in ACCEPTED_KINDS
                 },
                 "dev": mean_present([number(s.get("dev_success")) for s in rounds]),
@@ -206,7 +213,9 @@ def _design_lines(heldout: dict[str, Any], power: dict[str, float], seeds: int, 
     ]
 
 
-def write_report(results: list[dict[str, Any]], out_dir: Path, title: str, power_draws: int = POWER_DRAWS) -> dict[str, Any]:
+def write_report(
+    results: list[dict[str, Any]], out_dir: Path, title: str, power_draws: int = POWER_DRAWS
+) -> dict[str, Any]:
     """Write report.md and its figures into ``out_dir``; return the summary with the file paths.
 
     ``power_draws``: simulated experiments per effect size in the search for the detectable effect.
@@ -231,9 +240,17 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str, power
         )
     seeds = len({r["seed"] for r in results})
     tested = [t["tasks"] for t in (*summary["tests"].values(), *summary["ckpt0_tests"].values())]
-    heldout = {"size": results[0].get("heldout_size") or max(tested, default=0) or None, "digest": results[0].get("heldout_digest"), "split": results[0].get("tested_split")}
+    heldout = {
+        "size": results[0].get("heldout_size") or max(tested, default=0) or None,
+        "digest": results[0].get("heldout_digest"),
+        "split": results[0].get("tested_split"),
+    }
     tasks = heldout["size"] or 0
-    power = detectable_effect(seeds, tasks, draws=power_draws, largest=POWER_LARGEST) if seeds >= 2 and tasks >= 2 else {"arm": math.nan, "ckpt0": math.nan}
+    power = (
+        detectable_effect(seeds, tasks, draws=power_draws, largest=POWER_LARGEST)
+        if seeds >= 2 and tasks >= 2
+        else {"arm": math.nan, "ckpt0": math.nan}
+    )
     summary["heldout_split"], summary["detectable_effect"] = heldout, power
     lines += _design_lines(heldout, power, seeds, power_draws)
     lines += ["", f"### Family 1: `full` against each arm ({len(summary['tests'])} comparisons, Holm)", ""]
@@ -243,7 +260,10 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str, power
             "(positive: `full` does better with it).",
             "",
         ]
-    lines += ["| full vs | seeds | tasks | mean difference | se | t | p | p (Holm) |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| full vs | seeds | tasks | mean difference | se | t | p | p (Holm) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for other, t in summary["tests"].items():
         lines.append(
             f"| {other} | {t['seeds']} | {t['tasks']} | {_cell(t['mean_diff'], '+.3f')} | {_cell(t['se'])} | "
@@ -287,7 +307,10 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str, power
     lines += ["| run | ckpt 0 | " + " | ".join(f"r{i}" for i in range(rounds)) + " |", "|---|---|" + "---|" * rounds]
     for r in results:
         baseline = r["rounds"][0].get("baseline_heldout_success")
-        cells = ["n/a" if baseline is None else f"{baseline:.3f}", *(f"{s['heldout_success']:.3f}" for s in r["rounds"])]
+        cells = [
+            "n/a" if baseline is None else f"{baseline:.3f}",
+            *(f"{s['heldout_success']:.3f}" for s in r["rounds"]),
+        ]
         lines.append(f"| {r['run_id']} | " + " | ".join(cells) + " |")
     lines += ["", *[f"![{p.stem}]({p.name})" for p in figures], ""]
     report = out_dir / "report.md"
@@ -330,7 +353,11 @@ def seed_level_recheck(runs: dict[tuple[str, int], tuple[float, float]]) -> list
     lines = []
     for title, tests in families.items():
         adjusted = holm({k: t["p"] for k, t in tests.items()})
-        lines += ["", f"| {title} | seeds | mean difference | t | p | p (Holm, {len(tests)}) |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"| {title} | seeds | mean difference | t | p | p (Holm, {len(tests)}) |",
+            "|---|---|---|---|---|---|",
+        ]
         lines += [
             f"| {k} | {t['n']} | {t['mean_diff']:+.3f} | {_cell(t['t'], '.2f')} | {_cell(t['p'])} | {_cell(adjusted[k])} |"
             for k, t in tests.items()
@@ -386,7 +413,11 @@ def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]
     for comparison, effect in out["detectable_effect"].items():
         if not math.isnan(effect):
             metrics[f"detectable_effect.{comparison}"] = effect
-    params = {"runs": len(results), "heldout_split.size": out["heldout_split"]["size"], "heldout_split.digest": out["heldout_split"]["digest"]}
+    params = {
+        "runs": len(results),
+        "heldout_split.size": out["heldout_split"]["size"],
+        "heldout_split.digest": out["heldout_split"]["digest"],
+    }
     run_id = tracker.log_evaluation(f"{name}-report", metrics, params, {"coevolve.kind": "ablation"})
     for path in [Path(out["report"]), *map(Path, out["figures"])]:
         tracker.attach_artifact(run_id, path, "report")

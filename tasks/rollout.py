@@ -37,9 +37,10 @@ import hashlib
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prefect import get_run_logger
 from tqdm.auto import tqdm
@@ -166,7 +167,9 @@ def play_episodes(
             messages = env.reset(task)
             conversation = None
             if env_config.prompt_style == "bfcl":
-                conversation = bfcl_prompts.BfclConversation(_handler(env_config), task, render_chat=engine.chat.render_chat)
+                conversation = bfcl_prompts.BfclConversation(
+                    _handler(env_config), task, render_chat=engine.chat.render_chat
+                )
                 prompt_ids = engine.chat.encode(conversation.text())
             else:
                 prompt_ids = engine.chat.prompt_ids(messages)
@@ -261,12 +264,16 @@ def _goes_on(episode: _Episode, outcome, env_config: EnvironmentConfig) -> bool:
     return True
 
 
-def _advance_bfcl(engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens) -> None:
+def _advance_bfcl(
+    engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens
+) -> None:
     """One step of an episode in bfcl-eval's conversation (module docstring: which segment holds which tokens)."""
     _append_generation(episode, generation)
     # Kept as the model wrote it (not stripped): bfcl-eval keeps the server's text in its history.
     text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-    step = Step(turn=episode.turn, index=len(episode.steps), model_text=text, completion_tokens=len(generation.token_ids))
+    step = Step(
+        turn=episode.turn, index=len(episode.steps), model_text=text, completion_tokens=len(generation.token_ids)
+    )
     episode.steps.append(step)
     if generation.finish_reason == "length":
         step.error = "message hit the token limit"
@@ -286,7 +293,9 @@ def _advance_bfcl(engine: Engine, episode: _Episode, generation, env_config: Env
         episode.finish("length")
 
 
-def _advance(engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens) -> None:
+def _advance(
+    engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens
+) -> None:
     if episode.conversation is not None:
         _advance_bfcl(engine, episode, generation, env_config, max_context_tokens, max_new_tokens)
         return
@@ -294,7 +303,15 @@ def _advance(engine: Engine, episode: _Episode, generation, env_config: Environm
     text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True).strip()
 
     if generation.finish_reason == "length":
-        episode.steps.append(Step(turn=episode.turn, index=len(episode.steps), model_text=text, error="message hit the token limit", completion_tokens=len(generation.token_ids)))
+        episode.steps.append(
+            Step(
+                turn=episode.turn,
+                index=len(episode.steps),
+                model_text=text,
+                error="message hit the token limit",
+                completion_tokens=len(generation.token_ids),
+            )
+        )
         episode.finish("length")
         return
 
@@ -398,5 +415,9 @@ def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -
     outcomes = wh.outcomes(config.run_id, round_)
     reasons = dict(sorted(Counter(outcomes["finish_reason"]).items()))
     rate = sum(outcomes["success"]) / len(outcomes["success"]) if outcomes["success"] else 0.0
-    get_run_logger().info("round %d: %d episodes, success %.3f, finish reasons %s", round_, len(outcomes["success"]), rate, reasons)
-    return RolloutOutput(trajectories=len(outcomes["success"]), tasks=len(batch), success_rate=rate, finish_reasons=reasons)
+    get_run_logger().info(
+        "round %d: %d episodes, success %.3f, finish reasons %s", round_, len(outcomes["success"]), rate, reasons
+    )
+    return RolloutOutput(
+        trajectories=len(outcomes["success"]), tasks=len(batch), success_rate=rate, finish_reasons=reasons
+    )

@@ -66,7 +66,9 @@ def build_dev_split(config: PipelineConfig, size: int = 200) -> list[Task]:
     exclude = {t.task_id for t in seed_pool + heldout}
     if config.policy.model == BUILTIN_TINY:
         exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
-    return build_tasks(size, config.start_seed + 31337, origin="dev", exclude=exclude, calls_per_turn=config.pool.calls_per_turn)
+    return build_tasks(
+        size, config.start_seed + 31337, origin="dev", exclude=exclude, calls_per_turn=config.pool.calls_per_turn
+    )
 
 
 def build_final_heldout(config: PipelineConfig) -> list[Task]:
@@ -83,7 +85,9 @@ def build_final_heldout(config: PipelineConfig) -> list[Task]:
     exclude = {t.task_id for t in seed_pool + heldout + build_dev_split(config)}
     if config.policy.model == BUILTIN_TINY:
         exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
-    return build_tasks(size, config.start_seed + 65537, origin="heldout", exclude=exclude, calls_per_turn=config.pool.calls_per_turn)
+    return build_tasks(
+        size, config.start_seed + 65537, origin="heldout", exclude=exclude, calls_per_turn=config.pool.calls_per_turn
+    )
 
 
 # Every run of an ablation starts from the same checkpoint 0 and must rebuild its demonstrations to
@@ -91,7 +95,9 @@ def build_final_heldout(config: PipelineConfig) -> list[Task]:
 _DEMONSTRATIONS: dict[str, tuple[list[str], list[list[Message]]]] = {}
 
 
-def sft_demonstrations(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> tuple[list[str], list[list[Message]]]:
+def sft_demonstrations(
+    config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]
+) -> tuple[list[str], list[list[Message]]]:
     """Sorted task ids and expert conversations of the SFT set: short single-turn unguided tasks, none of D_0 or held-out."""
     memo_key = digest(
         {

@@ -30,8 +30,12 @@ def evaluated(prefect_api, tiny_config, tiny_checkpoint, tmp_path_factory):
 
     config = tiny_config(tmp_path_factory.mktemp("state"), run_id="evalflow")
     results = coevolve_evaluate(
-        checkpoint=tiny_checkpoint, categories=["base", "multi_turn_long_context"], heldout=True,
-        config=config.model_dump(mode="json"), limit=LIMIT, dev=True,
+        checkpoint=tiny_checkpoint,
+        categories=["base", "multi_turn_long_context"],
+        heldout=True,
+        config=config.model_dump(mode="json"),
+        limit=LIMIT,
+        dev=True,
     )
     return config, results
 
@@ -50,7 +54,7 @@ def test_rows_are_stored_per_split_and_long_context_twins_do_not_collide(evaluat
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         rows = wh.sql("SELECT round, split, task_id, success FROM evaluations WHERE run_id = 'evalflow'")
     by_split = {split: rows.filter(rows["split"] == split) for split in results}
-    assert {split: frame.height for split, frame in by_split.items()} == {split: LIMIT for split in results}
+    assert {split: frame.height for split, frame in by_split.items()} == dict.fromkeys(results, LIMIT)
     # An official long-context entry has its base twin's task_id; the split keeps both rows.
     assert sorted(by_split["multi_turn_base"]["task_id"]) == sorted(by_split["multi_turn_long_context"]["task_id"])
     assert set(rows["round"]) == {EXTERNAL_ROUND}

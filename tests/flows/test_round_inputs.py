@@ -9,14 +9,14 @@ import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from coevolve.config import load_config  # noqa: E402
-from coevolve.errors import DataError  # noqa: E402
-from coevolve.records import Provenance, Task, ToolCall  # noqa: E402
-from storage.pool import write_pool_snapshot  # noqa: E402
-from storage.warehouse import Warehouse  # noqa: E402
-from agent.checkpoints import checkpoint_digest  # noqa: E402
-from tasks.common import open_warehouse  # noqa: E402
-from tasks.prepare import verify_round_inputs  # noqa: E402
+from agent.checkpoints import checkpoint_digest
+from coevolve.config import load_config
+from coevolve.errors import DataError
+from coevolve.records import Provenance, Task, ToolCall
+from storage.pool import write_pool_snapshot
+from storage.warehouse import Warehouse
+from tasks.common import open_warehouse
+from tasks.prepare import verify_round_inputs
 
 
 def _verified(config, round_: int) -> str:
@@ -51,7 +51,12 @@ def finished_round_zero(tmp_path: Path):
         wh.write_tasks(tasks)
         wh.set_pool("r", 1, [t.task_id for t in tasks])
         wh.mark_stage("r", 0, "update", {"checkpoint": str(checkpoint)})
-        wh.mark_stage("r", 0, "version", {"pool_digest": digest, "checkpoint_digest": checkpoint_digest(checkpoint), "model_version": "1"})
+        wh.mark_stage(
+            "r",
+            0,
+            "version",
+            {"pool_digest": digest, "checkpoint_digest": checkpoint_digest(checkpoint), "model_version": "1"},
+        )
     return config, checkpoint
 
 
@@ -128,7 +133,15 @@ def test_a_deleted_checkpoint_under_a_relative_state_dir_stops_the_round(tmp_pat
         wh.write_tasks(tasks)
         wh.set_pool("r", 1, [t.task_id for t in tasks])
         wh.mark_stage("r", 0, "update", {"checkpoint": "state/runs/r/checkpoints/round-001"})
-        wh.mark_stage("r", 0, "version", {"pool_digest": write_pool_snapshot(tasks, config.pool_path(1)), "checkpoint_digest": checkpoint_digest(checkpoint)})
+        wh.mark_stage(
+            "r",
+            0,
+            "version",
+            {
+                "pool_digest": write_pool_snapshot(tasks, config.pool_path(1)),
+                "checkpoint_digest": checkpoint_digest(checkpoint),
+            },
+        )
     shutil.rmtree(checkpoint)
     with pytest.raises(DataError, match="state/runs/r/checkpoints/round-001 is missing"):
         _verified(config, 1)
@@ -164,10 +177,16 @@ def prepared_round_zero(tmp_path: Path):
     with Warehouse(config.warehouse_path) as wh:
         wh.write_tasks(tasks)
         wh.set_pool("r", 0, [t.task_id for t in tasks])
-        wh.mark_stage("r", 0, "prepare", {
-            "checkpoint": str(checkpoint), "checkpoint_digest": checkpoint_digest(checkpoint),
-            "pool_digest": write_pool_snapshot(tasks, config.pool_path(0)),
-        })
+        wh.mark_stage(
+            "r",
+            0,
+            "prepare",
+            {
+                "checkpoint": str(checkpoint),
+                "checkpoint_digest": checkpoint_digest(checkpoint),
+                "pool_digest": write_pool_snapshot(tasks, config.pool_path(0)),
+            },
+        )
     return config, checkpoint
 
 
@@ -192,5 +211,7 @@ def test_a_hub_model_id_that_is_not_on_this_machine_stops_the_round_with_the_rea
     from agent.checkpoints import checkpoint_folder
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(DataError, match="'coevolve-tests/absent-model' is neither a local folder nor in the local hub cache"):
+    with pytest.raises(
+        DataError, match="'coevolve-tests/absent-model' is neither a local folder nor in the local hub cache"
+    ):
         checkpoint_folder("coevolve-tests/absent-model")

@@ -8,7 +8,8 @@ from tasks.splits import build_dev_split, build_initial_pools, sft_demonstration
 
 def _config(tmp_path):
     return load_config(
-        overrides=[f"state_dir={tmp_path}", "pool.seed_size=10", "rollout.heldout_tasks=5", "policy.sft_tasks=30"], environ={}
+        overrides=[f"state_dir={tmp_path}", "pool.seed_size=10", "rollout.heldout_tasks=5", "policy.sft_tasks=30"],
+        environ={},
     )
 
 
@@ -24,7 +25,9 @@ def test_the_dev_split_shares_no_task_with_the_seed_pool_heldout_split_or_sft_se
 
 def test_the_dev_split_is_reproducible_from_the_seed(tmp_path):
     config = _config(tmp_path)
-    assert [t.task_id for t in build_dev_split(config, size=10)] == [t.task_id for t in build_dev_split(config, size=10)]
+    assert [t.task_id for t in build_dev_split(config, size=10)] == [
+        t.task_id for t in build_dev_split(config, size=10)
+    ]
 
 
 def test_the_sft_set_holds_no_task_of_the_seed_pool_or_the_heldout_split(tmp_path):
@@ -43,7 +46,9 @@ def test_checkpoint_zero_learns_from_short_tasks_and_the_target_spreads_a_longer
     user_turns = [sum(1 for m in conversation if m.role == "user") for conversation in conversations]
     assert set(user_turns) == {1, 2}  # every second two-call demonstration puts each call in its own turn
     for conversation in conversations:
-        calls = sum(len(parse_tool_calls(m.content)[0]) for m in conversation if m.role == "assistant" and m.content != "done")
+        calls = sum(
+            len(parse_tool_calls(m.content)[0]) for m in conversation if m.role == "assistant" and m.content != "done"
+        )
         assert 1 <= calls <= config.policy.sft_max_calls
     for task in seed_pool + heldout + build_dev_split(config, size=10):
         calls = [len(turn) for turn in task.reference]
@@ -84,11 +89,15 @@ def test_the_ablations_final_heldout_split_is_frozen_and_disjoint_from_every_oth
     from storage.pool import pool_digest
     from tasks.splits import build_final_heldout
 
-    config = load_config(Path(__file__).parents[2] / "configs" / "ablation.yaml", overrides=[f"state_dir={tmp_path}"], environ={})
+    config = load_config(
+        Path(__file__).parents[2] / "configs" / "ablation.yaml", overrides=[f"state_dir={tmp_path}"], environ={}
+    )
     final = build_final_heldout(config)
     assert len(final) == config.rollout.final_heldout_tasks == 500 and pool_digest(final) == FROZEN_FINAL_HELDOUT_DIGEST
     seed_pool, heldout = build_initial_pools(config)
-    others = {t.task_id for t in seed_pool + heldout + build_dev_split(config)} | set(sft_demonstrations(config, seed_pool, heldout)[0])
+    others = {t.task_id for t in seed_pool + heldout + build_dev_split(config)} | set(
+        sft_demonstrations(config, seed_pool, heldout)[0]
+    )
     assert not {t.task_id for t in final} & others
     for task in final:
         calls = [len(turn) for turn in task.reference]

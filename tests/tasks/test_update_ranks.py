@@ -69,10 +69,18 @@ def _groups(policy_dir: Path) -> list[Trajectory]:
             message = chat.generated_ids(GOOD if reward > 0 else BAD)
             out.append(
                 Trajectory(
-                    run_id="test", round=0, task_id=task_id, sample=sample, steps=[], prompt_ids=prompt,
-                    completion_ids=message, completion_mask=[1] * len(message),
+                    run_id="test",
+                    round=0,
+                    task_id=task_id,
+                    sample=sample,
+                    steps=[],
+                    prompt_ids=prompt,
+                    completion_ids=message,
+                    completion_mask=[1] * len(message),
                     logprobs=_completion_logprobs(policy_dir, prompt, message, 0.9),
-                    reward=reward, success=reward > 0, finish_reason="done",
+                    reward=reward,
+                    success=reward > 0,
+                    finish_reason="done",
                 )
             )
     return out
@@ -206,7 +214,10 @@ def test_the_update_stage_with_two_processes_launches_ranks_and_records_what_eac
 
     with prefect_test_harness(server_startup_timeout=120):
         output = update_round()
-    assert output["checkpoint"] == str(config.checkpoint_dir(1)) and (config.checkpoint_dir(1) / "model.safetensors").is_file()
+    assert (
+        output["checkpoint"] == str(config.checkpoint_dir(1))
+        and (config.checkpoint_dir(1) / "model.safetensors").is_file()
+    )
     assert output["stats"]["processes"] == 2 and output["stats"]["launcher"] == "torchrun"
     assert sorted(t for ids in output["stats"]["rank_task_ids"].values() for t in ids) == sorted(REWARDS)
     assert output["trained_on"]["count"] == len(trajectories)
