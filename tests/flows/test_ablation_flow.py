@@ -1,8 +1,25 @@
 """The ablation flow end to end on a tiny config: every (arm, seed) is its own run, and a report comes out."""
 
-import pytest
+import dataclasses
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
-from flows.ablation import ARMS, arm_config
+import pytest
+from mlflow.tracking import MlflowClient
+
+from agent.checkpoints import checkpoint_digest
+from coevolve.stages import PrepareInput
+from flows.ablation import ARMS, arm_config, coevolve_ablation, copy_round0, round0_key
+from storage.pool import pool_digest
+from storage.tracking import Tracker
+from storage.warehouse import Warehouse
+from tasks.prepare import prepare_stage
+from tasks.report import FINAL_SPLIT, read_per_run_table
+from tasks.splits import FINAL_HELDOUT_ROUND, build_final_heldout
+from tests.crash_at import CRASH_EXIT
+from tests.flows.conftest import REPO, cli_env
 
 pytestmark = pytest.mark.slow
 
@@ -19,8 +36,6 @@ def test_arms_share_checkpoint_zero_but_not_their_runs(tiny_config, tmp_path):
 
 @pytest.fixture(scope="module")
 def ablation_run(prefect_api, tiny_config, tmp_path_factory):
-    from flows.ablation import coevolve_ablation
-
     # Two workers: the seeds' chains run at the same time, each in its own process.
     config = tiny_config(
         tmp_path_factory.mktemp("ablation"), rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6}, ablation_workers=2
@@ -37,8 +52,6 @@ def ablation_run(prefect_api, tiny_config, tmp_path_factory):
 
 
 def test_an_ablation_runs_every_arm_and_seed_and_writes_a_report(ablation_run):
-    from storage.warehouse import Warehouse
-
     config, out = ablation_run
     assert set(out["arms"]) == {"static", "random"}
     assert out["tests"] == {}  # no "full" arm to compare against
@@ -52,12 +65,10 @@ def test_an_ablation_runs_every_arm_and_seed_and_writes_a_report(ablation_run):
         ]
     assert runs == ["t-random-s1", "t-random-s2", "t-static-s1", "t-static-s2"]
     assert static_pool == seed_pool
-    assert "| static |" in open(out["report"]).read()
+    assert "| static |" in Path(out["report"]).read_text()
 
 
 def test_each_runs_registry_aliases_point_at_its_own_versions(ablation_run):
-    from mlflow.tracking import MlflowClient
-
     config, _ = ablation_run
     client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
     for run_id in ("t-static-s1", "t-static-s2", "t-random-s1", "t-random-s2"):
@@ -68,10 +79,8 @@ def test_each_runs_registry_aliases_point_at_its_own_versions(ablation_run):
 
 
 def test_the_report_shows_the_mechanism_per_arm_and_round_and_each_arm_against_checkpoint_0(ablation_run):
-    from pathlib import Path
-
     _, out = ablation_run
-    text = open(out["report"]).read()
+    text = Path(out["report"]).read_text()
     assert "### Family 2: each arm against checkpoint 0 (2 comparisons, Holm)" in text
     assert set(out["ckpt0_tests"]) == {"static", "random"}
     assert all(
@@ -90,14 +99,11 @@ def test_the_report_shows_the_mechanism_per_arm_and_round_and_each_arm_against_c
 
 
 def test_the_final_held_out_split_is_frozen_at_round_0_and_checkpoint_0_is_scored_on_it_once(ablation_run):
-    from storage.pool import pool_digest
-    from storage.warehouse import Warehouse
-    from tasks.splits import FINAL_HELDOUT_ROUND, build_final_heldout
-
     config, out = ablation_run
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         rows = wh.sql(
-            "SELECT run_id, round, count(*) AS n FROM evaluations WHERE split = 'final-heldout' GROUP BY ALL ORDER BY ALL"
+            "SELECT run_id, round, count(*) AS n FROM evaluations WHERE split = 'final-heldout' "
+            "GROUP BY ALL ORDER BY ALL"
         ).rows()
         stored = wh.pool("t-static-s1", FINAL_HELDOUT_ROUND)
         prepared = wh.stage_output("t-random-s2", 0, "prepare")
@@ -111,7 +117,7 @@ def test_the_final_held_out_split_is_frozen_at_round_0_and_checkpoint_0_is_score
         ("t-checkpoint-0", -1, 6),
         *((run_id, 0, 6) for run_id in ("t-random-s1", "t-random-s2", "t-static-s1", "t-static-s2")),
     ]
-    text = open(out["report"]).read()
+    text = Path(out["report"]).read_text()
     assert (
         f"final held-out split: 6 tasks, pool digest `{pool_digest(stored)}`" in text
         and "detects with 80% power" in text
@@ -119,8 +125,6 @@ def test_the_final_held_out_split_is_frozen_at_round_0_and_checkpoint_0_is_score
 
 
 def test_checkpoint_0_is_scored_by_the_first_run_and_its_rows_copied_by_the_others(ablation_run):
-    from storage.warehouse import Warehouse
-
     config, _ = ablation_run
     runs = ("t-static-s1", "t-random-s1", "t-static-s2", "t-random-s2")
     with Warehouse(config.warehouse_path, read_only=True) as wh:
@@ -131,12 +135,11 @@ def test_checkpoint_0_is_scored_by_the_first_run_and_its_rows_copied_by_the_othe
 
 
 def test_dev_tasks_are_scored_for_checkpoint_0_and_every_round(ablation_run):
-    from storage.warehouse import Warehouse
-
     config, _ = ablation_run
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         dev = wh.sql(
-            "SELECT round, count(*) AS n FROM evaluations WHERE run_id = 't-random-s1' AND split = 'dev' GROUP BY round ORDER BY round"
+            "SELECT round, count(*) AS n FROM evaluations WHERE run_id = 't-random-s1' AND split = 'dev' "
+            "GROUP BY round ORDER BY round"
         )
         prepared = wh.stage_output("t-random-s1", 0, "prepare")
         summary = wh.rounds("t-random-s1")[0]
@@ -145,8 +148,6 @@ def test_dev_tasks_are_scored_for_checkpoint_0_and_every_round(ablation_run):
 
 
 def test_each_round_logs_its_mechanism_and_the_report_its_checkpoint_0_tests_to_mlflow(ablation_run):
-    from mlflow.tracking import MlflowClient
-
     config, out = ablation_run
     client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
     experiment = client.get_experiment_by_name(config.tracking.experiment)
@@ -165,8 +166,6 @@ def test_each_round_logs_its_mechanism_and_the_report_its_checkpoint_0_tests_to_
 
 
 def test_accepted_candidates_by_kind_add_up_to_the_accepted_count(ablation_run):
-    from storage.warehouse import Warehouse
-
     config, _ = ablation_run
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         summaries = [s for run_id in ("t-random-s1", "t-random-s2") for s in wh.rounds(run_id)]
@@ -176,16 +175,15 @@ def test_accepted_candidates_by_kind_add_up_to_the_accepted_count(ablation_run):
 
 
 def test_later_arms_of_a_seed_copy_round_0s_rollout_update_and_evaluation_from_the_first(ablation_run):
-    import dataclasses
-
-    from agent.checkpoints import checkpoint_digest
-    from storage.warehouse import Warehouse
 
     config, _ = ablation_run
     for first, later in (("t-static-s1", "t-random-s1"), ("t-static-s2", "t-random-s2")):
         with Warehouse(config.warehouse_path, read_only=True) as wh:
             # What an analyst's query sees: every round-0 stage record, and the run it was copied from.
-            query = "SELECT run_id, stage, output->>'copied_from' AS copied_from FROM stage_runs WHERE round = 0 AND run_id = '{}'"
+            query = (
+                "SELECT run_id, stage, output->>'copied_from' AS copied_from FROM stage_runs "
+                "WHERE round = 0 AND run_id = '{}'"
+            )
             copied = dict(wh.sql(query.format(later)).select("stage", "copied_from").rows())
             own = wh.sql(query.format(first))["copied_from"].to_list()
             episodes = [wh.trajectories(run_id, 0) for run_id in (first, later)]
@@ -209,8 +207,6 @@ def test_later_arms_of_a_seed_copy_round_0s_rollout_update_and_evaluation_from_t
 
 
 def test_a_copied_round_0_names_its_source_in_checkpoint_1s_lineage(ablation_run):
-    from storage.tracking import Tracker
-
     config, _ = ablation_run
     tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
     (copied,) = tracker.lineage(config.with_overrides({"run_id": "t-random-s1"}).registered_model_name, "1")
@@ -221,17 +217,6 @@ def test_a_copied_round_0_names_its_source_in_checkpoint_1s_lineage(ablation_run
 
 def test_a_round_0_copy_killed_midway_is_finished_by_the_next_attempt(ablation_run, tmp_path):
     """The copy dies (os._exit) just before the update stage's record; the next attempt finishes it, no row twice."""
-    import shutil
-    import subprocess
-    import sys
-
-    from agent.checkpoints import checkpoint_digest
-    from coevolve.stages import PrepareInput
-    from flows.ablation import copy_round0
-    from storage.warehouse import Warehouse
-    from tasks.prepare import prepare_stage
-    from tests.crash_at import CRASH_EXIT
-    from tests.flows.conftest import REPO, cli_env
 
     config, _ = ablation_run
     state = tmp_path / "state"
@@ -241,8 +226,9 @@ def test_a_round_0_copy_killed_midway_is_finished_by_the_next_attempt(ablation_r
     target = arm_config(base, "full", 1, "t", checkpoint0_scores_from="t-static-s1")
     prepare_stage(target, PrepareInput(round_=0))
     script = (
-        "import sys; from tests.crash_at import arm; arm(sys.argv[1]); from coevolve.config import PipelineConfig as C; "
-        "from flows.ablation import copy_round0; copy_round0(C.model_validate_json(sys.argv[2]), C.model_validate_json(sys.argv[3]))"
+        "import sys; from tests.crash_at import arm; arm(sys.argv[1]); "
+        "from coevolve.config import PipelineConfig as C; from flows.ablation import copy_round0; "
+        "copy_round0(C.model_validate_json(sys.argv[2]), C.model_validate_json(sys.argv[3]))"
     )
     point = "before:stage_runs/run_id=t-full-s1/round=0/update.json"
     died = subprocess.run([sys.executable, "-c", script, point, source.model_dump_json(), target.model_dump_json()],
@@ -264,8 +250,6 @@ def test_a_round_0_copy_killed_midway_is_finished_by_the_next_attempt(ablation_r
 
 
 def test_round_0_is_shared_only_by_runs_whose_round_0_settings_and_inputs_match(ablation_run):
-    from flows.ablation import round0_key
-
     config, _ = ablation_run
     static, random = arm_config(config, "static", 1, "t"), arm_config(config, "random", 1, "t")
     assert round0_key(static) == round0_key(random) is not None  # the arms differ in synthesis only
@@ -275,11 +259,6 @@ def test_round_0_is_shared_only_by_runs_whose_round_0_settings_and_inputs_match(
 
 
 def test_the_reports_numbers_do_not_depend_on_how_many_seeds_run_at_once(ablation_run, tiny_config, tmp_path):
-    from pathlib import Path
-
-    from flows.ablation import coevolve_ablation
-    from storage.warehouse import Warehouse
-    from tasks.report import FINAL_SPLIT, read_per_run_table
 
     config, parallel = ablation_run
     one_at_a_time = tiny_config(tmp_path, rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6}, ablation_workers=1)

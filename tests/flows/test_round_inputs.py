@@ -1,4 +1,7 @@
-"""A round starts only from the checkpoint and pool recorded before it (round 0: checkpoint 0 and D_0): digests catch corruption, and nothing unverifiable passes."""
+"""A round starts only from the checkpoint and pool recorded before it (round 0: checkpoint 0 and D_0).
+
+Digests catch corruption, and nothing unverifiable passes.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,9 @@ import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from agent.checkpoints import checkpoint_digest
+import shutil
+
+from agent.checkpoints import checkpoint_digest, checkpoint_folder
 from coevolve.config import load_config
 from coevolve.errors import DataError
 from coevolve.records import Provenance, Task, ToolCall
@@ -120,8 +125,6 @@ def test_a_round_after_an_unfinished_one_does_not_start(finished_round_zero) -> 
 
 
 def test_a_deleted_checkpoint_under_a_relative_state_dir_stops_the_round(tmp_path: Path, monkeypatch) -> None:
-    import shutil
-
     monkeypatch.chdir(tmp_path)
     config = load_config(overrides=["state_dir=state", "run_id=r"], environ={})
     checkpoint = config.checkpoint_dir(1)
@@ -208,8 +211,6 @@ def test_a_changed_d0_snapshot_is_named(prepared_round_zero) -> None:
 
 
 def test_a_hub_model_id_that_is_not_on_this_machine_stops_the_round_with_the_reason(monkeypatch) -> None:
-    from agent.checkpoints import checkpoint_folder
-
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(
         DataError, match="'coevolve-tests/absent-model' is neither a local folder nor in the local hub cache"

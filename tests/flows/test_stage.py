@@ -1,4 +1,7 @@
-"""The stage registry: every stage of coevolve/stages.py declared once, resumed from its record, placed by configuration."""
+"""The stage registry: every stage of coevolve/stages.py declared once, resumed from its record.
+
+Each is placed by configuration.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,15 @@
 """The starting point of a run: seed pool, held-out split, the SFT set of checkpoint 0, and the dev split."""
 
+from pathlib import Path
+
 import pytest
 
 from coevolve.config import load_config
-from tasks.splits import build_dev_split, build_initial_pools, sft_demonstrations
+from envs.calls import parse_tool_calls
+from storage.pool import pool_digest
+from tasks.common import open_warehouse
+from tasks.prepare import copied_baseline
+from tasks.splits import HELDOUT_ROUND, build_dev_split, build_final_heldout, build_initial_pools, sft_demonstrations
 
 
 def _config(tmp_path):
@@ -38,8 +44,6 @@ def test_the_sft_set_holds_no_task_of_the_seed_pool_or_the_heldout_split(tmp_pat
 
 
 def test_checkpoint_zero_learns_from_short_tasks_and_the_target_spreads_a_longer_job_over_turns(tmp_path):
-    from envs.calls import parse_tool_calls
-
     config = _config(tmp_path)
     seed_pool, heldout = build_initial_pools(config)
     _, conversations = sft_demonstrations(config, seed_pool, heldout)
@@ -69,8 +73,6 @@ FROZEN_HELDOUT_DIGEST = "928b54d8e11999cf173004ecefc43d69930d86ddce7fb1b976c62ae
 
 
 def test_the_default_heldout_split_is_frozen(tmp_path):
-    from storage.pool import pool_digest
-
     config = load_config(overrides=[f"state_dir={tmp_path}"], environ={})
     _, heldout = build_initial_pools(config)
     assert len(heldout) == 100 and pool_digest(heldout) == FROZEN_HELDOUT_DIGEST
@@ -84,10 +86,6 @@ FROZEN_FINAL_HELDOUT_DIGEST = "5d09ccbe3042779bc39a8b5cf2898a11129410c2ac4ceb0ea
 
 @pytest.mark.slow
 def test_the_ablations_final_heldout_split_is_frozen_and_disjoint_from_every_other_split(tmp_path):
-    from pathlib import Path
-
-    from storage.pool import pool_digest
-    from tasks.splits import build_final_heldout
 
     config = load_config(
         Path(__file__).parents[2] / "configs" / "ablation.yaml", overrides=[f"state_dir={tmp_path}"], environ={}
@@ -105,16 +103,10 @@ def test_the_ablations_final_heldout_split_is_frozen_and_disjoint_from_every_oth
 
 
 def test_without_a_size_there_is_no_final_heldout_split(tmp_path):
-    from tasks.splits import build_final_heldout
-
     assert build_final_heldout(_config(tmp_path)) == []
 
 
 def test_checkpoint_0s_scores_are_copied_only_from_a_run_with_the_same_checkpoint_and_tasks(tmp_path):
-    from tasks.common import open_warehouse
-    from tasks.prepare import copied_baseline
-    from tasks.splits import HELDOUT_ROUND
-
     config = _config(tmp_path).with_overrides({"rollout": {"checkpoint0_scores_from": "first"}})
     _, heldout = build_initial_pools(config)
     rows = [(t.task_id, i % 2 == 0, float(i % 2 == 0), f"traj-{i}") for i, t in enumerate(heldout)]

@@ -56,10 +56,11 @@ def test_candidates_carry_their_signal_as_provenance(task):
 
 def test_synthesis_is_reproducible_from_the_seed(task):
     s = signal("forgetting", task, {"window": [1.0], "score": 0.0})
-    run = lambda: [
-        c.task.task_id
-        for c in synthesize_from_signals([s], {task.task_id: task}, {}, SynthesisConfig(), 1, 7, progress=False)[0]
-    ]
+
+    def run() -> list[str]:
+        candidates = synthesize_from_signals([s], {task.task_id: task}, {}, SynthesisConfig(), 1, 7, progress=False)[0]
+        return [c.task.task_id for c in candidates]
+
     assert run() == run()
 
 

@@ -7,6 +7,7 @@ import pytest
 from coevolve.config import PipelineConfig
 from coevolve.records import RoundSummary
 from coevolve.stages import VersionInput
+from storage.warehouse import Warehouse
 from tasks.version import build_summary, mechanism_metrics
 
 OUTPUTS = {
@@ -60,8 +61,6 @@ def test_unmeasured_values_are_not_logged_as_metrics():
 
 
 def test_summaries_round_trip_through_the_warehouse_and_old_ones_still_load(tmp_path):
-    from storage.warehouse import Warehouse
-
     with Warehouse(tmp_path / "wh") as wh:
         wh.finish_round("r", 0, summary({"dev_success": 0.4}))
         wh.finish_round("r", 1, RoundSummary("r", 1, 14, 8, 0.5, {}, 0, 0, 0.3))  # measured nothing: None
