@@ -4,9 +4,10 @@ Run one round: ``coevolve round --round 0`` (or ``prefect deployment run coevolv
 Each stage is a retryable Prefect task that records its output in the warehouse, so running a
 failed round again resumes after the last finished stage. The round record says "running" (with the
 settings that decide its results) from its start until the version stage is recorded, then
-"finished": every commit comes after the one it depends on, so a crash anywhere resumes. ``placement`` in the configuration puts
-rollout, mine, synthesize, validate, update and evaluate inline or on a work pool (flows/stage.py);
-their inputs and outputs are the typed models of coevolve/stages.py either way.
+"finished": every commit comes after the one it depends on, so a crash anywhere resumes.
+``placement`` in the configuration puts rollout, mine, synthesize, validate, update and evaluate
+inline or on a work pool (flows/stage.py); their inputs and outputs are the typed models of
+coevolve/stages.py either way.
 """
 
 from __future__ import annotations

@@ -128,7 +128,8 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
         if b"DUCK" in head:
             raise DataError(
                 f"{text} is a warehouse file of the single-file layout; convert it once with "
-                f"`coevolve warehouse migrate {text}` (it writes the open-table layout beside it and compares every row)."
+                f"`coevolve warehouse migrate {text}` "
+                "(it writes the open-table layout beside it and compares every row)."
             )
         raise self._damaged_file(text)
 
@@ -147,8 +148,8 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
         if os.path.isfile(old):
             raise DataError(
                 f"{old} is a warehouse of the single-file layout and {self.root} holds no warehouse yet; convert it "
-                f"once with `coevolve warehouse migrate {old}` (it writes {self.root} and compares every row). Starting "
-                "a new warehouse here would restart the run from round 0 and overwrite its pool snapshots and "
+                f"once with `coevolve warehouse migrate {old}` (it writes {self.root} and compares every row). "
+                "Starting a new warehouse here would restart the run from round 0 and overwrite its pool snapshots and "
                 f"checkpoints; to really start anew, move {old} aside first."
             )
 
@@ -158,8 +159,12 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
             found = [p for p in self.files.fs.find(self.files.path) if not p.endswith(".partial")]
         except FileNotFoundError:
             return
-        foreign = [p for p in found if posixpath.basename(p) not in (f"{PLACEHOLDER_RUN}.parquet", f"{PLACEHOLDER_RUN}.json", "0.json")
-                   or "/run_id=" in p and f"/run_id={PLACEHOLDER_RUN}/" not in p]  # fmt: skip
+        placeholders = (f"{PLACEHOLDER_RUN}.parquet", f"{PLACEHOLDER_RUN}.json", "0.json")
+        foreign = [
+            p
+            for p in found
+            if posixpath.basename(p) not in placeholders or ("/run_id=" in p and f"/run_id={PLACEHOLDER_RUN}/" not in p)
+        ]
         if foreign:
             raise DataError(
                 f"{self.root} holds {len(foreign)} file(s) (e.g. {self.files.url(foreign[0])}) but no layout record "

@@ -114,7 +114,10 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _comparison(a: dict[int, Any], b: Any, a_by_seed: dict[int, float], b_by_seed: dict[int, float]) -> dict[str, Any]:
-    """``two_way_test`` of a against b when both have per-task outcomes; else the seed-level mean difference, untested."""
+    """``two_way_test`` of a against b when both have per-task outcomes.
+
+    Else the seed-level mean difference, untested.
+    """
     if a and b:
         return dict(two_way_test(a, b))
     seeds = sorted(set(a_by_seed) & set(b_by_seed))
@@ -190,23 +193,27 @@ def _design_lines(heldout: dict[str, Any], power: dict[str, float], seeds: int, 
         "## How the comparisons are tested",
         "",
         f"Tested on the {'final held-out split' if heldout.get('split') == FINAL_SPLIT else 'held-out split'}: "
-        f"{size if size is not None else 'n/a'} tasks, pool digest `{split_digest or 'n/a'}`. Every run's final checkpoint "
-        "and checkpoint 0 are scored on the same tasks; the tables and curves above and below use the per-round held-out split.",
+        f"{size if size is not None else 'n/a'} tasks, pool digest `{split_digest or 'n/a'}`. "
+        "Every run's final checkpoint and checkpoint 0 are scored on the same tasks; "
+        "the tables and curves above and below use the per-round held-out split.",
         "",
-        "Two things vary between repetitions of this experiment: the loop's seed and which tasks the held-out split drew. "
-        "Each comparison is a two-way test with both as units: the per-(seed, task) difference in success, regressed on a "
-        "constant with its standard error clustered by seed and by task at once (statsmodels OLS, two-way cluster-robust "
-        "covariance; t reference with seeds - 1 degrees of freedom). A test over pooled (seed, task) pairs (the exact McNemar "
-        "test this report used before) or over seeds with the tasks held fixed (a paired t-test) reads a lucky seed or a "
-        "lucky draw of tasks as an effect: simulated under the null with this experiment's structure (tasks/inference.py), "
-        "they reject in about 20-30% and 10-20% of experiments at alpha 0.05, the two-way test in at most 4% "
+        "Two things vary between repetitions of this experiment: the loop's seed and which tasks the held-out split "
+        "drew. Each comparison is a two-way test with both as units: the per-(seed, task) difference in success, "
+        "regressed on a constant with its standard error clustered by seed and by task at once (statsmodels OLS, "
+        "two-way cluster-robust covariance; t reference with seeds - 1 degrees of freedom). A test over pooled "
+        "(seed, task) pairs (the exact McNemar test this report used before) or over seeds with the tasks held fixed "
+        "(a paired t-test) reads a lucky seed or a lucky draw of tasks as an effect: simulated under the null with "
+        "this experiment's structure (tasks/inference.py), they reject in about 20-30% and 10-20% of experiments at "
+        "alpha 0.05, the two-way test in at most 4% "
         "(tests/tasks/test_inference.py).",
         "",
-        "Two families of comparisons, each Holm-corrected on its own: `full` against every other arm, and every arm against "
-        "checkpoint 0. Both the raw and the adjusted p-value are printed; a claim stands on the adjusted one.",
+        "Two families of comparisons, each Holm-corrected on its own: `full` against every other arm, "
+        "and every arm against checkpoint 0. "
+        "Both the raw and the adjusted p-value are printed; a claim stands on the adjusted one.",
         "",
-        f"Power at this size ({seeds} seeds x {size if size is not None else 'n/a'} held-out tasks), simulated with the same "
-        f"structure ({draws} experiments per effect, alpha 0.05 before correction): the smallest difference in held-out "
+        f"Power at this size ({seeds} seeds x {size if size is not None else 'n/a'} held-out tasks), "
+        f"simulated with the same structure ({draws} experiments per effect, alpha 0.05 before correction): "
+        "the smallest difference in held-out "
         f"success the two-way test detects with 80% power is {_cell(power['arm'], '.2f')} between two arms and "
         f"{_cell(power['ckpt0'], '.2f')} between an arm and checkpoint 0 (n/a: not even "
         f"{POWER_LARGEST:.2f}). Smaller true differences are likely to be missed.",
@@ -236,7 +243,8 @@ def write_report(
         s = row["signals"]
         lines.append(
             f"| {arm} | {_fmt(row['heldout'])} | {_fmt(row['official'])} | {row['final_pool'][0]:.0f} | "
-            f"{'n/a' if math.isnan(row['acceptance']) else format(row['acceptance'], '.2f')} | {s['forgetting']}/{s['boundary']}/{s['rare']} |"
+            f"{'n/a' if math.isnan(row['acceptance']) else format(row['acceptance'], '.2f')} | "
+            f"{s['forgetting']}/{s['boundary']}/{s['rare']} |"
         )
     seeds = len({r["seed"] for r in results})
     tested = [t["tasks"] for t in (*summary["tests"].values(), *summary["ckpt0_tests"].values())]
@@ -273,24 +281,27 @@ def write_report(
         "",
         f"### Family 2: each arm against checkpoint 0 ({len(summary['ckpt0_tests'])} comparisons, Holm)",
         "",
-        "Final held-out success against checkpoint 0's on the same tasks (checkpoint 0 is shared by every seed: one outcome per task).",
+        "Final held-out success against checkpoint 0's on the same tasks "
+        "(checkpoint 0 is shared by every seed: one outcome per task).",
         "",
         "| arm | seeds | tasks | ckpt 0 | final | mean gain | se | t | p | p (Holm) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, t in summary["ckpt0_tests"].items():
         lines.append(
-            f"| {arm} | {t['seeds']} | {t['tasks']} | {_cell(t['ckpt0'])} | {_cell(t['final'])} | {_cell(t['mean_diff'], '+.3f')} | "
+            f"| {arm} | {t['seeds']} | {t['tasks']} | {_cell(t['ckpt0'])} | {_cell(t['final'])} | "
+            f"{_cell(t['mean_diff'], '+.3f')} | "
             f"{_cell(t['se'])} | {_cell(t['t'], '.2f')} | {_p_text(t)} | {_p_text(t, 'p_holm')} |"
         )
     lines += [
         "",
         "## Mechanism per arm and round (mean over seeds)",
         "",
-        "informative: share of the round's GRPO groups (one task's rollouts) whose rewards are not all equal; coverage: "
-        "share of the held-out split's distinct tool bigrams present in pool r; signals f/b/r: forgetting/boundary/rare "
-        "signals mined; accepted f/b/r/random: accepted candidates by the kind of signal they answer; dev and held-out: "
-        "success of the checkpoint the round produced. n/a: not recorded.",
+        "informative: share of the round's GRPO groups (one task's rollouts) whose rewards are not all equal; "
+        "coverage: share of the held-out split's distinct tool bigrams present in pool r; "
+        "signals f/b/r: forgetting/boundary/rare signals mined; "
+        "accepted f/b/r/random: accepted candidates by the kind of signal they answer; "
+        "dev and held-out: success of the checkpoint the round produced. n/a: not recorded.",
         "",
         "| arm | round | informative | coverage | signals f/b/r | accepted f/b/r/random | dev | held-out |",
         "|---|---|---|---|---|---|---|---|",
@@ -359,7 +370,8 @@ def seed_level_recheck(runs: dict[tuple[str, int], tuple[float, float]]) -> list
             "|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| {k} | {t['n']} | {t['mean_diff']:+.3f} | {_cell(t['t'], '.2f')} | {_cell(t['p'])} | {_cell(adjusted[k])} |"
+            f"| {k} | {t['n']} | {t['mean_diff']:+.3f} | {_cell(t['t'], '.2f')} | {_cell(t['p'])} | "
+            f"{_cell(adjusted[k])} |"
             for k, t in tests.items()
         ]
     return lines
@@ -369,7 +381,10 @@ def seed_level_recheck(runs: dict[tuple[str, int], tuple[float, float]]) -> list
 
 
 def _tested_outcomes(wh: Any, run: dict[str, Any]) -> dict[str, Any]:
-    """A run with the per-task outcomes its tests use: the final held-out split's when the ablation scored it, else the held-out split's."""
+    """A run with the per-task outcomes its tests use.
+
+    The final held-out split's outcomes when the ablation scored it, else the held-out split's.
+    """
     prepared = wh.stage_output(run["run_id"], 0, "prepare") or {}
     tested = {"baseline_dev_success": prepared.get("baseline_dev_success")}
     if run.get("final_heldout_outcomes"):

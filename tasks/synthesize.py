@@ -56,7 +56,8 @@ def build_context(signal: Signal, task: Task, tool_sequence: list[str], known_to
         focus = list(dict.fromkeys(reference_tools + used))
     else:
         pattern = str(signal.evidence.get("pattern", ""))
-        cause = f"pattern {pattern} appears in {signal.evidence.get('count')} of {signal.evidence.get('total')} trajectories"
+        count, total = signal.evidence.get("count"), signal.evidence.get("total")
+        cause = f"pattern {pattern} appears in {count} of {total} trajectories"
         focus = [t for t in dict.fromkeys(pattern.split(">")) if t in known_tools] or reference_tools
     missing = [t for t in reference_tools if t not in used]
     return {
@@ -91,7 +92,7 @@ def _explore_and_abstract(
                 min_steps=config.min_task_steps,
                 max_steps=config.max_task_steps,
             )
-        except Exception as exc:  # one broken exploration must not end the round
+        except Exception as exc:  # noqa: BLE001 - one broken exploration must not end the round
             logging.getLogger(__name__).warning(
                 "exploration %s#%d failed: %s: %s", run_prefix, run, type(exc).__name__, exc
             )

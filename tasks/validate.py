@@ -45,7 +45,7 @@ def replay_verdict(candidate: Task, min_steps: int) -> Verdict:
         return Verdict(False, f"too short: {calls} reference calls, at least {min_steps} required")
     try:
         ok, reason, changed = replay(candidate)
-    except Exception as exc:  # a candidate must never crash the round
+    except Exception as exc:  # noqa: BLE001 - a candidate must never crash the round
         return Verdict(False, f"replay raised {type(exc).__name__}: {exc}")
     if not ok:
         return Verdict(False, f"replay failed: {reason}")

@@ -65,7 +65,10 @@ def build_summary(
     flow_run_id: str,
     mechanism: dict[str, Any] | None = None,
 ) -> RoundSummary:
-    """The round's summary from its stages' outputs and its mechanism measurements (storage/mechanism.round_mechanism)."""
+    """The round's summary from its stages' outputs and its mechanism measurements.
+
+    The measurements come from storage/mechanism.round_mechanism.
+    """
     rollout, mined, validated = outputs.rollout, outputs.mine, outputs.validate_
     mechanism = mechanism or {}
     dev = outputs.evaluate.dev_success
@@ -133,7 +136,8 @@ def parent_record(warehouse: Any, run_id: str, round_: int) -> dict[str, str]:
         record, stage = warehouse.stage_output(run_id, round_ - 1, "version"), f"version stage of round {round_ - 1}"
     if record is None or not record.get("checkpoint_digest") or not record.get("pool_digest"):
         raise DataError(
-            f"The {stage} of run {run_id!r} recorded no checkpoint and pool digests; lineage of round {round_} cannot be written."
+            f"The {stage} of run {run_id!r} recorded no checkpoint and pool digests; "
+            f"lineage of round {round_} cannot be written."
         )
     return {
         "version": str(record.get("model_version") or "") if round_ > 0 else "",
