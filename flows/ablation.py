@@ -21,7 +21,10 @@ Different seeds share nothing after checkpoint 0, so their chains of arms run at
 a process of Prefect's ProcessPoolTaskRunner (``ablation_workers``, ``--workers``): a round's torch work
 uses one thread, so one chain keeps one core busy. Checkpoint 0 is built and scored before they start.
 
-Run: ``coevolve ablation --config configs/ablation.yaml [--arms static,random,full] [--seeds 1,2,3,4,5] [--rounds 5] [--workers 2]``.
+Run::
+
+    coevolve ablation --config configs/ablation.yaml [--arms static,random,full] [--seeds 1,2,3,4,5] \
+        [--rounds 5] [--workers 2]
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import copy
 import dataclasses
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -54,6 +57,9 @@ from tasks.grpo_groups import trained_on
 from tasks.report import FINAL_SPLIT, report_task
 from tasks.splits import DEV_ROUND, DEV_SPLIT, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, HELDOUT_SPLIT
 from tasks.version import round_settings
+
+if TYPE_CHECKING:
+    from storage.warehouse import Warehouse
 
 # Arm name -> configuration overrides. "full" is the configuration as given.
 ARMS: dict[str, dict[str, Any]] = {
@@ -128,7 +134,9 @@ SHARED_ROUND0_STAGES: tuple[str, ...] = ("rollout", "update", "evaluate")
 
 
 def round0_key(config: PipelineConfig) -> str | None:
-    """Digest of what decides round 0's rollout, update and evaluation of a run; None before its prepare stage is recorded.
+    """Digest of what decides round 0's rollout, update and evaluation of a run.
+
+    None before its prepare stage is recorded.
 
     Every setting except the run id and ARM_SECTIONS, with checkpoint 0's and D_0's recorded digests
     and the held-out and dev splits' digests: two runs with the same key compute the same round 0 there.
@@ -150,7 +158,10 @@ def round0_key(config: PipelineConfig) -> str | None:
 
 
 def _copy_checkpoint(source: str, target: str, expected: str) -> None:
-    """Copy a checkpoint folder and publish it whole at ``target``; DataError if the copy's digest is not ``expected``."""
+    """Copy a checkpoint folder and publish it whole at ``target``.
+
+    DataError if the copy's digest is not ``expected``.
+    """
 
     def copy_verified(staging: Path) -> None:
         shutil.copytree(source, staging)
@@ -164,7 +175,9 @@ def _copy_checkpoint(source: str, target: str, expected: str) -> None:
 
 
 def copy_round0(source: PipelineConfig, target: PipelineConfig) -> str | None:
-    """Give ``target`` round 0's rollout, update and evaluation of ``source`` (another arm, same seed); the source's run id, or None.
+    """Give ``target`` round 0's rollout, update and evaluation of ``source`` (another arm, same seed).
+
+    Returns the source's run id, or None.
 
     Copies only when the source's round 0 finished and both runs have the same ``round0_key``; None
     (nothing copied, the round computes them) otherwise, or when ``target`` already computed its own
@@ -178,15 +191,16 @@ def copy_round0(source: PipelineConfig, target: PipelineConfig) -> str | None:
         finished = wh.round_status(source.run_id, 0) == "finished"
     if any(out is not None and "copied_from" not in out for out in done.values()):
         return None  # this run computed (part of) its own round 0; the round finishes it
-    if all(out is not None for out in done.values()):
-        return str(done["rollout"]["copied_from"])
+    rollout = done["rollout"]
+    if rollout is not None and all(out is not None for out in done.values()):
+        return str(rollout["copied_from"])
     key = round0_key(target)
     if not finished or key is None or key != round0_key(source):
         return None
     with open_warehouse(target) as wh:
         # Running with its settings first, like every round (Warehouse.start_round), then each stage's rows and record.
+        source_out = _stage_outputs(wh, source.run_id, (*SHARED_ROUND0_STAGES, "version"))
         wh.start_round(target.run_id, 0, str(flow_run.get_id() or ""), round_settings(target))
-        source_out = {stage: wh.stage_output(source.run_id, 0, stage) for stage in (*SHARED_ROUND0_STAGES, "version")}
         lineage = {"copied_from": source.run_id, "round0_key": key}
         if done["rollout"] is None:
             wh.clear_round(target.run_id, 0, "rollout")  # a copy or rollout stopped midway leaves no rows of its own
@@ -197,17 +211,35 @@ def copy_round0(source: PipelineConfig, target: PipelineConfig) -> str | None:
             checkpoint = str(target.checkpoint_dir(1))
             _copy_checkpoint(source_out["update"]["checkpoint"], checkpoint, source_out["version"]["checkpoint_digest"])
             groups = trained_on(wh.trajectories(target.run_id, 0), target.rollout.group_size)
-            wh.mark_stage(
-                target.run_id, 0, "update",
-                {**source_out["update"], "checkpoint": checkpoint, "trained_on": {**groups, "copied_from": source.run_id}, **lineage},
-            )  # fmt: skip
+            update_out = {
+                **source_out["update"],
+                "checkpoint": checkpoint,
+                "trained_on": {**groups, "copied_from": source.run_id},
+                **lineage,
+            }
+            wh.mark_stage(target.run_id, 0, "update", update_out)
         if done["evaluate"] is None:
             for split in (HELDOUT_SPLIT, DEV_SPLIT):
-                rows = [(task_id, success, reward, _own_id(trajectory_id, source.run_id, target.run_id))
-                        for task_id, success, reward, trajectory_id in wh.evaluation_rows(source.run_id, 0, split)]  # fmt: skip
+                rows = [
+                    (task_id, success, reward, _own_id(trajectory_id, source.run_id, target.run_id))
+                    for task_id, success, reward, trajectory_id in wh.evaluation_rows(source.run_id, 0, split)
+                ]
                 wh.write_evaluations(target.run_id, 0, split, rows)
             wh.mark_stage(target.run_id, 0, "evaluate", {**source_out["evaluate"], **lineage})
     return source.run_id
+
+
+def _stage_outputs(wh: Warehouse, run_id: str, stages: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """The round-0 outputs of ``stages`` of a run whose round 0 finished; DataError if one is not recorded."""
+    outputs: dict[str, dict[str, Any]] = {}
+    for stage in stages:
+        output = wh.stage_output(run_id, 0, stage)
+        if output is None:
+            raise DataError(
+                f"Run {run_id!r} finished round 0 without a record of its {stage} stage; re-run that run's round 0."
+            )
+        outputs[stage] = output
+    return outputs
 
 
 def _own_id(trajectory_id: str, source: str, target: str) -> str:
@@ -216,12 +248,18 @@ def _own_id(trajectory_id: str, source: str, target: str) -> str:
 
 
 def checkpoint0_run_id(name: str) -> str:
-    """The run id under which an ablation stores checkpoint 0's scores on the final held-out split (one per ablation)."""
+    """The run id under which an ablation stores checkpoint 0's scores on the final held-out split.
+
+    One per ablation.
+    """
     return f"{name}-checkpoint-0"
 
 
 def score_once(config: PipelineConfig, checkpoint: str, tasks: list[Task], round_: int) -> dict[str, bool]:
-    """``checkpoint``'s outcomes on the final held-out split under (config.run_id, round_), scored only if not stored yet."""
+    """``checkpoint``'s outcomes on the final held-out split under (config.run_id, round_).
+
+    Scored only if not stored yet.
+    """
     with open_warehouse(config) as wh:
         stored = wh.evaluation_outcomes(config.run_id, round_, FINAL_SPLIT)
     if len(stored) < len(tasks):
@@ -232,7 +270,10 @@ def score_once(config: PipelineConfig, checkpoint: str, tasks: list[Task], round
 
 
 def final_heldout_of(config: PipelineConfig) -> tuple[list[Task], dict]:
-    """A run's stored final held-out split and its round-0 prepare output (checkpoint 0, its digest, the split's digest)."""
+    """A run's stored final held-out split and its round-0 prepare output.
+
+    The output holds checkpoint 0, its digest and the split's digest.
+    """
     with open_warehouse(config) as wh:
         return wh.pool(config.run_id, FINAL_HELDOUT_ROUND), wh.stage_output(config.run_id, 0, "prepare") or {}
 
@@ -257,8 +298,9 @@ def score_final_heldout(
     for key, value in shared.items():
         if baseline.setdefault(key, value) != value:
             raise DataError(
-                f"Run {cfg.run_id!r} has {key.replace('_', ' ')} {str(value)[:16]}, not {str(baseline[key])[:16]} like the "
-                "ablation's other runs: its arms must share pool.seed and the policy settings. Give them the same, or a new name."
+                f"Run {cfg.run_id!r} has {key.replace('_', ' ')} {str(value)[:16]}, "
+                f"not {str(baseline[key])[:16]} like the ablation's other runs: "
+                "its arms must share pool.seed and the policy settings. Give them the same, or a new name."
             )
     if "outcomes" not in baseline:
         ckpt0_config = base.with_overrides({"run_id": checkpoint0_run_id(name)})

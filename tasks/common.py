@@ -36,7 +36,7 @@ def open_warehouse(config: PipelineConfig) -> Iterator[Warehouse]:
         warehouse.close()
 
 
-def make_environment(env_config: EnvironmentConfig):
+def make_environment(env_config: EnvironmentConfig) -> BfclEnvironment:
     """A fresh environment as the configuration describes it (one per episode)."""
     return BfclEnvironment(
         max_steps_per_turn=env_config.max_steps_per_turn,

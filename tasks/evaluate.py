@@ -150,7 +150,7 @@ def evaluation_round(config: PipelineConfig, wh: Warehouse, checkpoint: str) -> 
     """
 
     def same(path: str | None) -> bool:
-        return bool(path) and Path(path).resolve() == Path(checkpoint).resolve()
+        return path is not None and path != "" and Path(path).resolve() == Path(checkpoint).resolve()
 
     for summary in wh.rounds(config.run_id):
         if same(summary.checkpoint):

@@ -40,17 +40,19 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prefect import get_run_logger
 from tqdm.auto import tqdm
 
+from agent.chat import ChatFormat
 from agent.engines import context_length, open_engine, release
 from coevolve.config import EnvironmentConfig, PipelineConfig, RolloutConfig
 from coevolve.errors import ConfigError, DataError
 from coevolve.optional import optional_module
 from coevolve.records import Segment, Step, Task, Trajectory
 from coevolve.stages import RolloutInput, RolloutOutput
+from envs.bfcl import BfclEnvironment
 from tasks.common import make_environment
 from tasks.registry import stage
 
@@ -66,8 +68,8 @@ if TYPE_CHECKING:
 class Engine(Protocol):
     """What rollout needs from a generation backend (agent/transformers_engine.py)."""
 
-    tokenizer: object
-    chat: object
+    tokenizer: Any  # a Hugging Face tokenizer, as ChatFormat wraps it
+    chat: ChatFormat
 
     def generate(
         self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None
@@ -93,7 +95,7 @@ def message_seed(episode: int, step: int) -> int:
 class _Episode:
     task: Task
     sample: int
-    env: object
+    env: BfclEnvironment
     prompt_ids: list[int]
     seed: int | None = None
     completion_ids: list[int] = field(default_factory=list)
@@ -189,7 +191,7 @@ def play_episodes(
     unflushed: list[Trajectory] = []
 
     def advance(chunk: list[_Episode], generations: list) -> None:
-        for episode, generation in zip(chunk, generations):
+        for episode, generation in zip(chunk, generations, strict=True):
             _advance(engine, episode, generation, env_config, max_context_tokens, max_new_tokens)
             if episode.finish_reason is not None:
                 bar.update(1)
@@ -209,7 +211,10 @@ def play_episodes(
             pending = []
             for start in range(0, len(active), batch_size):
                 chunk = active[start : start + batch_size]
-                seeds = None if seed is None else [message_seed(e.seed, len(e.steps)) for e in chunk]
+                # With a run seed every episode has its own (episode_seed), so no episode is left out here.
+                seeds = (
+                    None if seed is None else [message_seed(e.seed, len(e.steps)) for e in chunk if e.seed is not None]
+                )
                 generations = engine.generate(
                     [e.context_ids for e in chunk], temperature=temperature, max_new_tokens=max_new_tokens, seeds=seeds
                 )
@@ -265,7 +270,13 @@ def _goes_on(episode: _Episode, outcome, env_config: EnvironmentConfig) -> bool:
 
 
 def _advance_bfcl(
-    engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens
+    engine: Engine,
+    episode: _Episode,
+    conversation: BfclConversation,
+    generation,
+    env_config: EnvironmentConfig,
+    max_context_tokens,
+    max_new_tokens,
 ) -> None:
     """One step of an episode in bfcl-eval's conversation (module docstring: which segment holds which tokens)."""
     _append_generation(episode, generation)
@@ -279,11 +290,11 @@ def _advance_bfcl(
         step.error = "message hit the token limit"
         episode.finish("length")
         return
-    outcome = episode.conversation.advance(text, episode.env)
+    outcome = conversation.advance(text, episode.env)
     step.calls, step.observations, step.error = list(outcome.calls), list(outcome.observations), outcome.error
     if not _goes_on(episode, outcome, env_config):
         return
-    prompt = engine.chat.encode(episode.conversation.text())
+    prompt = engine.chat.encode(conversation.text())
     context = episode.context_ids
     if prompt[: len(context)] == context:
         _append_environment(episode, prompt[len(context) :])
@@ -297,7 +308,7 @@ def _advance(
     engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens
 ) -> None:
     if episode.conversation is not None:
-        _advance_bfcl(engine, episode, generation, env_config, max_context_tokens, max_new_tokens)
+        _advance_bfcl(engine, episode, episode.conversation, generation, env_config, max_context_tokens, max_new_tokens)
         return
     _append_generation(episode, generation)
     text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True).strip()
