@@ -24,7 +24,7 @@ from tasks.common import open_warehouse
 from tasks.grpo_groups import group_round
 from tasks.launch import RankFailedError, launch_command, launch_dir, launch_update, processes_for
 from tasks.update import grpo_update, update_stage
-from tests.tasks import test_update
+from tests.tasks import test_update as single_rank_tests
 from tests.tasks.test_update import BAD, GOOD, GROUP_SIZE, _completion_logprobs
 
 # torch-backed packages, imported when a test that runs here first reads them
@@ -32,7 +32,7 @@ safetensors_torch = optional_module("safetensors.torch")
 transformers = optional_module("transformers")
 
 # The single-rank tests' tiny policy, shared as this module's fixture too.
-policy_dir = test_update.policy_dir
+policy_dir = single_rank_tests.policy_dir
 
 REWARDS = {
     "t-a": [1.0, 0.0, 1.0, 0.0],
