@@ -3,10 +3,10 @@
 A stage is one recorded step of a round: prepare, rollout, mine, synthesize, validate, update,
 evaluate, version, in that order (`STAGE_NAMES`). Each is a typed function declared once in its
 module under ``tasks/`` (`tasks.registry.stage`); the registry of those functions must name exactly
-the stages here, in this order (flows/stage.py builds it with `tasks.registry.stage_registry`, which checks). The warehouse's stage
-records (``stage_runs``) hold each stage's output as the JSON of its output model, and a round that
-runs again reads them back through the same models: outputs recorded by earlier versions may carry
-keys the models no longer name, which are kept (``extra="allow"``).
+the stages here, in this order (flows/stage.py builds it with `tasks.registry.stage_registry`, which
+checks). The warehouse's stage records (``stage_runs``) hold each stage's output as the JSON of its
+output model, and a round that runs again reads them back through the same models: outputs recorded
+by earlier versions may carry keys the models no longer name, which are kept (``extra="allow"``).
 
 Some stages may run on a work pool instead of the round's process (`PLACEABLE`, see flows/stage.py
 and ``placement`` in the configuration); a placed stage takes the same input model and gives the
@@ -26,8 +26,14 @@ class Contract(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
-class PrepareInput(Contract):
+class StageInput(Contract):
+    """What every stage takes: the round it is a step of, and what that stage needs besides."""
+
     round_: int
+
+
+class PrepareInput(StageInput):
+    pass
 
 
 class PrepareOutput(Contract):
@@ -45,8 +51,7 @@ class PrepareOutput(Contract):
     final_heldout_digest: str | None = None
 
 
-class RolloutInput(Contract):
-    round_: int
+class RolloutInput(StageInput):
     checkpoint: str  # checkpoint ``round_``: a folder every worker sees, or a model id
 
 
@@ -57,8 +62,8 @@ class RolloutOutput(Contract):
     finish_reasons: dict[str, int]
 
 
-class MineInput(Contract):
-    round_: int
+class MineInput(StageInput):
+    pass
 
 
 class MineOutput(Contract):
@@ -66,8 +71,7 @@ class MineOutput(Contract):
     selected: list[str]  # signal ids synthesis follows, in order
 
 
-class SynthesizeInput(Contract):
-    round_: int
+class SynthesizeInput(StageInput):
     selected: list[str]
 
 
@@ -76,8 +80,7 @@ class SynthesizeOutput(Contract):
     contexts: dict[str, Any]  # signal id -> how its candidates were made
 
 
-class ValidateInput(Contract):
-    round_: int
+class ValidateInput(StageInput):
     candidates: list[dict[str, Any]]
 
 
@@ -88,8 +91,7 @@ class ValidateOutput(Contract):
     rejections: dict[str, int]
 
 
-class UpdateInput(Contract):
-    round_: int
+class UpdateInput(StageInput):
     checkpoint: str
 
 
@@ -99,8 +101,7 @@ class UpdateOutput(Contract):
     trained_on: dict[str, Any]
 
 
-class EvaluateInput(Contract):
-    round_: int
+class EvaluateInput(StageInput):
     checkpoint: str
 
 
@@ -112,12 +113,11 @@ class EvaluateOutput(Contract):
     dev_tasks: int | None = None
 
 
-class VersionInput(Contract):
+class VersionInput(StageInput):
     """The outputs of the round's earlier stages that its summary and lineage are made from."""
 
     model_config = ConfigDict(populate_by_name=True)
 
-    round_: int
     rollout: RolloutOutput
     mine: MineOutput
     validate_: ValidateOutput = Field(alias="validate")  # ``validate`` is a BaseModel method
@@ -137,7 +137,7 @@ class VersionOutput(Contract):
 
 
 # stage -> (input model, output model), in the order a round runs them.
-CONTRACTS: dict[str, tuple[type[Contract], type[Contract]]] = {
+CONTRACTS: dict[str, tuple[type[StageInput], type[Contract]]] = {
     "prepare": (PrepareInput, PrepareOutput),
     "rollout": (RolloutInput, RolloutOutput),
     "mine": (MineInput, MineOutput),

@@ -21,7 +21,10 @@ Different seeds share nothing after checkpoint 0, so their chains of arms run at
 a process of Prefect's ProcessPoolTaskRunner (``ablation_workers``, ``--workers``): a round's torch work
 uses one thread, so one chain keeps one core busy. Checkpoint 0 is built and scored before they start.
 
-Run: ``coevolve ablation --config configs/ablation.yaml [--arms static,random,full] [--seeds 1,2,3,4,5] [--rounds 5] [--workers 2]``.
+Run::
+
+    coevolve ablation --config configs/ablation.yaml [--arms static,random,full] [--seeds 1,2,3,4,5] \
+        [--rounds 5] [--workers 2]
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import copy
 import dataclasses
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -39,9 +42,9 @@ from prefect.task_runners import ProcessPoolTaskRunner
 
 from agent.checkpoints import checkpoint_digest, save_atomically
 from coevolve.config import PipelineConfig
-from coevolve.settings import apply_settings
 from coevolve.errors import ConfigError, DataError
 from coevolve.records import Task, canonical_json, digest
+from coevolve.settings import apply_settings
 from coevolve.stages import PrepareInput
 from flows.evaluate import coevolve_evaluate
 from flows.round import coevolve_round
@@ -55,6 +58,9 @@ from tasks.report import FINAL_SPLIT, report_task
 from tasks.splits import DEV_ROUND, DEV_SPLIT, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, HELDOUT_SPLIT
 from tasks.version import round_settings
 
+if TYPE_CHECKING:
+    from storage.warehouse import Warehouse
+
 # Arm name -> configuration overrides. "full" is the configuration as given.
 ARMS: dict[str, dict[str, Any]] = {
     "static": {"synthesis": {"mode": "off"}},
@@ -66,7 +72,9 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def arm_config(base: PipelineConfig, arm: str, seed: int, name: str, checkpoint0_scores_from: str | None = None) -> PipelineConfig:
+def arm_config(
+    base: PipelineConfig, arm: str, seed: int, name: str, checkpoint0_scores_from: str | None = None
+) -> PipelineConfig:
     """The configuration of one (arm, seed) run: the arm's overrides, its own run id and loop seed.
 
     ``checkpoint0_scores_from``: the run whose scores of the shared checkpoint 0 this run copies.
@@ -81,7 +89,9 @@ def arm_config(base: PipelineConfig, arm: str, seed: int, name: str, checkpoint0
     return base.with_overrides(overrides)
 
 
-def arm_configs(base: PipelineConfig, arms: list[str], seeds: list[int], name: str) -> list[tuple[str, int, PipelineConfig]]:
+def arm_configs(
+    base: PipelineConfig, arms: list[str], seeds: list[int], name: str
+) -> list[tuple[str, int, PipelineConfig]]:
     """Every (arm, seed) run's configuration, checked to be distinct runs before any of them starts.
 
     Raises ConfigError naming the arms when two runs resolve to one run id (they would share a pool
@@ -104,7 +114,9 @@ def arm_configs(base: PipelineConfig, arms: list[str], seeds: list[int], name: s
         by_settings.setdefault((seed, canonical_json(settings)), []).append(arm)
     for run_id, names in by_run_id.items():
         if len(names) > 1:
-            raise ConfigError(f"Ablation runs {', '.join(names)} all resolve to run id {run_id!r}; give each arm and seed its own.")
+            raise ConfigError(
+                f"Ablation runs {', '.join(names)} all resolve to run id {run_id!r}; give each arm and seed its own."
+            )
     for (seed, _), names in by_settings.items():
         if len(names) > 1:
             raise ConfigError(
@@ -122,36 +134,50 @@ SHARED_ROUND0_STAGES: tuple[str, ...] = ("rollout", "update", "evaluate")
 
 
 def round0_key(config: PipelineConfig) -> str | None:
-    """Digest of what decides round 0's rollout, update and evaluation of a run; None before its prepare stage is recorded.
+    """Digest of what decides round 0's rollout, update and evaluation of a run.
+
+    None before its prepare stage is recorded.
 
     Every setting except the run id and ARM_SECTIONS, with checkpoint 0's and D_0's recorded digests
     and the held-out and dev splits' digests: two runs with the same key compute the same round 0 there.
     """
     settings = config.model_dump(
-        mode="json", exclude={"run_id": True, "rollout": {"checkpoint0_scores_from": True}, **dict.fromkeys(ARM_SECTIONS, True)}
+        mode="json",
+        exclude={"run_id": True, "rollout": {"checkpoint0_scores_from": True}, **dict.fromkeys(ARM_SECTIONS, True)},
     )
     with open_warehouse(config) as wh:
         prepared = wh.stage_output(config.run_id, 0, "prepare")
         if prepared is None:
             return None
-        splits = {name: pool_digest(wh.pool(config.run_id, r)) for name, r in (("heldout", HELDOUT_ROUND), ("dev", DEV_ROUND))}
-    return digest({"settings": settings, "checkpoint0": prepared["checkpoint_digest"], "pool0": prepared["pool_digest"], **splits})
+        splits = {
+            name: pool_digest(wh.pool(config.run_id, r)) for name, r in (("heldout", HELDOUT_ROUND), ("dev", DEV_ROUND))
+        }
+    return digest(
+        {"settings": settings, "checkpoint0": prepared["checkpoint_digest"], "pool0": prepared["pool_digest"], **splits}
+    )
 
 
 def _copy_checkpoint(source: str, target: str, expected: str) -> None:
-    """Copy a checkpoint folder and publish it whole at ``target``; DataError if the copy's digest is not ``expected``."""
+    """Copy a checkpoint folder and publish it whole at ``target``.
+
+    DataError if the copy's digest is not ``expected``.
+    """
 
     def copy_verified(staging: Path) -> None:
         shutil.copytree(source, staging)
         if checkpoint_digest(staging) != expected:
             shutil.rmtree(staging, ignore_errors=True)
-            raise DataError(f"Checkpoint {source} no longer matches its recorded digest {expected[:16]}; re-run round 0 of its run.")
+            raise DataError(
+                f"Checkpoint {source} no longer matches its recorded digest {expected[:16]}; re-run round 0 of its run."
+            )
 
     save_atomically(Path(target), copy_verified)
 
 
 def copy_round0(source: PipelineConfig, target: PipelineConfig) -> str | None:
-    """Give ``target`` round 0's rollout, update and evaluation of ``source`` (another arm, same seed); the source's run id, or None.
+    """Give ``target`` round 0's rollout, update and evaluation of ``source`` (another arm, same seed).
+
+    Returns the source's run id, or None.
 
     Copies only when the source's round 0 finished and both runs have the same ``round0_key``; None
     (nothing copied, the round computes them) otherwise, or when ``target`` already computed its own
@@ -165,15 +191,16 @@ def copy_round0(source: PipelineConfig, target: PipelineConfig) -> str | None:
         finished = wh.round_status(source.run_id, 0) == "finished"
     if any(out is not None and "copied_from" not in out for out in done.values()):
         return None  # this run computed (part of) its own round 0; the round finishes it
-    if all(out is not None for out in done.values()):
-        return str(done["rollout"]["copied_from"])
+    rollout = done["rollout"]
+    if rollout is not None and all(out is not None for out in done.values()):
+        return str(rollout["copied_from"])
     key = round0_key(target)
     if not finished or key is None or key != round0_key(source):
         return None
     with open_warehouse(target) as wh:
         # Running with its settings first, like every round (Warehouse.start_round), then each stage's rows and record.
+        source_out = _stage_outputs(wh, source.run_id, (*SHARED_ROUND0_STAGES, "version"))
         wh.start_round(target.run_id, 0, str(flow_run.get_id() or ""), round_settings(target))
-        source_out = {stage: wh.stage_output(source.run_id, 0, stage) for stage in (*SHARED_ROUND0_STAGES, "version")}
         lineage = {"copied_from": source.run_id, "round0_key": key}
         if done["rollout"] is None:
             wh.clear_round(target.run_id, 0, "rollout")  # a copy or rollout stopped midway leaves no rows of its own
@@ -184,31 +211,55 @@ def copy_round0(source: PipelineConfig, target: PipelineConfig) -> str | None:
             checkpoint = str(target.checkpoint_dir(1))
             _copy_checkpoint(source_out["update"]["checkpoint"], checkpoint, source_out["version"]["checkpoint_digest"])
             groups = trained_on(wh.trajectories(target.run_id, 0), target.rollout.group_size)
-            wh.mark_stage(
-                target.run_id, 0, "update",
-                {**source_out["update"], "checkpoint": checkpoint, "trained_on": {**groups, "copied_from": source.run_id}, **lineage},
-            )  # fmt: skip
+            update_out = {
+                **source_out["update"],
+                "checkpoint": checkpoint,
+                "trained_on": {**groups, "copied_from": source.run_id},
+                **lineage,
+            }
+            wh.mark_stage(target.run_id, 0, "update", update_out)
         if done["evaluate"] is None:
             for split in (HELDOUT_SPLIT, DEV_SPLIT):
-                rows = [(task_id, success, reward, _own_id(trajectory_id, source.run_id, target.run_id))
-                        for task_id, success, reward, trajectory_id in wh.evaluation_rows(source.run_id, 0, split)]  # fmt: skip
+                rows = [
+                    (task_id, success, reward, _own_id(trajectory_id, source.run_id, target.run_id))
+                    for task_id, success, reward, trajectory_id in wh.evaluation_rows(source.run_id, 0, split)
+                ]
                 wh.write_evaluations(target.run_id, 0, split, rows)
             wh.mark_stage(target.run_id, 0, "evaluate", {**source_out["evaluate"], **lineage})
     return source.run_id
 
 
+def _stage_outputs(wh: Warehouse, run_id: str, stages: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """The round-0 outputs of ``stages`` of a run whose round 0 finished; DataError if one is not recorded."""
+    outputs: dict[str, dict[str, Any]] = {}
+    for stage in stages:
+        output = wh.stage_output(run_id, 0, stage)
+        if output is None:
+            raise DataError(
+                f"Run {run_id!r} finished round 0 without a record of its {stage} stage; re-run that run's round 0."
+            )
+        outputs[stage] = output
+    return outputs
+
+
 def _own_id(trajectory_id: str, source: str, target: str) -> str:
     """An episode id of ``source`` as ``target`` would have named the same episode (ids start with the run id)."""
-    return target + trajectory_id[len(source):] if trajectory_id.startswith(f"{source}/") else trajectory_id
+    return target + trajectory_id[len(source) :] if trajectory_id.startswith(f"{source}/") else trajectory_id
 
 
 def checkpoint0_run_id(name: str) -> str:
-    """The run id under which an ablation stores checkpoint 0's scores on the final held-out split (one per ablation)."""
+    """The run id under which an ablation stores checkpoint 0's scores on the final held-out split.
+
+    One per ablation.
+    """
     return f"{name}-checkpoint-0"
 
 
 def score_once(config: PipelineConfig, checkpoint: str, tasks: list[Task], round_: int) -> dict[str, bool]:
-    """``checkpoint``'s outcomes on the final held-out split under (config.run_id, round_), scored only if not stored yet."""
+    """``checkpoint``'s outcomes on the final held-out split under (config.run_id, round_).
+
+    Scored only if not stored yet.
+    """
     with open_warehouse(config) as wh:
         stored = wh.evaluation_outcomes(config.run_id, round_, FINAL_SPLIT)
     if len(stored) < len(tasks):
@@ -219,12 +270,17 @@ def score_once(config: PipelineConfig, checkpoint: str, tasks: list[Task], round
 
 
 def final_heldout_of(config: PipelineConfig) -> tuple[list[Task], dict]:
-    """A run's stored final held-out split and its round-0 prepare output (checkpoint 0, its digest, the split's digest)."""
+    """A run's stored final held-out split and its round-0 prepare output.
+
+    The output holds checkpoint 0, its digest and the split's digest.
+    """
     with open_warehouse(config) as wh:
         return wh.pool(config.run_id, FINAL_HELDOUT_ROUND), wh.stage_output(config.run_id, 0, "prepare") or {}
 
 
-def score_final_heldout(base: PipelineConfig, name: str, cfg: PipelineConfig, summaries: list[dict], baseline: dict) -> dict[str, Any]:
+def score_final_heldout(
+    base: PipelineConfig, name: str, cfg: PipelineConfig, summaries: list[dict], baseline: dict
+) -> dict[str, Any]:
     """Score one run's final checkpoint on the final held-out split, and checkpoint 0 the first time only.
 
     ``baseline`` holds the split's digest, checkpoint 0's digest and its outcomes (score_checkpoint0 fills
@@ -235,12 +291,16 @@ def score_final_heldout(base: PipelineConfig, name: str, cfg: PipelineConfig, su
     tasks, prepared = final_heldout_of(cfg)
     if not tasks:
         return {}
-    shared = {"split_digest": prepared.get("final_heldout_digest"), "checkpoint_digest": prepared.get("checkpoint_digest")}
+    shared = {
+        "split_digest": prepared.get("final_heldout_digest"),
+        "checkpoint_digest": prepared.get("checkpoint_digest"),
+    }
     for key, value in shared.items():
         if baseline.setdefault(key, value) != value:
             raise DataError(
-                f"Run {cfg.run_id!r} has {key.replace('_', ' ')} {str(value)[:16]}, not {str(baseline[key])[:16]} like the "
-                "ablation's other runs: its arms must share pool.seed and the policy settings. Give them the same, or a new name."
+                f"Run {cfg.run_id!r} has {key.replace('_', ' ')} {str(value)[:16]}, "
+                f"not {str(baseline[key])[:16]} like the ablation's other runs: "
+                "its arms must share pool.seed and the policy settings. Give them the same, or a new name."
             )
     if "outcomes" not in baseline:
         ckpt0_config = base.with_overrides({"run_id": checkpoint0_run_id(name)})
@@ -275,8 +335,12 @@ def score_checkpoint0(base: PipelineConfig, name: str, first: PipelineConfig) ->
 
 @task(name="ablation-seed", cache_policy=NO_CACHE)
 def seed_chain(
-    base_config: dict[str, Any], runs: list[tuple[str, int, dict[str, Any]]], rounds: int, official_limit: int | None,
-    name: str, baseline: dict[str, Any],
+    base_config: dict[str, Any],
+    runs: list[tuple[str, int, dict[str, Any]]],
+    rounds: int,
+    official_limit: int | None,
+    name: str,
+    baseline: dict[str, Any],
 ) -> list[dict[str, Any]]:
     """Every arm of one seed, in order: the first computes round 0, the later ones copy it (copy_round0).
 
@@ -305,7 +369,9 @@ def seed_chain(
             limit=official_limit,
         )
         final = score_final_heldout(base, name, cfg, summaries, baseline)
-        results.append({"arm": arm, "seed": seed, "run_id": cfg.run_id, "rounds": summaries, "official": official, **final})
+        results.append(
+            {"arm": arm, "seed": seed, "run_id": cfg.run_id, "rounds": summaries, "official": official, **final}
+        )
     return results
 
 

@@ -34,7 +34,9 @@ def evaluation_run_name(config: PipelineConfig, checkpoint: str, round_: int) ->
     return f"{config.run_id}-evaluate-r{round_:03d}-{short}"
 
 
-def log_evaluation(config: PipelineConfig, checkpoint: str, round_: int, results: dict[str, dict[str, Any]], flow_run_id: str) -> str:
+def log_evaluation(
+    config: PipelineConfig, checkpoint: str, round_: int, results: dict[str, dict[str, Any]], flow_run_id: str
+) -> str:
     """Per-split accuracy and task counts as one MLflow run; returns its id."""
     tracker = tracking.Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
     metrics = {f"accuracy.{split}": r["accuracy"] for split, r in results.items()}
@@ -75,7 +77,9 @@ def coevolve_evaluate(
     """
     cfg = PipelineConfig.model_validate(config or {})
     apply_settings(cfg)  # a worker started anywhere runs like the CLI
-    splits = [category_name(c) for c in categories] + ([HELDOUT_SPLIT] if heldout else []) + ([DEV_SPLIT] if dev else [])
+    splits = (
+        [category_name(c) for c in categories] + ([HELDOUT_SPLIT] if heldout else []) + ([DEV_SPLIT] if dev else [])
+    )
     if round_ is None:
         with open_warehouse(cfg) as wh:
             round_ = evaluation_round(cfg, wh, checkpoint)

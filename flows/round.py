@@ -4,9 +4,10 @@ Run one round: ``coevolve round --round 0`` (or ``prefect deployment run coevolv
 Each stage is a retryable Prefect task that records its output in the warehouse, so running a
 failed round again resumes after the last finished stage. The round record says "running" (with the
 settings that decide its results) from its start until the version stage is recorded, then
-"finished": every commit comes after the one it depends on, so a crash anywhere resumes. ``placement`` in the configuration puts
-rollout, mine, synthesize, validate, update and evaluate inline or on a work pool (flows/stage.py);
-their inputs and outputs are the typed models of coevolve/stages.py either way.
+"finished": every commit comes after the one it depends on, so a crash anywhere resumes.
+``placement`` in the configuration puts rollout, mine, synthesize, validate, update and evaluate
+inline or on a work pool (flows/stage.py); their inputs and outputs are the typed models of
+coevolve/stages.py either way.
 """
 
 from __future__ import annotations
@@ -52,7 +53,10 @@ def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dic
         updated = run_stage(cfg, UpdateInput(round_=round_, checkpoint=prepared.checkpoint))
         evaluated = run_stage(cfg, EvaluateInput(round_=round_, checkpoint=updated.checkpoint))
         versioned = run_stage(
-            cfg, VersionInput(round_=round_, rollout=rollout, mine=mined, validate_=validated, update=updated, evaluate=evaluated)
+            cfg,
+            VersionInput(
+                round_=round_, rollout=rollout, mine=mined, validate_=validated, update=updated, evaluate=evaluated
+            ),
         )
         # After the version stage's record: a crash in between re-runs this step only (see finish_round).
         finish_round(cfg, round_, versioned)

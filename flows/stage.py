@@ -21,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.client.schemas.objects import FlowRun, State
 from prefect.concurrency.sync import concurrency
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
@@ -34,7 +35,7 @@ from prefect.states import Cancelled, Cancelling
 from coevolve.config import PipelineConfig
 from coevolve.errors import InfrastructureError, RoundLockedError
 from coevolve.settings import apply_settings
-from coevolve.stages import PLACEABLE, Contract
+from coevolve.stages import PLACEABLE, Contract, StageInput
 from tasks.common import open_warehouse
 from tasks.evaluate import evaluate_stage
 from tasks.mine import mine_stage
@@ -53,7 +54,14 @@ RUN_SLOT_LEASE_S = 60.0
 
 # The round's stages by name, in the order a round runs them.
 STAGES: dict[str, Stage] = stage_registry(
-    prepare_stage, rollout_stage, mine_stage, synthesize_stage, validate_stage, update_stage, evaluate_stage, version_stage
+    prepare_stage,
+    rollout_stage,
+    mine_stage,
+    synthesize_stage,
+    validate_stage,
+    update_stage,
+    evaluate_stage,
+    version_stage,
 )
 # A stage is found by its input model: the round flow hands over typed inputs, never a stage's name.
 _BY_INPUT: dict[type[Contract], Stage] = {s.inputs: s for s in STAGES.values()}
@@ -75,10 +83,10 @@ def coevolve_stage(stage: str, inputs: dict[str, Any], config: dict[str, Any] | 
     return registered(cfg, registered.inputs.model_validate(inputs)).model_dump(mode="json")
 
 
-def run_stage(cfg: PipelineConfig, inputs: Contract) -> Any:
+def run_stage(cfg: PipelineConfig, inputs: StageInput) -> Any:
     """Run the stage ``inputs`` are for, where ``cfg.placement`` says, and return its typed (recorded) output."""
     stage = _BY_INPUT[type(inputs)]
-    round_ = getattr(inputs, "round_")
+    round_ = inputs.round_
     target = placement_target(cfg, stage)
     if target == "inline":
         return stage(cfg, inputs)
@@ -88,21 +96,31 @@ def run_stage(cfg: PipelineConfig, inputs: Contract) -> Any:
         recorded = wh.stage_output(cfg.run_id, round_, stage.name)
     if recorded is not None:
         return stage.outputs.model_validate(recorded)
-    flow_run = run_deployment(
-        target,
-        parameters={"stage": stage.name, "inputs": inputs.model_dump(mode="json"), "config": cfg.model_dump(mode="json")},
-        timeout=cfg.placement.stage_timeout_s,
-        poll_interval=POLL_INTERVAL_S,
+    # The round runs stages from synchronous code, where run_deployment runs its synchronous
+    # implementation and returns the flow run (a coroutine only when called inside an event loop).
+    flow_run = cast(
+        FlowRun,
+        run_deployment(
+            target,
+            parameters={
+                "stage": stage.name,
+                "inputs": inputs.model_dump(mode="json"),
+                "config": cfg.model_dump(mode="json"),
+            },
+            timeout=cfg.placement.stage_timeout_s,
+            poll_interval=POLL_INTERVAL_S,
+        ),
     )
     state = flow_run.state
     if state is not None and not state.is_final():
         _cancel(flow_run.id, state)
     if state is None or not state.is_completed():
         raise InfrastructureError(
-            f"Stage {stage.name} of round {round_} ran as deployment {target} (flow run {flow_run.name}, {flow_run.id}) "
+            f"Stage {stage.name} of round {round_} ran as deployment {target} "
+            f"(flow run {flow_run.name}, {flow_run.id}) "
             + (
-                f"and was still {state.name} after {cfg.placement.stage_timeout_s:.0f} s (placement.stage_timeout_s), so "
-                "the round cancelled it (a worker that died leaves it Cancelling)"
+                f"and was still {state.name} after {cfg.placement.stage_timeout_s:.0f} s "
+                "(placement.stage_timeout_s), so the round cancelled it (a worker that died leaves it Cancelling)"
                 if state is not None and not state.is_final()
                 else f"and ended {state.name if state else 'without a state'}"
             )
@@ -131,7 +149,7 @@ def _cancel(flow_run_id: Any, state: Any) -> None:
     its worker answers by ending the flow-run process (a dead worker leaves it Cancelling).
     """
     message = "The round stopped waiting for this stage (placement.stage_timeout_s)."
-    new_state = Cancelling(message=message) if state.is_running() else Cancelled(message=message)
+    new_state: State[Any] = Cancelling(message=message) if state.is_running() else Cancelled(message=message)
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(flow_run_id, new_state, force=True)
 
@@ -151,9 +169,12 @@ def run_slot(cfg: PipelineConfig, round_: int) -> Iterator[None]:
     waiting = cfg.placement.round_concurrency == "wait"
     try:
         slot = concurrency(
-            name, occupy=1, timeout_seconds=cfg.placement.round_wait_s if waiting else 1.0, lease_duration=RUN_SLOT_LEASE_S,
+            name,
+            occupy=1,
+            timeout_seconds=cfg.placement.round_wait_s if waiting else 1.0,
+            lease_duration=RUN_SLOT_LEASE_S,
             strict=True,
-        )  # fmt: skip
+        )
         slot.__enter__()
     except TimeoutError as exc:
         raise RoundLockedError(

@@ -115,7 +115,7 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
         return DataError(
             f"Warehouse {self.root} is damaged: {self.files.url(path)} is not the layout record this code writes "
             f'(a JSON object with an integer "version"). Restore it from a backup, or move it aside (mv {path} '
-            f"{path}.damaged) and write {{\"version\": {LATEST_VERSION}}} in its place if the warehouse was written "
+            f'{path}.damaged) and write {{"version": {LATEST_VERSION}}} in its place if the warehouse was written '
             "by this code; the table files under tables/ and the other records under catalog/ are untouched."
         )
 
@@ -128,7 +128,8 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
         if b"DUCK" in head:
             raise DataError(
                 f"{text} is a warehouse file of the single-file layout; convert it once with "
-                f"`coevolve warehouse migrate {text}` (it writes the open-table layout beside it and compares every row)."
+                f"`coevolve warehouse migrate {text}` "
+                "(it writes the open-table layout beside it and compares every row)."
             )
         raise self._damaged_file(text)
 
@@ -147,8 +148,8 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
         if os.path.isfile(old):
             raise DataError(
                 f"{old} is a warehouse of the single-file layout and {self.root} holds no warehouse yet; convert it "
-                f"once with `coevolve warehouse migrate {old}` (it writes {self.root} and compares every row). Starting "
-                "a new warehouse here would restart the run from round 0 and overwrite its pool snapshots and "
+                f"once with `coevolve warehouse migrate {old}` (it writes {self.root} and compares every row). "
+                "Starting a new warehouse here would restart the run from round 0 and overwrite its pool snapshots and "
                 f"checkpoints; to really start anew, move {old} aside first."
             )
 
@@ -158,8 +159,12 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
             found = [p for p in self.files.fs.find(self.files.path) if not p.endswith(".partial")]
         except FileNotFoundError:
             return
-        foreign = [p for p in found if posixpath.basename(p) not in (f"{PLACEHOLDER_RUN}.parquet", f"{PLACEHOLDER_RUN}.json", "0.json")
-                   or "/run_id=" in p and f"/run_id={PLACEHOLDER_RUN}/" not in p]  # fmt: skip
+        placeholders = (f"{PLACEHOLDER_RUN}.parquet", f"{PLACEHOLDER_RUN}.json", "0.json")
+        foreign = [
+            p
+            for p in found
+            if posixpath.basename(p) not in placeholders or ("/run_id=" in p and f"/run_id={PLACEHOLDER_RUN}/" not in p)
+        ]
         if foreign:
             raise DataError(
                 f"{self.root} holds {len(foreign)} file(s) (e.g. {self.files.url(foreign[0])}) but no layout record "
@@ -215,7 +220,7 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
         self._writable()
         if from_stage not in STAGES:
             raise DataError(f"Unknown stage {from_stage!r}; stages are {', '.join(STAGES)}.")
-        dropped = STAGES[STAGES.index(from_stage):]
+        dropped = STAGES[STAGES.index(from_stage) :]
         # Stage marks go first, last stage first: an interruption never leaves a stage marked
         # finished without its rows.
         for stage in reversed(dropped):

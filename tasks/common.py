@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
 
 from coevolve.config import EnvironmentConfig, PipelineConfig
-from coevolve.errors import DataError, RoundLockedError
+from coevolve.errors import RoundLockedError
 from coevolve.optional import optional_module
 from envs.bfcl import BfclEnvironment
 
@@ -36,7 +36,7 @@ def open_warehouse(config: PipelineConfig) -> Iterator[Warehouse]:
         warehouse.close()
 
 
-def make_environment(env_config: EnvironmentConfig):
+def make_environment(env_config: EnvironmentConfig) -> BfclEnvironment:
     """A fresh environment as the configuration describes it (one per episode)."""
     return BfclEnvironment(
         max_steps_per_turn=env_config.max_steps_per_turn,

@@ -29,7 +29,15 @@ from envs.bfcl import CATEGORIES, official_tasks
 from tasks.common import open_warehouse
 from tasks.registry import stage
 from tasks.rollout import play_episodes, success_rate
-from tasks.splits import DEV_SPLIT, EXTERNAL_ROUND, HELDOUT_ROUND, HELDOUT_SPLIT, dev_eval_tasks, dev_split, heldout_split
+from tasks.splits import (
+    DEV_SPLIT,
+    EXTERNAL_ROUND,
+    HELDOUT_ROUND,
+    HELDOUT_SPLIT,
+    dev_eval_tasks,
+    dev_split,
+    heldout_split,
+)
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -70,7 +78,9 @@ def evaluate_checkpoint(
     finally:
         if owned:
             release(engine)
-    wh.write_evaluations(config.run_id, round_, split, [(t.task_id, t.success, t.reward, t.trajectory_id) for t in trajectories])
+    wh.write_evaluations(
+        config.run_id, round_, split, [(t.task_id, t.success, t.reward, t.trajectory_id) for t in trajectories]
+    )
     return success_rate(trajectories)
 
 
@@ -83,11 +93,14 @@ def evaluate_splits(
     (or a managed server per load) costs nothing here.
     """
     if not any(splits.values()):
-        return {split: 0.0 for split in splits}
+        return dict.fromkeys(splits, 0.0)
     # Released before returning: vLLM shut down, GPU memory and connections freed.
     engine = open_engine(checkpoint, config)
     try:
-        return {split: evaluate_checkpoint(config, wh, checkpoint, tasks, round_, split, engine=engine) for split, tasks in splits.items()}
+        return {
+            split: evaluate_checkpoint(config, wh, checkpoint, tasks, round_, split, engine=engine)
+            for split, tasks in splits.items()
+        }
     finally:
         release(engine)
 
@@ -109,7 +122,9 @@ def category_name(name: str) -> str:
     """``base`` or ``multi_turn_base`` -> ``multi_turn_base``; an unknown name fails with the choices."""
     full = name if name.startswith("multi_turn_") else f"multi_turn_{name}"
     if full not in CATEGORIES:
-        raise ConfigError(f"unknown BFCL category {name!r}; choose from {', '.join(CATEGORIES)} (or without 'multi_turn_')")
+        raise ConfigError(
+            f"unknown BFCL category {name!r}; choose from {', '.join(CATEGORIES)} (or without 'multi_turn_')"
+        )
     return full
 
 
@@ -135,7 +150,7 @@ def evaluation_round(config: PipelineConfig, wh: Warehouse, checkpoint: str) -> 
     """
 
     def same(path: str | None) -> bool:
-        return bool(path) and Path(path).resolve() == Path(checkpoint).resolve()
+        return path is not None and path != "" and Path(path).resolve() == Path(checkpoint).resolve()
 
     for summary in wh.rounds(config.run_id):
         if same(summary.checkpoint):
@@ -162,12 +177,17 @@ def evaluate_stage(config: PipelineConfig, wh: Warehouse, inputs: EvaluateInput)
         return EvaluateOutput(heldout_success=rates[HELDOUT_SPLIT], heldout_tasks=len(heldout))
     get_run_logger().info("round %d: dev success %.3f on %d tasks", round_, rates[DEV_SPLIT], len(dev))
     return EvaluateOutput(
-        heldout_success=rates[HELDOUT_SPLIT], heldout_tasks=len(heldout), dev_success=rates[DEV_SPLIT], dev_tasks=len(dev)
+        heldout_success=rates[HELDOUT_SPLIT],
+        heldout_tasks=len(heldout),
+        dev_success=rates[DEV_SPLIT],
+        dev_tasks=len(dev),
     )
 
 
 @task(name="evaluate-split", retries=2, retry_delay_seconds=5, retry_condition_fn=is_retryable, cache_policy=NO_CACHE)
-def evaluate_split_task(config: PipelineConfig, checkpoint: str, split: str, round_: int, limit: int | None = None) -> dict:
+def evaluate_split_task(
+    config: PipelineConfig, checkpoint: str, split: str, round_: int, limit: int | None = None
+) -> dict:
     """Score ``checkpoint`` greedily on one split (``heldout``, ``dev`` or an official category) and store the rows."""
     with open_warehouse(config) as wh:
         tasks = split_tasks(config, wh, split, limit)

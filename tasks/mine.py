@@ -28,11 +28,13 @@ from coevolve.records import SIGNAL_KINDS, Signal
 from coevolve.stages import MineInput, MineOutput
 from tasks.registry import stage
 
-# polars takes about half a second to import; the flows import this module, and only mining needs it.
-pl = optional_module("polars")
-
 if TYPE_CHECKING:
+    import polars as pl
+
     from storage.warehouse import Warehouse
+else:
+    # polars takes about half a second to import; the flows import this module, and only mining needs it.
+    pl = optional_module("polars")
 
 PATTERNS = ("tool_sequence", "tool_bigrams")
 
@@ -43,6 +45,7 @@ def _patterns(frame: pl.LazyFrame, kind: str) -> pl.LazyFrame:
     A trajectory that called no tool has no pattern: there is nothing to explore around it.
     """
     seq = pl.col("tool_sequence")
+    patterns: pl.Expr
     if kind == "tool_sequence":
         patterns = pl.when(seq.list.len() > 0).then(pl.concat_list([seq.list.join(">")]))
     elif kind == "tool_bigrams":
@@ -85,7 +88,7 @@ def mine_frames(source: pl.DataFrame | pl.LazyFrame, round_: int, config: Signal
         if config.pattern != "tool_sequence":  # every trajectory is in one sequence's count, not so for bigrams
             plans["total"] = history.select(pl.len().alias("count"))
     # The streaming engine reads the files and aggregates as it goes: faster here on millions of rows.
-    done = dict(zip(plans, pl.collect_all(list(plans.values()), engine="streaming"))) if plans else {}
+    done = dict(zip(plans, pl.collect_all(list(plans.values()), engine="streaming"), strict=True)) if plans else {}
     frames: dict[str, pl.DataFrame] = {}
     if "forgetting" in done:
         frames["forgetting"] = _forgetting(current, done["forgetting"])
@@ -112,13 +115,18 @@ def signals_from_frames(frames: dict[str, pl.DataFrame], round_: int, run_id: st
                 continue
             ids, tasks = fired["trajectory_id"].to_list(), fired["task_id"].to_list()
             if kind == "forgetting":
-                evidence = [{"window": w, "score": r} for w, r in zip(fired["window"].to_list(), fired["reward"].to_list())]
+                evidence = [
+                    {"window": w, "score": r}
+                    for w, r in zip(fired["window"].to_list(), fired["reward"].to_list(), strict=True)
+                ]
             elif kind == "boundary":
                 evidence = [{"group_rewards": r} for r in fired["rewards"].to_list()]
             else:
                 evidence = [
                     {"pattern": p, "count": c, "total": t}
-                    for p, c, t in zip(fired["pattern"].to_list(), fired["count"].to_list(), fired["total"].to_list())
+                    for p, c, t in zip(
+                        fired["pattern"].to_list(), fired["count"].to_list(), fired["total"].to_list(), strict=True
+                    )
                 ]
             signals += _signals(run_id, round_, kind, ids, tasks, evidence)
     finally:
@@ -141,11 +149,14 @@ _PLAIN_SIGNAL = (
 
 def _signals(run_id: str, round_: int, kind: str, ids: list, tasks: list, evidence: list) -> list[Signal]:
     if not _PLAIN_SIGNAL:
-        return [Signal(run_id, round_, kind, tid, task_id, ev) for tid, task_id, ev in zip(ids, tasks, evidence)]
+        return [
+            Signal(run_id, round_, kind, tid, task_id, ev)
+            for tid, task_id, ev in zip(ids, tasks, evidence, strict=True)
+        ]
     new, set_dict = object.__new__, object.__setattr__
     out: list[Signal] = []
     append = out.append
-    for tid, task_id, ev in zip(ids, tasks, evidence):
+    for tid, task_id, ev in zip(ids, tasks, evidence, strict=True):
         signal = new(Signal)
         set_dict(signal, "__dict__", {"run_id": run_id, "round": round_, "kind": kind, "trajectory_id": tid,
                                       "task_id": task_id, "evidence": ev})  # fmt: skip
@@ -201,8 +212,10 @@ def _boundary(current: pl.DataFrame) -> pl.DataFrame:
         .select("task_id", "rewards")
     )
     return (
-        current.lazy().join(groups, on="task_id", how="inner", maintain_order="left")
-        .select("trajectory_id", "task_id", "rewards").collect()
+        current.lazy()
+        .join(groups, on="task_id", how="inner", maintain_order="left")
+        .select("trajectory_id", "task_id", "rewards")
+        .collect()
     )
 
 
@@ -252,7 +265,9 @@ def _rare(current: pl.DataFrame, history_counts: pl.DataFrame, config: SignalCon
         "trajectory_id", "task_id", "pattern", "count", pl.lit(total, dtype=pl.Int64).alias("total")
     )
     if config.pattern != "tool_sequence":  # several patterns per trajectory: keep the first by text
-        fired = fired.sort(["trajectory_id", "pattern"]).unique(subset=["trajectory_id"], keep="first", maintain_order=True)
+        fired = fired.sort(["trajectory_id", "pattern"]).unique(
+            subset=["trajectory_id"], keep="first", maintain_order=True
+        )
     return fired.collect()
 
 
@@ -265,7 +280,8 @@ def select_for_synthesis(signals: list[Signal], limit: int) -> list[Signal]:
     by_kind: dict[str, list[Signal]] = {k: [] for k in SIGNAL_KINDS}
     for kind in SIGNAL_KINDS:
         seen: set[str] = set()
-        firsts, rest = [], []
+        firsts: list[Signal] = []
+        rest: list[Signal] = []
         for s in (s for s in signals if s.kind == kind):
             (rest if s.task_id in seen else firsts).append(s)
             seen.add(s.task_id)

@@ -11,7 +11,6 @@ of training on it.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
@@ -46,14 +45,20 @@ if TYPE_CHECKING:
     from storage.warehouse import Warehouse
 
 
-def copied_baseline(wh: Warehouse, config: PipelineConfig, checkpoint_sha: str, splits: dict[str, list[Task]]) -> dict[str, float] | None:
-    """Checkpoint 0's rates per split copied from ``rollout.checkpoint0_scores_from``'s round-0 rows; None to score it here.
+def copied_baseline(
+    wh: Warehouse, config: PipelineConfig, checkpoint_sha: str, splits: dict[str, list[Task]]
+) -> dict[str, float] | None:
+    """Checkpoint 0's rates per split copied from ``rollout.checkpoint0_scores_from``'s round-0 rows.
+
+    None to score it here.
 
     Copies only when that run recorded the same checkpoint 0 (digest) and scored exactly these tasks on
     every split; the rows are written under this run's HELDOUT_ROUND as if scored here.
     """
     source = config.rollout.checkpoint0_scores_from
-    prepared = wh.stage_output(source, 0, "prepare") if source else None
+    if not source:
+        return None
+    prepared = wh.stage_output(source, 0, "prepare")
     if not prepared or prepared.get("checkpoint_digest") != checkpoint_sha:
         return None
     rows = {split: wh.evaluation_rows(source, HELDOUT_ROUND, split) for split, tasks in splits.items() if tasks}
@@ -89,7 +94,9 @@ def verify_pool(config: PipelineConfig, wh: Warehouse, round_: int, expected: st
     """Pool ``round_``'s snapshot file and the warehouse's membership must both match the recorded digest."""
     path = config.pool_path(round_)
     if not expected:
-        raise DataError(f"Pool {round_} of run {config.run_id!r} ({path}) has no recorded digest, so it cannot be verified.")
+        raise DataError(
+            f"Pool {round_} of run {config.run_id!r} ({path}) has no recorded digest, so it cannot be verified."
+        )
     storage_pool.read_pool_snapshot(path, expected_digest=expected)
     actual = storage_pool.pool_digest(wh.pool(config.run_id, round_))
     if actual != expected:
@@ -160,7 +167,8 @@ def prepare_stage(config: PipelineConfig, wh: Warehouse, inputs: PrepareInput) -
     # from recorded files and a resumed round 0 checks them before using them.
     checkpoint_sha = checkpoint_digest(checkpoint_folder(checkpoint))
     pool_sha = storage_pool.write_pool_snapshot(seed_pool, config.pool_path(0))
-    # Checkpoint 0 on the first rollout.dev_eval_tasks dev tasks (rows under HELDOUT_ROUND, split "dev"), the dev curve's start.
+    # Checkpoint 0 on the first rollout.dev_eval_tasks dev tasks (rows under HELDOUT_ROUND, split "dev"),
+    # the dev curve's start.
     scored = dev_eval_tasks(config, wh)
     splits = {HELDOUT_SPLIT: heldout, DEV_SPLIT: scored}
     rates = copied_baseline(wh, config, checkpoint_sha, splits)

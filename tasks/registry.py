@@ -26,7 +26,7 @@ from prefect.cache_policies import NO_CACHE
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import is_retryable
-from coevolve.stages import CONTRACTS, STAGE_NAMES, Contract
+from coevolve.stages import CONTRACTS, STAGE_NAMES, Contract, StageInput
 from tasks.common import open_warehouse
 
 if TYPE_CHECKING:
@@ -47,12 +47,12 @@ class Stage:
 
     name: str
     function: StageFunction
-    inputs: type[Contract]
+    inputs: type[StageInput]
     outputs: type[Contract]
     task: Any  # prefect.Task taking (config, inputs) and returning the output model
     recorded: Callable[[Any], bool]
 
-    def __call__(self, config: PipelineConfig, inputs: Contract) -> Any:
+    def __call__(self, config: PipelineConfig, inputs: StageInput) -> Any:
         """Run the stage's Prefect task in this process and return its (recorded) output."""
         if not isinstance(inputs, self.inputs):
             raise TypeError(f"Stage {self.name} takes {self.inputs.__name__}, not {type(inputs).__name__}.")
@@ -77,8 +77,8 @@ def stage(
     input_model, output_model = CONTRACTS[name]
 
     def declare(function: StageFunction) -> Stage:
-        def run(config: PipelineConfig, inputs: Contract) -> Contract:
-            round_ = getattr(inputs, "round_")
+        def run(config: PipelineConfig, inputs: StageInput) -> Contract:
+            round_ = inputs.round_
             keep = recorded(inputs)
             with open_warehouse(config) as wh:
                 done = wh.stage_output(config.run_id, round_, name) if keep else None
@@ -109,7 +109,10 @@ def stage(
 
 
 def stage_registry(*stages: Stage) -> dict[str, Stage]:
-    """The registry of the round's stages by name, in round order; ValueError unless they are exactly coevolve/stages.py's."""
+    """The registry of the round's stages by name, in round order.
+
+    ValueError unless they are exactly coevolve/stages.py's.
+    """
     names = tuple(s.name for s in stages)
     if names != STAGE_NAMES:
         raise ValueError(

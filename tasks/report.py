@@ -29,9 +29,9 @@ from storage.pool import pool_digest
 from storage.tracking import Tracker
 from tasks.common import open_warehouse
 from tasks.curves import ACCEPTED_KINDS, baseline_of, mean_present, number
-from tasks.splits import HELDOUT_ROUND, HELDOUT_SPLIT
 from tasks.inference import detectable_effect, holm, seed_level_array_test, two_way_test
 from tasks.plots import ablation_curves, mechanism_figures
+from tasks.splits import HELDOUT_ROUND, HELDOUT_SPLIT
 
 # Evaluation split of the final held-out split's rows (tasks/splits.build_final_heldout), scored by the ablation flow.
 FINAL_SPLIT = "final-heldout"
@@ -41,7 +41,6 @@ FINAL_SPLIT = "final-heldout"
 POWER_DRAWS = 400
 # The largest effect the search tries (in held-out success): beyond it the report says "n/a".
 POWER_LARGEST = 0.3
-
 
 
 def final_heldout(run: dict[str, Any]) -> float:
@@ -81,7 +80,9 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             "signals": signals,
         }
     by_seed = {arm: {r["seed"]: final_heldout(r) for r in runs} for arm, runs in arms.items()}
-    outcomes = {arm: {r["seed"]: r["heldout_outcomes"] for r in runs if r.get("heldout_outcomes")} for arm, runs in arms.items()}
+    outcomes = {
+        arm: {r["seed"]: r["heldout_outcomes"] for r in runs if r.get("heldout_outcomes")} for arm, runs in arms.items()
+    }
     tests = {}
     if "full" in arms:
         for other in arms:
@@ -113,7 +114,10 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _comparison(a: dict[int, Any], b: Any, a_by_seed: dict[int, float], b_by_seed: dict[int, float]) -> dict[str, Any]:
-    """``two_way_test`` of a against b when both have per-task outcomes; else the seed-level mean difference, untested."""
+    """``two_way_test`` of a against b when both have per-task outcomes.
+
+    Else the seed-level mean difference, untested.
+    """
     if a and b:
         return dict(two_way_test(a, b))
     seeds = sorted(set(a_by_seed) & set(b_by_seed))
@@ -122,6 +126,7 @@ def _comparison(a: dict[int, Any], b: Any, a_by_seed: dict[int, float], b_by_see
 
 
 # --- mechanism: per arm and round, mean over seeds --------------------------------------------------
+
 
 def mechanism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per round of the arm's runs, each value the mean over seeds (nan where no seed recorded it).
@@ -140,7 +145,12 @@ def mechanism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "signals": {k: mean_present([float(s["signals"].get(k, 0)) for s in rounds]) for k in SIGNAL_KINDS},
                 # Summaries without the field have no per-kind counts: nan, not 0.
                 "accepted": {
-                    k: mean_present([float((s.get("accepted_by_kind") or {}).get(k, 0)) if "accepted_by_kind" in s else math.nan for s in rounds])
+                    k: mean_present(
+                        [
+                            float((s.get("accepted_by_kind") or {}).get(k, 0)) if "accepted_by_kind" in s else math.nan
+                            for s in rounds
+                        ]
+                    )
                     for k in ACCEPTED_KINDS
                 },
                 "dev": mean_present([number(s.get("dev_success")) for s in rounds]),
@@ -183,30 +193,36 @@ def _design_lines(heldout: dict[str, Any], power: dict[str, float], seeds: int, 
         "## How the comparisons are tested",
         "",
         f"Tested on the {'final held-out split' if heldout.get('split') == FINAL_SPLIT else 'held-out split'}: "
-        f"{size if size is not None else 'n/a'} tasks, pool digest `{split_digest or 'n/a'}`. Every run's final checkpoint "
-        "and checkpoint 0 are scored on the same tasks; the tables and curves above and below use the per-round held-out split.",
+        f"{size if size is not None else 'n/a'} tasks, pool digest `{split_digest or 'n/a'}`. "
+        "Every run's final checkpoint and checkpoint 0 are scored on the same tasks; "
+        "the tables and curves above and below use the per-round held-out split.",
         "",
-        "Two things vary between repetitions of this experiment: the loop's seed and which tasks the held-out split drew. "
-        "Each comparison is a two-way test with both as units: the per-(seed, task) difference in success, regressed on a "
-        "constant with its standard error clustered by seed and by task at once (statsmodels OLS, two-way cluster-robust "
-        "covariance; t reference with seeds - 1 degrees of freedom). A test over pooled (seed, task) pairs (the exact McNemar "
-        "test this report used before) or over seeds with the tasks held fixed (a paired t-test) reads a lucky seed or a "
-        "lucky draw of tasks as an effect: simulated under the null with this experiment's structure (tasks/inference.py), "
-        "they reject in about 20-30% and 10-20% of experiments at alpha 0.05, the two-way test in at most 4% "
+        "Two things vary between repetitions of this experiment: the loop's seed and which tasks the held-out split "
+        "drew. Each comparison is a two-way test with both as units: the per-(seed, task) difference in success, "
+        "regressed on a constant with its standard error clustered by seed and by task at once (statsmodels OLS, "
+        "two-way cluster-robust covariance; t reference with seeds - 1 degrees of freedom). A test over pooled "
+        "(seed, task) pairs (the exact McNemar test this report used before) or over seeds with the tasks held fixed "
+        "(a paired t-test) reads a lucky seed or a lucky draw of tasks as an effect: simulated under the null with "
+        "this experiment's structure (tasks/inference.py), they reject in about 20-30% and 10-20% of experiments at "
+        "alpha 0.05, the two-way test in at most 4% "
         "(tests/tasks/test_inference.py).",
         "",
-        "Two families of comparisons, each Holm-corrected on its own: `full` against every other arm, and every arm against "
-        "checkpoint 0. Both the raw and the adjusted p-value are printed; a claim stands on the adjusted one.",
+        "Two families of comparisons, each Holm-corrected on its own: `full` against every other arm, "
+        "and every arm against checkpoint 0. "
+        "Both the raw and the adjusted p-value are printed; a claim stands on the adjusted one.",
         "",
-        f"Power at this size ({seeds} seeds x {size if size is not None else 'n/a'} held-out tasks), simulated with the same "
-        f"structure ({draws} experiments per effect, alpha 0.05 before correction): the smallest difference in held-out "
+        f"Power at this size ({seeds} seeds x {size if size is not None else 'n/a'} held-out tasks), "
+        f"simulated with the same structure ({draws} experiments per effect, alpha 0.05 before correction): "
+        "the smallest difference in held-out "
         f"success the two-way test detects with 80% power is {_cell(power['arm'], '.2f')} between two arms and "
         f"{_cell(power['ckpt0'], '.2f')} between an arm and checkpoint 0 (n/a: not even "
         f"{POWER_LARGEST:.2f}). Smaller true differences are likely to be missed.",
     ]
 
 
-def write_report(results: list[dict[str, Any]], out_dir: Path, title: str, power_draws: int = POWER_DRAWS) -> dict[str, Any]:
+def write_report(
+    results: list[dict[str, Any]], out_dir: Path, title: str, power_draws: int = POWER_DRAWS
+) -> dict[str, Any]:
     """Write report.md and its figures into ``out_dir``; return the summary with the file paths.
 
     ``power_draws``: simulated experiments per effect size in the search for the detectable effect.
@@ -227,13 +243,22 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str, power
         s = row["signals"]
         lines.append(
             f"| {arm} | {_fmt(row['heldout'])} | {_fmt(row['official'])} | {row['final_pool'][0]:.0f} | "
-            f"{'n/a' if math.isnan(row['acceptance']) else format(row['acceptance'], '.2f')} | {s['forgetting']}/{s['boundary']}/{s['rare']} |"
+            f"{'n/a' if math.isnan(row['acceptance']) else format(row['acceptance'], '.2f')} | "
+            f"{s['forgetting']}/{s['boundary']}/{s['rare']} |"
         )
     seeds = len({r["seed"] for r in results})
     tested = [t["tasks"] for t in (*summary["tests"].values(), *summary["ckpt0_tests"].values())]
-    heldout = {"size": results[0].get("heldout_size") or max(tested, default=0) or None, "digest": results[0].get("heldout_digest"), "split": results[0].get("tested_split")}
+    heldout = {
+        "size": results[0].get("heldout_size") or max(tested, default=0) or None,
+        "digest": results[0].get("heldout_digest"),
+        "split": results[0].get("tested_split"),
+    }
     tasks = heldout["size"] or 0
-    power = detectable_effect(seeds, tasks, draws=power_draws, largest=POWER_LARGEST) if seeds >= 2 and tasks >= 2 else {"arm": math.nan, "ckpt0": math.nan}
+    power = (
+        detectable_effect(seeds, tasks, draws=power_draws, largest=POWER_LARGEST)
+        if seeds >= 2 and tasks >= 2
+        else {"arm": math.nan, "ckpt0": math.nan}
+    )
     summary["heldout_split"], summary["detectable_effect"] = heldout, power
     lines += _design_lines(heldout, power, seeds, power_draws)
     lines += ["", f"### Family 1: `full` against each arm ({len(summary['tests'])} comparisons, Holm)", ""]
@@ -243,7 +268,10 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str, power
             "(positive: `full` does better with it).",
             "",
         ]
-    lines += ["| full vs | seeds | tasks | mean difference | se | t | p | p (Holm) |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| full vs | seeds | tasks | mean difference | se | t | p | p (Holm) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for other, t in summary["tests"].items():
         lines.append(
             f"| {other} | {t['seeds']} | {t['tasks']} | {_cell(t['mean_diff'], '+.3f')} | {_cell(t['se'])} | "
@@ -253,24 +281,27 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str, power
         "",
         f"### Family 2: each arm against checkpoint 0 ({len(summary['ckpt0_tests'])} comparisons, Holm)",
         "",
-        "Final held-out success against checkpoint 0's on the same tasks (checkpoint 0 is shared by every seed: one outcome per task).",
+        "Final held-out success against checkpoint 0's on the same tasks "
+        "(checkpoint 0 is shared by every seed: one outcome per task).",
         "",
         "| arm | seeds | tasks | ckpt 0 | final | mean gain | se | t | p | p (Holm) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, t in summary["ckpt0_tests"].items():
         lines.append(
-            f"| {arm} | {t['seeds']} | {t['tasks']} | {_cell(t['ckpt0'])} | {_cell(t['final'])} | {_cell(t['mean_diff'], '+.3f')} | "
+            f"| {arm} | {t['seeds']} | {t['tasks']} | {_cell(t['ckpt0'])} | {_cell(t['final'])} | "
+            f"{_cell(t['mean_diff'], '+.3f')} | "
             f"{_cell(t['se'])} | {_cell(t['t'], '.2f')} | {_p_text(t)} | {_p_text(t, 'p_holm')} |"
         )
     lines += [
         "",
         "## Mechanism per arm and round (mean over seeds)",
         "",
-        "informative: share of the round's GRPO groups (one task's rollouts) whose rewards are not all equal; coverage: "
-        "share of the held-out split's distinct tool bigrams present in pool r; signals f/b/r: forgetting/boundary/rare "
-        "signals mined; accepted f/b/r/random: accepted candidates by the kind of signal they answer; dev and held-out: "
-        "success of the checkpoint the round produced. n/a: not recorded.",
+        "informative: share of the round's GRPO groups (one task's rollouts) whose rewards are not all equal; "
+        "coverage: share of the held-out split's distinct tool bigrams present in pool r; "
+        "signals f/b/r: forgetting/boundary/rare signals mined; "
+        "accepted f/b/r/random: accepted candidates by the kind of signal they answer; "
+        "dev and held-out: success of the checkpoint the round produced. n/a: not recorded.",
         "",
         "| arm | round | informative | coverage | signals f/b/r | accepted f/b/r/random | dev | held-out |",
         "|---|---|---|---|---|---|---|---|",
@@ -287,7 +318,10 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str, power
     lines += ["| run | ckpt 0 | " + " | ".join(f"r{i}" for i in range(rounds)) + " |", "|---|---|" + "---|" * rounds]
     for r in results:
         baseline = r["rounds"][0].get("baseline_heldout_success")
-        cells = ["n/a" if baseline is None else f"{baseline:.3f}", *(f"{s['heldout_success']:.3f}" for s in r["rounds"])]
+        cells = [
+            "n/a" if baseline is None else f"{baseline:.3f}",
+            *(f"{s['heldout_success']:.3f}" for s in r["rounds"]),
+        ]
         lines.append(f"| {r['run_id']} | " + " | ".join(cells) + " |")
     lines += ["", *[f"![{p.stem}]({p.name})" for p in figures], ""]
     report = out_dir / "report.md"
@@ -330,9 +364,14 @@ def seed_level_recheck(runs: dict[tuple[str, int], tuple[float, float]]) -> list
     lines = []
     for title, tests in families.items():
         adjusted = holm({k: t["p"] for k, t in tests.items()})
-        lines += ["", f"| {title} | seeds | mean difference | t | p | p (Holm, {len(tests)}) |", "|---|---|---|---|---|---|"]
         lines += [
-            f"| {k} | {t['n']} | {t['mean_diff']:+.3f} | {_cell(t['t'], '.2f')} | {_cell(t['p'])} | {_cell(adjusted[k])} |"
+            "",
+            f"| {title} | seeds | mean difference | t | p | p (Holm, {len(tests)}) |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {k} | {t['n']} | {t['mean_diff']:+.3f} | {_cell(t['t'], '.2f')} | {_cell(t['p'])} | "
+            f"{_cell(adjusted[k])} |"
             for k, t in tests.items()
         ]
     return lines
@@ -342,7 +381,10 @@ def seed_level_recheck(runs: dict[tuple[str, int], tuple[float, float]]) -> list
 
 
 def _tested_outcomes(wh: Any, run: dict[str, Any]) -> dict[str, Any]:
-    """A run with the per-task outcomes its tests use: the final held-out split's when the ablation scored it, else the held-out split's."""
+    """A run with the per-task outcomes its tests use.
+
+    The final held-out split's outcomes when the ablation scored it, else the held-out split's.
+    """
     prepared = wh.stage_output(run["run_id"], 0, "prepare") or {}
     tested = {"baseline_dev_success": prepared.get("baseline_dev_success")}
     if run.get("final_heldout_outcomes"):
@@ -386,7 +428,11 @@ def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]
     for comparison, effect in out["detectable_effect"].items():
         if not math.isnan(effect):
             metrics[f"detectable_effect.{comparison}"] = effect
-    params = {"runs": len(results), "heldout_split.size": out["heldout_split"]["size"], "heldout_split.digest": out["heldout_split"]["digest"]}
+    params = {
+        "runs": len(results),
+        "heldout_split.size": out["heldout_split"]["size"],
+        "heldout_split.digest": out["heldout_split"]["digest"],
+    }
     run_id = tracker.log_evaluation(f"{name}-report", metrics, params, {"coevolve.kind": "ablation"})
     for path in [Path(out["report"]), *map(Path, out["figures"])]:
         tracker.attach_artifact(run_id, path, "report")

@@ -37,19 +37,22 @@ import hashlib
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prefect import get_run_logger
 from tqdm.auto import tqdm
 
+from agent.chat import ChatFormat
 from agent.engines import context_length, open_engine, release
 from coevolve.config import EnvironmentConfig, PipelineConfig, RolloutConfig
 from coevolve.errors import ConfigError, DataError
 from coevolve.optional import optional_module
 from coevolve.records import Segment, Step, Task, Trajectory
 from coevolve.stages import RolloutInput, RolloutOutput
+from envs.bfcl import BfclEnvironment
 from tasks.common import make_environment
 from tasks.registry import stage
 
@@ -65,8 +68,8 @@ if TYPE_CHECKING:
 class Engine(Protocol):
     """What rollout needs from a generation backend (agent/transformers_engine.py)."""
 
-    tokenizer: object
-    chat: object
+    tokenizer: Any  # a Hugging Face tokenizer, as ChatFormat wraps it
+    chat: ChatFormat
 
     def generate(
         self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None
@@ -92,7 +95,7 @@ def message_seed(episode: int, step: int) -> int:
 class _Episode:
     task: Task
     sample: int
-    env: object
+    env: BfclEnvironment
     prompt_ids: list[int]
     seed: int | None = None
     completion_ids: list[int] = field(default_factory=list)
@@ -166,7 +169,9 @@ def play_episodes(
             messages = env.reset(task)
             conversation = None
             if env_config.prompt_style == "bfcl":
-                conversation = bfcl_prompts.BfclConversation(_handler(env_config), task, render_chat=engine.chat.render_chat)
+                conversation = bfcl_prompts.BfclConversation(
+                    _handler(env_config), task, render_chat=engine.chat.render_chat
+                )
                 prompt_ids = engine.chat.encode(conversation.text())
             else:
                 prompt_ids = engine.chat.prompt_ids(messages)
@@ -186,7 +191,7 @@ def play_episodes(
     unflushed: list[Trajectory] = []
 
     def advance(chunk: list[_Episode], generations: list) -> None:
-        for episode, generation in zip(chunk, generations):
+        for episode, generation in zip(chunk, generations, strict=True):
             _advance(engine, episode, generation, env_config, max_context_tokens, max_new_tokens)
             if episode.finish_reason is not None:
                 bar.update(1)
@@ -206,7 +211,10 @@ def play_episodes(
             pending = []
             for start in range(0, len(active), batch_size):
                 chunk = active[start : start + batch_size]
-                seeds = None if seed is None else [message_seed(e.seed, len(e.steps)) for e in chunk]
+                # With a run seed every episode has its own (episode_seed), so no episode is left out here.
+                seeds = (
+                    None if seed is None else [message_seed(e.seed, len(e.steps)) for e in chunk if e.seed is not None]
+                )
                 generations = engine.generate(
                     [e.context_ids for e in chunk], temperature=temperature, max_new_tokens=max_new_tokens, seeds=seeds
                 )
@@ -261,22 +269,32 @@ def _goes_on(episode: _Episode, outcome, env_config: EnvironmentConfig) -> bool:
     return True
 
 
-def _advance_bfcl(engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens) -> None:
+def _advance_bfcl(
+    engine: Engine,
+    episode: _Episode,
+    conversation: BfclConversation,
+    generation,
+    env_config: EnvironmentConfig,
+    max_context_tokens,
+    max_new_tokens,
+) -> None:
     """One step of an episode in bfcl-eval's conversation (module docstring: which segment holds which tokens)."""
     _append_generation(episode, generation)
     # Kept as the model wrote it (not stripped): bfcl-eval keeps the server's text in its history.
     text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-    step = Step(turn=episode.turn, index=len(episode.steps), model_text=text, completion_tokens=len(generation.token_ids))
+    step = Step(
+        turn=episode.turn, index=len(episode.steps), model_text=text, completion_tokens=len(generation.token_ids)
+    )
     episode.steps.append(step)
     if generation.finish_reason == "length":
         step.error = "message hit the token limit"
         episode.finish("length")
         return
-    outcome = episode.conversation.advance(text, episode.env)
+    outcome = conversation.advance(text, episode.env)
     step.calls, step.observations, step.error = list(outcome.calls), list(outcome.observations), outcome.error
     if not _goes_on(episode, outcome, env_config):
         return
-    prompt = engine.chat.encode(episode.conversation.text())
+    prompt = engine.chat.encode(conversation.text())
     context = episode.context_ids
     if prompt[: len(context)] == context:
         _append_environment(episode, prompt[len(context) :])
@@ -286,15 +304,25 @@ def _advance_bfcl(engine: Engine, episode: _Episode, generation, env_config: Env
         episode.finish("length")
 
 
-def _advance(engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens) -> None:
+def _advance(
+    engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens
+) -> None:
     if episode.conversation is not None:
-        _advance_bfcl(engine, episode, generation, env_config, max_context_tokens, max_new_tokens)
+        _advance_bfcl(engine, episode, episode.conversation, generation, env_config, max_context_tokens, max_new_tokens)
         return
     _append_generation(episode, generation)
     text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True).strip()
 
     if generation.finish_reason == "length":
-        episode.steps.append(Step(turn=episode.turn, index=len(episode.steps), model_text=text, error="message hit the token limit", completion_tokens=len(generation.token_ids)))
+        episode.steps.append(
+            Step(
+                turn=episode.turn,
+                index=len(episode.steps),
+                model_text=text,
+                error="message hit the token limit",
+                completion_tokens=len(generation.token_ids),
+            )
+        )
         episode.finish("length")
         return
 
@@ -398,5 +426,9 @@ def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -
     outcomes = wh.outcomes(config.run_id, round_)
     reasons = dict(sorted(Counter(outcomes["finish_reason"]).items()))
     rate = sum(outcomes["success"]) / len(outcomes["success"]) if outcomes["success"] else 0.0
-    get_run_logger().info("round %d: %d episodes, success %.3f, finish reasons %s", round_, len(outcomes["success"]), rate, reasons)
-    return RolloutOutput(trajectories=len(outcomes["success"]), tasks=len(batch), success_rate=rate, finish_reasons=reasons)
+    get_run_logger().info(
+        "round %d: %d episodes, success %.3f, finish reasons %s", round_, len(outcomes["success"]), rate, reasons
+    )
+    return RolloutOutput(
+        trajectories=len(outcomes["success"]), tasks=len(batch), success_rate=rate, finish_reasons=reasons
+    )

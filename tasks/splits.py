@@ -1,4 +1,7 @@
-"""The run's task splits, rebuilt from the seed: the seed pool D_0, the held-out split, the dev split, the final held-out split, and checkpoint 0's demonstrations.
+"""The run's task splits, rebuilt from the seed.
+
+They are the seed pool D_0, the held-out split, the dev split, the final held-out split, and checkpoint 0's
+demonstrations.
 
 Every split comes from the unguided explorer (envs/explorer.py) with its own seed offset, and the
 splits are disjoint by task id. D_0, dev and held-out are the target distribution: 3-5 calls spread
@@ -66,11 +69,15 @@ def build_dev_split(config: PipelineConfig, size: int = 200) -> list[Task]:
     exclude = {t.task_id for t in seed_pool + heldout}
     if config.policy.model == BUILTIN_TINY:
         exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
-    return build_tasks(size, config.start_seed + 31337, origin="dev", exclude=exclude, calls_per_turn=config.pool.calls_per_turn)
+    return build_tasks(
+        size, config.start_seed + 31337, origin="dev", exclude=exclude, calls_per_turn=config.pool.calls_per_turn
+    )
 
 
 def build_final_heldout(config: PipelineConfig) -> list[Task]:
-    """The final held-out split: ``rollout.final_heldout_tasks`` tasks of the target distribution, for the ablation's tests.
+    """The final held-out split: ``rollout.final_heldout_tasks`` tasks of the target distribution.
+
+    The ablation's tests use it.
 
     Its own explorer seed (``pool.seed + 65537``) and disjoint from D_0, the per-round held-out split,
     the dev split and (for the builtin policy) checkpoint 0's demonstrations, which are built first and
@@ -83,7 +90,9 @@ def build_final_heldout(config: PipelineConfig) -> list[Task]:
     exclude = {t.task_id for t in seed_pool + heldout + build_dev_split(config)}
     if config.policy.model == BUILTIN_TINY:
         exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
-    return build_tasks(size, config.start_seed + 65537, origin="heldout", exclude=exclude, calls_per_turn=config.pool.calls_per_turn)
+    return build_tasks(
+        size, config.start_seed + 65537, origin="heldout", exclude=exclude, calls_per_turn=config.pool.calls_per_turn
+    )
 
 
 # Every run of an ablation starts from the same checkpoint 0 and must rebuild its demonstrations to
@@ -91,8 +100,13 @@ def build_final_heldout(config: PipelineConfig) -> list[Task]:
 _DEMONSTRATIONS: dict[str, tuple[list[str], list[list[Message]]]] = {}
 
 
-def sft_demonstrations(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> tuple[list[str], list[list[Message]]]:
-    """Sorted task ids and expert conversations of the SFT set: short single-turn unguided tasks, none of D_0 or held-out."""
+def sft_demonstrations(
+    config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]
+) -> tuple[list[str], list[list[Message]]]:
+    """Sorted task ids and expert conversations of the SFT set.
+
+    Short single-turn unguided tasks, none of D_0 or held-out.
+    """
     memo_key = digest(
         {
             "seed_pool": [t.task_id for t in seed_pool],
@@ -144,7 +158,9 @@ def dev_eval_tasks(config: PipelineConfig, wh: Warehouse) -> list[Task]:
 
 
 def store_final_heldout(config: PipelineConfig, wh: Warehouse) -> list[Task]:
-    """Build the final held-out split (empty when ``rollout.final_heldout_tasks`` is 0) and store it under FINAL_HELDOUT_ROUND.
+    """Build the final held-out split and store it under FINAL_HELDOUT_ROUND.
+
+    Empty when ``rollout.final_heldout_tasks`` is 0.
 
     Stored at round 0, before any round trains, so validation refuses its tasks from the first round on.
     """
@@ -156,7 +172,10 @@ def store_final_heldout(config: PipelineConfig, wh: Warehouse) -> list[Task]:
 
 
 def heldout_split(config: PipelineConfig, wh: Warehouse) -> list[Task]:
-    """The run's held-out split as stored under HELDOUT_ROUND; a run without one gets the one its round 0 would build."""
+    """The run's held-out split as stored under HELDOUT_ROUND.
+
+    A run without one gets the one its round 0 would build.
+    """
     tasks = wh.pool(config.run_id, HELDOUT_ROUND)
     if not tasks:
         tasks = build_initial_pools(config)[1]

@@ -32,10 +32,11 @@ from envs.explorer import abstract, explore, in_turns
 from tasks.llm_client import ChatClient
 from tasks.llm_synthesis import LLMSynthesizer
 from tasks.registry import stage
-from tasks.synthesis_base import GUIDANCE, Synthesizer, provenance_of, synthesize_each, tools_of  # noqa: F401 - the stage's API
+from tasks.synthesis_base import GUIDANCE, Synthesizer, provenance_of, synthesize_each, tools_of
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
+
 
 def build_context(signal: Signal, task: Task, tool_sequence: list[str], known_tools: list[str]) -> dict[str, Any]:
     """The signal-conditioned context that steers exploration, built from the signal's evidence."""
@@ -45,7 +46,9 @@ def build_context(signal: Signal, task: Task, tool_sequence: list[str], known_to
         cause = "none: the target was drawn uniformly (control arm)"
         focus = [t for t in signal.evidence.get("focus_tools", []) if t in known_tools] or reference_tools
     elif signal.kind == "forgetting":
-        cause = f"scored {signal.evidence.get('score')} after scoring {max(signal.evidence.get('window') or [0])} before"
+        cause = (
+            f"scored {signal.evidence.get('score')} after scoring {max(signal.evidence.get('window') or [0])} before"
+        )
         focus = reference_tools
     elif signal.kind == "boundary":
         rewards = signal.evidence.get("group_rewards") or []
@@ -53,7 +56,8 @@ def build_context(signal: Signal, task: Task, tool_sequence: list[str], known_to
         focus = list(dict.fromkeys(reference_tools + used))
     else:
         pattern = str(signal.evidence.get("pattern", ""))
-        cause = f"pattern {pattern} appears in {signal.evidence.get('count')} of {signal.evidence.get('total')} trajectories"
+        count, total = signal.evidence.get("count"), signal.evidence.get("total")
+        cause = f"pattern {pattern} appears in {count} of {total} trajectories"
         focus = [t for t in dict.fromkeys(pattern.split(">")) if t in known_tools] or reference_tools
     missing = [t for t in reference_tools if t not in used]
     return {
@@ -88,8 +92,10 @@ def _explore_and_abstract(
                 min_steps=config.min_task_steps,
                 max_steps=config.max_task_steps,
             )
-        except Exception as exc:  # one broken exploration must not end the round
-            logging.getLogger(__name__).warning("exploration %s#%d failed: %s: %s", run_prefix, run, type(exc).__name__, exc)
+        except Exception as exc:  # noqa: BLE001 - one broken exploration must not end the round
+            logging.getLogger(__name__).warning(
+                "exploration %s#%d failed: %s: %s", run_prefix, run, type(exc).__name__, exc
+            )
             continue
         if new is not None:
             made.append(new)
@@ -110,7 +116,9 @@ def synthesize_from_signals(
     def for_signal(signal: Signal, task: Task, tool_sequence: list[str]) -> tuple[list[Task], dict[str, Any]]:
         context = build_context(signal, task, tool_sequence, tools_of(task))
         rng = random.Random(f"{seed}:{round_}:{signal.signal_id}")
-        made = _explore_and_abstract(task, context["focus_patterns"], provenance_of(signal, round_), config, rng, signal.signal_id)
+        made = _explore_and_abstract(
+            task, context["focus_patterns"], provenance_of(signal, round_), config, rng, signal.signal_id
+        )
         return made, context
 
     return synthesize_each(signals, tasks_by_id, tool_sequences, for_signal, progress)
@@ -169,7 +177,9 @@ def synthesize_targets(
 ) -> tuple[list[Candidate], dict[str, dict[str, Any]]]:
     """Candidates and records for mined signals or random targets, with the configured synthesizer."""
     chosen = synthesizer or make_synthesizer(config)
-    return chosen.synthesize(targets, {t.task_id: t for t in pool}, tool_sequences or {}, config, round_, seed, progress)
+    return chosen.synthesize(
+        targets, {t.task_id: t for t in pool}, tool_sequences or {}, config, round_, seed, progress
+    )
 
 
 # --- Prefect task -------------------------------------------------------------------------------
@@ -199,7 +209,9 @@ def synthesize_stage(config: PipelineConfig, wh: Warehouse, inputs: SynthesizeIn
             )
         targets = [stored[sid] for sid in selected]
         sequences = wh.tool_sequences(config.run_id, round_)
-    candidates, contexts = synthesize_targets(targets, pool, config.synthesis, round_, config.seed, tool_sequences=sequences)
+    candidates, contexts = synthesize_targets(
+        targets, pool, config.synthesis, round_, config.seed, tool_sequences=sequences
+    )
     if config.synthesis.synthesizer == "programmatic":
         # New tasks join the target distribution: the same job spread over user turns as D_0's tasks.
         candidates = [replace(c, task=in_turns(c.task, config.pool.calls_per_turn)) for c in candidates]

@@ -78,7 +78,9 @@ def copy_checkpoint(checkpoint_in: Path, config: PipelineConfig, staging: Path) 
         peft.get_peft_model(model, lora).save_pretrained(staging / ADAPTER_SUBDIR, safe_serialization=True)
 
 
-def skip_update(checkpoint_in: Path, round_groups: RoundGroups, config: PipelineConfig, out_dir: Path) -> dict[str, Any]:
+def skip_update(
+    checkpoint_in: Path, round_groups: RoundGroups, config: PipelineConfig, out_dir: Path
+) -> dict[str, Any]:
     """No group can teach anything: checkpoint r+1 is a copy of the input, and the statistics say why."""
     started = time.perf_counter()
     save_atomically(out_dir, functools.partial(copy_checkpoint, checkpoint_in, config))
@@ -111,7 +113,9 @@ def update_policy(
         for trajectory in group:
             check_segments(trajectory)
     if launched_round is not None:
-        return launch_update(checkpoint_in, round_groups, config, launched_round, out_dir, reference_checkpoint=reference)
+        return launch_update(
+            checkpoint_in, round_groups, config, launched_round, out_dir, reference_checkpoint=reference
+        )
     return grpo_trainer.train(checkpoint_in, round_groups, config, out_dir, reference)
 
 
@@ -139,11 +143,15 @@ def grpo_update(
 def update_stage(config: PipelineConfig, wh: Warehouse, inputs: UpdateInput) -> UpdateOutput:
     """Train checkpoint ``round_`` on the round's stored groups; checkpoint ``round_ + 1`` goes to the run folder."""
     round_, checkpoint = inputs.round_, inputs.checkpoint
-    round_groups = group_round(wh.trajectories(config.run_id, round_), config.rollout.group_size)  # the round's only grouping
+    round_groups = group_round(
+        wh.trajectories(config.run_id, round_), config.rollout.group_size
+    )  # the round's only grouping
     out_dir = config.checkpoint_dir(round_ + 1)
     reference = kl_reference_checkpoint(config, wh, checkpoint)
     # The line that decides where training runs: ranks launched for this round, or this process.
     launched_round = round_ if uses_launcher(config) else None
     stats = update_policy(Path(checkpoint), round_groups, config, out_dir, reference, launched_round)
-    get_run_logger().info("round %d: GRPO %s", round_, {k: stats[k] for k in ("groups", "steps", "loss", "skipped") if k in stats})
+    get_run_logger().info(
+        "round %d: GRPO %s", round_, {k: stats[k] for k in ("groups", "steps", "loss", "skipped") if k in stats}
+    )
     return UpdateOutput(checkpoint=str(out_dir), stats=stats, trained_on=round_groups.trained_on)

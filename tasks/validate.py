@@ -14,8 +14,8 @@ embedding similarity (tasks/similarity.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from prefect import get_run_logger
 
@@ -45,7 +45,7 @@ def replay_verdict(candidate: Task, min_steps: int) -> Verdict:
         return Verdict(False, f"too short: {calls} reference calls, at least {min_steps} required")
     try:
         ok, reason, changed = replay(candidate)
-    except Exception as exc:  # a candidate must never crash the round
+    except Exception as exc:  # noqa: BLE001 - a candidate must never crash the round
         return Verdict(False, f"replay raised {type(exc).__name__}: {exc}")
     if not ok:
         return Verdict(False, f"replay failed: {reason}")
@@ -92,7 +92,9 @@ def validate_candidates(
                 verdict = Verdict(False, f"near-duplicate query of {nearest} (cosine {score:.3f})")
         if verdict.accepted and llm_judge is not None:
             opinion = llm_judge(task)
-            verdict = Verdict(opinion.accepted, opinion.reason if not opinion.accepted else f"{verdict.reason}; {opinion.reason}")
+            verdict = Verdict(
+                opinion.accepted, opinion.reason if not opinion.accepted else f"{verdict.reason}; {opinion.reason}"
+            )
         if verdict.accepted:
             seen_ids[task.task_id] = task.task_id
             seen_actions[key] = task.task_id
@@ -130,7 +132,9 @@ def validate_stage(config: PipelineConfig, wh: Warehouse, inputs: ValidateInput)
     llm_judge = judge_from_config(config.synthesis) if config.validation.llm_judge else None
     near = None
     if config.validation.embedding_dedupe:
-        near = NearDuplicateIndex([" ".join(t.turns) for t in pool], [t.task_id for t in pool], config.validation.similarity_threshold)
+        near = NearDuplicateIndex(
+            [" ".join(t.turns) for t in pool], [t.task_id for t in pool], config.validation.similarity_threshold
+        )
     judged = validate_candidates(parsed, pool, heldout, config.synthesis, llm_judge, near, dev=dev)
     grown = next_pool(pool, judged, config.pool)
     accepted = [c.task for c in judged if c.verdict and c.verdict.accepted]
@@ -146,4 +150,6 @@ def validate_stage(config: PipelineConfig, wh: Warehouse, inputs: ValidateInput)
         "round %d: accepted %d, rejected %d %s; pool %d -> %d",
         round_, len(accepted), len(judged) - len(accepted), reasons, len(pool), len(grown),
     )  # fmt: skip
-    return ValidateOutput(accepted=len(accepted), rejected=len(judged) - len(accepted), pool_size=len(grown), rejections=reasons)
+    return ValidateOutput(
+        accepted=len(accepted), rejected=len(judged) - len(accepted), pool_size=len(grown), rejections=reasons
+    )

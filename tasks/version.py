@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 from prefect import get_run_logger
 from prefect.runtime import flow_run
 
+from agent.checkpoints import checkpoint_digest
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from coevolve.optional import optional_module
 from coevolve.records import SIGNAL_KINDS, RoundSummary
 from coevolve.stages import VersionInput, VersionOutput
-from agent.checkpoints import checkpoint_digest
 from tasks.common import open_warehouse
 from tasks.registry import stage
 
@@ -65,7 +65,10 @@ def build_summary(
     flow_run_id: str,
     mechanism: dict[str, Any] | None = None,
 ) -> RoundSummary:
-    """The round's summary from its stages' outputs and its mechanism measurements (storage/mechanism.round_mechanism)."""
+    """The round's summary from its stages' outputs and its mechanism measurements.
+
+    The measurements come from storage/mechanism.round_mechanism.
+    """
     rollout, mined, validated = outputs.rollout, outputs.mine, outputs.validate_
     mechanism = mechanism or {}
     dev = outputs.evaluate.dev_success
@@ -132,7 +135,10 @@ def parent_record(warehouse: Any, run_id: str, round_: int) -> dict[str, str]:
     else:
         record, stage = warehouse.stage_output(run_id, round_ - 1, "version"), f"version stage of round {round_ - 1}"
     if record is None or not record.get("checkpoint_digest") or not record.get("pool_digest"):
-        raise DataError(f"The {stage} of run {run_id!r} recorded no checkpoint and pool digests; lineage of round {round_} cannot be written.")
+        raise DataError(
+            f"The {stage} of run {run_id!r} recorded no checkpoint and pool digests; "
+            f"lineage of round {round_} cannot be written."
+        )
     return {
         "version": str(record.get("model_version") or "") if round_ > 0 else "",
         "checkpoint": str(record["checkpoint"]),
@@ -141,7 +147,9 @@ def parent_record(warehouse: Any, run_id: str, round_: int) -> dict[str, str]:
     }
 
 
-def lineage_tags(run_id: str, round_: int, checkpoint_digest: str, parent: dict[str, str], trained_on: dict[str, Any]) -> dict[str, str]:
+def lineage_tags(
+    run_id: str, round_: int, checkpoint_digest: str, parent: dict[str, str], trained_on: dict[str, Any]
+) -> dict[str, str]:
     """The tags naming what a round's checkpoint was made from (storage.tracking.LINEAGE_TAGS)."""
     return {
         "coevolve.run_id": run_id,
@@ -215,14 +223,24 @@ def version_stage(config: PipelineConfig, wh: Warehouse, inputs: VersionInput) -
         training_pool_path=config.pool_path(round_),
         training_pool_digest=parent["pool_digest"],
         # 'uri': the version points at the checkpoint on shared storage instead of a copy in artifacts.
-        checkpoint_uri=Path(summary.checkpoint).resolve().as_uri() if config.tracking.register_checkpoints == "uri" else None,
+        checkpoint_uri=Path(summary.checkpoint).resolve().as_uri()
+        if config.tracking.register_checkpoints == "uri"
+        else None,
     )
     summary.model_version = str(info["model_version"])
     best = tracker.update_best(config.registered_model_name)
     earlier = [s for s in wh.rounds(config.run_id) if s.round < round_]
-    figure = plots.learning_curve(earlier + [summary], config.run_dir() / "figures" / f"learning-curve-{round_:03d}.png")
+    figure = plots.learning_curve(
+        earlier + [summary], config.run_dir() / "figures" / f"learning-curve-{round_:03d}.png"
+    )
     tracker.attach_artifact(info["mlflow_run_id"], figure)
-    get_run_logger().info("round %d: model version %s (best %s), pool digest %s", round_, summary.model_version, best, summary.pool_digest[:12])
+    get_run_logger().info(
+        "round %d: model version %s (best %s), pool digest %s",
+        round_,
+        summary.model_version,
+        best,
+        summary.pool_digest[:12],
+    )
     return VersionOutput(
         **summary.to_dict(), mlflow_run_id=info["mlflow_run_id"], checkpoint_digest=weights_digest, best_version=best
     )

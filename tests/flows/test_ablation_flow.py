@@ -1,8 +1,25 @@
 """The ablation flow end to end on a tiny config: every (arm, seed) is its own run, and a report comes out."""
 
-import pytest
+import dataclasses
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
-from flows.ablation import ARMS, arm_config
+import pytest
+from mlflow.tracking import MlflowClient
+
+from agent.checkpoints import checkpoint_digest
+from coevolve.stages import PrepareInput
+from flows.ablation import ARMS, arm_config, coevolve_ablation, copy_round0, round0_key
+from storage.pool import pool_digest
+from storage.tracking import Tracker
+from storage.warehouse import Warehouse
+from tasks.prepare import prepare_stage
+from tasks.report import FINAL_SPLIT, read_per_run_table
+from tasks.splits import FINAL_HELDOUT_ROUND, build_final_heldout
+from tests.crash_at import CRASH_EXIT
+from tests.flows.conftest import REPO, cli_env
 
 pytestmark = pytest.mark.slow
 
@@ -19,32 +36,39 @@ def test_arms_share_checkpoint_zero_but_not_their_runs(tiny_config, tmp_path):
 
 @pytest.fixture(scope="module")
 def ablation_run(prefect_api, tiny_config, tmp_path_factory):
-    from flows.ablation import coevolve_ablation
-
     # Two workers: the seeds' chains run at the same time, each in its own process.
-    config = tiny_config(tmp_path_factory.mktemp("ablation"), rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6}, ablation_workers=2)
-    out = coevolve_ablation(arms=["static", "random"], seeds=[1, 2], rounds=1, official_limit=2, name="t", config=config.model_dump(mode="json"))
+    config = tiny_config(
+        tmp_path_factory.mktemp("ablation"), rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6}, ablation_workers=2
+    )
+    out = coevolve_ablation(
+        arms=["static", "random"],
+        seeds=[1, 2],
+        rounds=1,
+        official_limit=2,
+        name="t",
+        config=config.model_dump(mode="json"),
+    )
     return config, out
 
 
 def test_an_ablation_runs_every_arm_and_seed_and_writes_a_report(ablation_run):
-    from storage.warehouse import Warehouse
-
     config, out = ablation_run
     assert set(out["arms"]) == {"static", "random"}
     assert out["tests"] == {}  # no "full" arm to compare against
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         runs = wh.sql("SELECT DISTINCT run_id FROM rounds ORDER BY run_id")["run_id"].to_list()
-        static_pool = wh.sql("SELECT count(*) AS n FROM pool_membership WHERE run_id = 't-static-s1' AND round = 1")["n"][0]
-        seed_pool = wh.sql("SELECT count(*) AS n FROM pool_membership WHERE run_id = 't-static-s1' AND round = 0")["n"][0]
+        static_pool = wh.sql("SELECT count(*) AS n FROM pool_membership WHERE run_id = 't-static-s1' AND round = 1")[
+            "n"
+        ][0]
+        seed_pool = wh.sql("SELECT count(*) AS n FROM pool_membership WHERE run_id = 't-static-s1' AND round = 0")["n"][
+            0
+        ]
     assert runs == ["t-random-s1", "t-random-s2", "t-static-s1", "t-static-s2"]
     assert static_pool == seed_pool
-    assert "| static |" in open(out["report"]).read()
+    assert "| static |" in Path(out["report"]).read_text()
 
 
 def test_each_runs_registry_aliases_point_at_its_own_versions(ablation_run):
-    from mlflow.tracking import MlflowClient
-
     config, _ = ablation_run
     client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
     for run_id in ("t-static-s1", "t-static-s2", "t-random-s1", "t-random-s2"):
@@ -55,43 +79,52 @@ def test_each_runs_registry_aliases_point_at_its_own_versions(ablation_run):
 
 
 def test_the_report_shows_the_mechanism_per_arm_and_round_and_each_arm_against_checkpoint_0(ablation_run):
-    from pathlib import Path
-
     _, out = ablation_run
-    text = open(out["report"]).read()
+    text = Path(out["report"]).read_text()
     assert "### Family 2: each arm against checkpoint 0 (2 comparisons, Holm)" in text
     assert set(out["ckpt0_tests"]) == {"static", "random"}
-    assert all(t["seeds"] == 2 and t["tasks"] == 6 and "p_holm" in t for t in out["ckpt0_tests"].values())  # two seeds x the final split
+    assert all(
+        t["seeds"] == 2 and t["tasks"] == 6 and "p_holm" in t for t in out["ckpt0_tests"].values()
+    )  # two seeds x the final split
     assert "| static | 0 |" in text and "| random | 0 |" in text
     assert {Path(f).name for f in out["figures"]} >= {"mechanism.png", "acceptance_by_kind.png"}
     rows = out["mechanism"]["static"]
     assert 0.0 <= rows[0]["informative"] <= 1.0 and 0.0 <= rows[0]["coverage"] <= 1.0 and 0.0 <= rows[0]["dev"] <= 1.0
-    assert rows[0]["accepted"] == {"forgetting": 0, "boundary": 0, "rare": 0, "random": 0}  # the static arm synthesizes nothing
+    assert rows[0]["accepted"] == {
+        "forgetting": 0,
+        "boundary": 0,
+        "rare": 0,
+        "random": 0,
+    }  # the static arm synthesizes nothing
 
 
 def test_the_final_held_out_split_is_frozen_at_round_0_and_checkpoint_0_is_scored_on_it_once(ablation_run):
-    from storage.pool import pool_digest
-    from storage.warehouse import Warehouse
-    from tasks.splits import FINAL_HELDOUT_ROUND
-    from tasks.splits import build_final_heldout
-
     config, out = ablation_run
     with Warehouse(config.warehouse_path, read_only=True) as wh:
-        rows = wh.sql("SELECT run_id, round, count(*) AS n FROM evaluations WHERE split = 'final-heldout' GROUP BY ALL ORDER BY ALL").rows()
+        rows = wh.sql(
+            "SELECT run_id, round, count(*) AS n FROM evaluations WHERE split = 'final-heldout' "
+            "GROUP BY ALL ORDER BY ALL"
+        ).rows()
         stored = wh.pool("t-static-s1", FINAL_HELDOUT_ROUND)
         prepared = wh.stage_output("t-random-s2", 0, "prepare")
-    expected = build_final_heldout(config.with_overrides({"run_id": "t-static-s1", "pool": {"seed": config.start_seed}}))
+    expected = build_final_heldout(
+        config.with_overrides({"run_id": "t-static-s1", "pool": {"seed": config.start_seed}})
+    )
     assert [t.task_id for t in stored] == [t.task_id for t in expected] and len(stored) == 6
     assert prepared["final_heldout_digest"] == pool_digest(stored) == out["heldout_split"]["digest"]
     # Checkpoint 0 once for the whole ablation, every run's final checkpoint once.
-    assert rows == [("t-checkpoint-0", -1, 6), *((run_id, 0, 6) for run_id in ("t-random-s1", "t-random-s2", "t-static-s1", "t-static-s2"))]
-    text = open(out["report"]).read()
-    assert f"final held-out split: 6 tasks, pool digest `{pool_digest(stored)}`" in text and "detects with 80% power" in text
+    assert rows == [
+        ("t-checkpoint-0", -1, 6),
+        *((run_id, 0, 6) for run_id in ("t-random-s1", "t-random-s2", "t-static-s1", "t-static-s2")),
+    ]
+    text = Path(out["report"]).read_text()
+    assert (
+        f"final held-out split: 6 tasks, pool digest `{pool_digest(stored)}`" in text
+        and "detects with 80% power" in text
+    )
 
 
 def test_checkpoint_0_is_scored_by_the_first_run_and_its_rows_copied_by_the_others(ablation_run):
-    from storage.warehouse import Warehouse
-
     config, _ = ablation_run
     runs = ("t-static-s1", "t-random-s1", "t-static-s2", "t-random-s2")
     with Warehouse(config.warehouse_path, read_only=True) as wh:
@@ -102,11 +135,12 @@ def test_checkpoint_0_is_scored_by_the_first_run_and_its_rows_copied_by_the_othe
 
 
 def test_dev_tasks_are_scored_for_checkpoint_0_and_every_round(ablation_run):
-    from storage.warehouse import Warehouse
-
     config, _ = ablation_run
     with Warehouse(config.warehouse_path, read_only=True) as wh:
-        dev = wh.sql("SELECT round, count(*) AS n FROM evaluations WHERE run_id = 't-random-s1' AND split = 'dev' GROUP BY round ORDER BY round")
+        dev = wh.sql(
+            "SELECT round, count(*) AS n FROM evaluations WHERE run_id = 't-random-s1' AND split = 'dev' "
+            "GROUP BY round ORDER BY round"
+        )
         prepared = wh.stage_output("t-random-s1", 0, "prepare")
         summary = wh.rounds("t-random-s1")[0]
     assert dev.rows() == [(-1, 2), (0, 2)]
@@ -114,13 +148,17 @@ def test_dev_tasks_are_scored_for_checkpoint_0_and_every_round(ablation_run):
 
 
 def test_each_round_logs_its_mechanism_and_the_report_its_checkpoint_0_tests_to_mlflow(ablation_run):
-    from mlflow.tracking import MlflowClient
-
     config, out = ablation_run
     client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
     experiment = client.get_experiment_by_name(config.tracking.experiment)
     (round_run,) = client.search_runs([experiment.experiment_id], "tags.`coevolve.run_name` = 't-random-s1-round-000'")
-    assert {"mechanism.informative_groups", "mechanism.heldout_coverage", "accepted.random", "accepted.boundary", "dev_success"} <= set(round_run.data.metrics)
+    assert {
+        "mechanism.informative_groups",
+        "mechanism.heldout_coverage",
+        "accepted.random",
+        "accepted.boundary",
+        "dev_success",
+    } <= set(round_run.data.metrics)
     report = client.get_run(out["mlflow_run_id"])
     assert report.data.params["heldout_split.size"] == "6" and len(report.data.params["heldout_split.digest"]) == 64
     artifacts = {a.path for a in client.list_artifacts(out["mlflow_run_id"], "report")}
@@ -128,25 +166,24 @@ def test_each_round_logs_its_mechanism_and_the_report_its_checkpoint_0_tests_to_
 
 
 def test_accepted_candidates_by_kind_add_up_to_the_accepted_count(ablation_run):
-    from storage.warehouse import Warehouse
-
     config, _ = ablation_run
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         summaries = [s for run_id in ("t-random-s1", "t-random-s2") for s in wh.rounds(run_id)]
-    assert all(sum(s.accepted_by_kind.values()) == s.accepted and set(s.accepted_by_kind) <= {"random"} for s in summaries)
+    assert all(
+        sum(s.accepted_by_kind.values()) == s.accepted and set(s.accepted_by_kind) <= {"random"} for s in summaries
+    )
 
 
 def test_later_arms_of_a_seed_copy_round_0s_rollout_update_and_evaluation_from_the_first(ablation_run):
-    import dataclasses
-
-    from storage.warehouse import Warehouse
-    from agent.checkpoints import checkpoint_digest
 
     config, _ = ablation_run
     for first, later in (("t-static-s1", "t-random-s1"), ("t-static-s2", "t-random-s2")):
         with Warehouse(config.warehouse_path, read_only=True) as wh:
             # What an analyst's query sees: every round-0 stage record, and the run it was copied from.
-            query = "SELECT run_id, stage, output->>'copied_from' AS copied_from FROM stage_runs WHERE round = 0 AND run_id = '{}'"
+            query = (
+                "SELECT run_id, stage, output->>'copied_from' AS copied_from FROM stage_runs "
+                "WHERE round = 0 AND run_id = '{}'"
+            )
             copied = dict(wh.sql(query.format(later)).select("stage", "copied_from").rows())
             own = wh.sql(query.format(first))["copied_from"].to_list()
             episodes = [wh.trajectories(run_id, 0) for run_id in (first, later)]
@@ -161,13 +198,15 @@ def test_later_arms_of_a_seed_copy_round_0s_rollout_update_and_evaluation_from_t
         assert scores[0] == scores[1] and scores[2] == scores[3] and len(scores[1]) == 4 and len(scores[3]) == 2
         assert prepared[0]["pool_digest"] == prepared[1]["pool_digest"]
         assert versions[1]["checkpoint"] != versions[0]["checkpoint"]  # the later run's own copy of checkpoint 1
-        assert versions[0]["checkpoint_digest"] == versions[1]["checkpoint_digest"] == checkpoint_digest(versions[1]["checkpoint"])
+        assert (
+            versions[0]["checkpoint_digest"]
+            == versions[1]["checkpoint_digest"]
+            == checkpoint_digest(versions[1]["checkpoint"])
+        )
         assert versions[0]["heldout_success"] == versions[1]["heldout_success"]
 
 
 def test_a_copied_round_0_names_its_source_in_checkpoint_1s_lineage(ablation_run):
-    from storage.tracking import Tracker
-
     config, _ = ablation_run
     tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
     (copied,) = tracker.lineage(config.with_overrides({"run_id": "t-random-s1"}).registered_model_name, "1")
@@ -178,17 +217,6 @@ def test_a_copied_round_0_names_its_source_in_checkpoint_1s_lineage(ablation_run
 
 def test_a_round_0_copy_killed_midway_is_finished_by_the_next_attempt(ablation_run, tmp_path):
     """The copy dies (os._exit) just before the update stage's record; the next attempt finishes it, no row twice."""
-    import shutil
-    import subprocess
-    import sys
-
-    from flows.ablation import copy_round0
-    from storage.warehouse import Warehouse
-    from agent.checkpoints import checkpoint_digest
-    from coevolve.stages import PrepareInput
-    from tasks.prepare import prepare_stage
-    from tests.crash_at import CRASH_EXIT
-    from tests.flows.conftest import REPO, cli_env
 
     config, _ = ablation_run
     state = tmp_path / "state"
@@ -198,8 +226,9 @@ def test_a_round_0_copy_killed_midway_is_finished_by_the_next_attempt(ablation_r
     target = arm_config(base, "full", 1, "t", checkpoint0_scores_from="t-static-s1")
     prepare_stage(target, PrepareInput(round_=0))
     script = (
-        "import sys; from tests.crash_at import arm; arm(sys.argv[1]); from coevolve.config import PipelineConfig as C; "
-        "from flows.ablation import copy_round0; copy_round0(C.model_validate_json(sys.argv[2]), C.model_validate_json(sys.argv[3]))"
+        "import sys; from tests.crash_at import arm; arm(sys.argv[1]); "
+        "from coevolve.config import PipelineConfig as C; from flows.ablation import copy_round0; "
+        "copy_round0(C.model_validate_json(sys.argv[2]), C.model_validate_json(sys.argv[3]))"
     )
     point = "before:stage_runs/run_id=t-full-s1/round=0/update.json"
     died = subprocess.run([sys.executable, "-c", script, point, source.model_dump_json(), target.model_dump_json()],
@@ -215,12 +244,12 @@ def test_a_round_0_copy_killed_midway_is_finished_by_the_next_attempt(ablation_r
         stored = wh.sql("SELECT count(*) AS n FROM trajectories WHERE run_id = 't-full-s1' AND round = 0")["n"][0]
         expected = wh.stage_output("t-static-s1", 0, "version")["checkpoint_digest"]
     assert [s["copied_from"] for s in stages] == ["t-static-s1"] * 3 and stored == 8
-    assert checkpoint_digest(stages[1]["checkpoint"]) == expected and not list(target.checkpoint_dir(1).parent.glob("*.partial"))
+    assert checkpoint_digest(stages[1]["checkpoint"]) == expected and not list(
+        target.checkpoint_dir(1).parent.glob("*.partial")
+    )
 
 
 def test_round_0_is_shared_only_by_runs_whose_round_0_settings_and_inputs_match(ablation_run):
-    from flows.ablation import round0_key
-
     config, _ = ablation_run
     static, random = arm_config(config, "static", 1, "t"), arm_config(config, "random", 1, "t")
     assert round0_key(static) == round0_key(random) is not None  # the arms differ in synthesis only
@@ -230,20 +259,24 @@ def test_round_0_is_shared_only_by_runs_whose_round_0_settings_and_inputs_match(
 
 
 def test_the_reports_numbers_do_not_depend_on_how_many_seeds_run_at_once(ablation_run, tiny_config, tmp_path):
-    from pathlib import Path
-
-    from flows.ablation import coevolve_ablation
-    from storage.warehouse import Warehouse
-    from tasks.report import FINAL_SPLIT, read_per_run_table
 
     config, parallel = ablation_run
     one_at_a_time = tiny_config(tmp_path, rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6}, ablation_workers=1)
-    sequential = coevolve_ablation(arms=["static", "random"], seeds=[1, 2], rounds=1, official_limit=2, name="t", config=one_at_a_time.model_dump(mode="json"))
+    sequential = coevolve_ablation(
+        arms=["static", "random"],
+        seeds=[1, 2],
+        rounds=1,
+        official_limit=2,
+        name="t",
+        config=one_at_a_time.model_dump(mode="json"),
+    )
     tables = [read_per_run_table(Path(out["report"]).read_text()) for out in (parallel, sequential)]
     outcomes = []
     for cfg in (config, one_at_a_time):
         with Warehouse(cfg.warehouse_path, read_only=True) as wh:
-            rows = wh.sql(f"SELECT run_id, round, task_id, success FROM evaluations WHERE split = '{FINAL_SPLIT}' ORDER BY ALL").rows()
+            rows = wh.sql(
+                f"SELECT run_id, round, task_id, success FROM evaluations WHERE split = '{FINAL_SPLIT}' ORDER BY ALL"
+            ).rows()
         outcomes.append(rows)
     assert tables[0] == tables[1] and len(tables[0]) == 4
     assert outcomes[0] == outcomes[1] and len(outcomes[0]) == 5 * 6  # checkpoint 0 and four final checkpoints

@@ -12,11 +12,12 @@ import json
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from coevolve.stages import STAGE_NAMES
+from storage.warehouse import Warehouse
+from tests.flows.conftest import REPO, cli_env
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +37,9 @@ def look():
         "trajectories": con.execute("SELECT count(*) FROM trajectories WHERE run_id = ?", [run]).fetchone()[0],
         "steps": con.execute("SELECT count(*) FROM steps WHERE run_id = ?", [run]).fetchone()[0],
         "stages": sorted(r[0] for r in con.execute("SELECT stage FROM stage_runs WHERE run_id = ?", [run]).fetchall()),
-        "rounds": con.execute("SELECT count(*) FROM rounds WHERE run_id = ? AND status = 'finished'", [run]).fetchone()[0],
+        "rounds": con.execute(
+            "SELECT count(*) FROM rounds WHERE run_id = ? AND status = 'finished'", [run]
+        ).fetchone()[0],
     }
 
 print(json.dumps(look()), flush=True)
@@ -56,9 +59,6 @@ con.close()
 
 
 def test_a_read_session_open_across_a_round_blocks_nothing_and_sees_the_new_rows(tiny_config, cli, tmp_path) -> None:
-    from storage.warehouse import Warehouse
-    from tests.flows.conftest import REPO, cli_env
-
     config = tiny_config(tmp_path / "state")
     config_file = cli.write_config_file(config, tmp_path / "config.yaml")
     config.state_dir.mkdir(parents=True, exist_ok=True)

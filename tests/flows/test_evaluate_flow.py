@@ -6,6 +6,13 @@ Real Prefect flow run, DuckDB warehouse, MLflow store and bfcl-eval classes; ``l
 import pytest
 from mlflow.tracking import MlflowClient
 
+from agent.tiny import build_tiny_policy
+from envs.explorer import build_tasks, demonstration
+from flows.evaluate import coevolve_evaluate
+from storage.warehouse import Warehouse
+from tasks.common import make_environment, open_warehouse
+from tasks.splits import EXTERNAL_ROUND, HELDOUT_ROUND, build_initial_pools
+
 pytestmark = pytest.mark.slow
 
 LIMIT = 3
@@ -14,10 +21,6 @@ LIMIT = 3
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory, tiny_config):
     """A tiny policy fine-tuned briefly on demonstrations of a few explored tasks."""
-    from agent.tiny import build_tiny_policy
-    from envs.explorer import build_tasks, demonstration
-    from tasks.common import make_environment
-
     config = tiny_config(tmp_path_factory.mktemp("model"), policy={"sft_steps": 20})
     env = make_environment(config.environment)
     conversations = [demonstration(task, env) for task in build_tasks(6, seed=11)]
@@ -26,12 +29,14 @@ def tiny_checkpoint(tmp_path_factory, tiny_config):
 
 @pytest.fixture(scope="module")
 def evaluated(prefect_api, tiny_config, tiny_checkpoint, tmp_path_factory):
-    from flows.evaluate import coevolve_evaluate
-
     config = tiny_config(tmp_path_factory.mktemp("state"), run_id="evalflow")
     results = coevolve_evaluate(
-        checkpoint=tiny_checkpoint, categories=["base", "multi_turn_long_context"], heldout=True,
-        config=config.model_dump(mode="json"), limit=LIMIT, dev=True,
+        checkpoint=tiny_checkpoint,
+        categories=["base", "multi_turn_long_context"],
+        heldout=True,
+        config=config.model_dump(mode="json"),
+        limit=LIMIT,
+        dev=True,
     )
     return config, results
 
@@ -43,14 +48,11 @@ def test_flow_returns_accuracy_per_category_heldout_and_dev(evaluated):
 
 
 def test_rows_are_stored_per_split_and_long_context_twins_do_not_collide(evaluated):
-    from storage.warehouse import Warehouse
-    from tasks.splits import EXTERNAL_ROUND
-
     config, results = evaluated
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         rows = wh.sql("SELECT round, split, task_id, success FROM evaluations WHERE run_id = 'evalflow'")
     by_split = {split: rows.filter(rows["split"] == split) for split in results}
-    assert {split: frame.height for split, frame in by_split.items()} == {split: LIMIT for split in results}
+    assert {split: frame.height for split, frame in by_split.items()} == dict.fromkeys(results, LIMIT)
     # An official long-context entry has its base twin's task_id; the split keeps both rows.
     assert sorted(by_split["multi_turn_base"]["task_id"]) == sorted(by_split["multi_turn_long_context"]["task_id"])
     assert set(rows["round"]) == {EXTERNAL_ROUND}
@@ -59,9 +61,6 @@ def test_rows_are_stored_per_split_and_long_context_twins_do_not_collide(evaluat
 
 
 def test_a_run_without_a_heldout_split_gets_the_one_round_zero_would_build(evaluated):
-    from tasks.common import open_warehouse
-    from tasks.splits import HELDOUT_ROUND, build_initial_pools
-
     config, _ = evaluated
     with open_warehouse(config) as wh:
         stored = wh.pool(config.run_id, HELDOUT_ROUND)

@@ -1,4 +1,7 @@
-"""A round starts only from the checkpoint and pool recorded before it (round 0: checkpoint 0 and D_0): digests catch corruption, and nothing unverifiable passes."""
+"""A round starts only from the checkpoint and pool recorded before it (round 0: checkpoint 0 and D_0).
+
+Digests catch corruption, and nothing unverifiable passes.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +12,16 @@ import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from coevolve.config import load_config  # noqa: E402
-from coevolve.errors import DataError  # noqa: E402
-from coevolve.records import Provenance, Task, ToolCall  # noqa: E402
-from storage.pool import write_pool_snapshot  # noqa: E402
-from storage.warehouse import Warehouse  # noqa: E402
-from agent.checkpoints import checkpoint_digest  # noqa: E402
-from tasks.common import open_warehouse  # noqa: E402
-from tasks.prepare import verify_round_inputs  # noqa: E402
+import shutil
+
+from agent.checkpoints import checkpoint_digest, checkpoint_folder
+from coevolve.config import load_config
+from coevolve.errors import DataError
+from coevolve.records import Provenance, Task, ToolCall
+from storage.pool import write_pool_snapshot
+from storage.warehouse import Warehouse
+from tasks.common import open_warehouse
+from tasks.prepare import verify_round_inputs
 
 
 def _verified(config, round_: int) -> str:
@@ -51,7 +56,12 @@ def finished_round_zero(tmp_path: Path):
         wh.write_tasks(tasks)
         wh.set_pool("r", 1, [t.task_id for t in tasks])
         wh.mark_stage("r", 0, "update", {"checkpoint": str(checkpoint)})
-        wh.mark_stage("r", 0, "version", {"pool_digest": digest, "checkpoint_digest": checkpoint_digest(checkpoint), "model_version": "1"})
+        wh.mark_stage(
+            "r",
+            0,
+            "version",
+            {"pool_digest": digest, "checkpoint_digest": checkpoint_digest(checkpoint), "model_version": "1"},
+        )
     return config, checkpoint
 
 
@@ -115,8 +125,6 @@ def test_a_round_after_an_unfinished_one_does_not_start(finished_round_zero) -> 
 
 
 def test_a_deleted_checkpoint_under_a_relative_state_dir_stops_the_round(tmp_path: Path, monkeypatch) -> None:
-    import shutil
-
     monkeypatch.chdir(tmp_path)
     config = load_config(overrides=["state_dir=state", "run_id=r"], environ={})
     checkpoint = config.checkpoint_dir(1)
@@ -128,7 +136,15 @@ def test_a_deleted_checkpoint_under_a_relative_state_dir_stops_the_round(tmp_pat
         wh.write_tasks(tasks)
         wh.set_pool("r", 1, [t.task_id for t in tasks])
         wh.mark_stage("r", 0, "update", {"checkpoint": "state/runs/r/checkpoints/round-001"})
-        wh.mark_stage("r", 0, "version", {"pool_digest": write_pool_snapshot(tasks, config.pool_path(1)), "checkpoint_digest": checkpoint_digest(checkpoint)})
+        wh.mark_stage(
+            "r",
+            0,
+            "version",
+            {
+                "pool_digest": write_pool_snapshot(tasks, config.pool_path(1)),
+                "checkpoint_digest": checkpoint_digest(checkpoint),
+            },
+        )
     shutil.rmtree(checkpoint)
     with pytest.raises(DataError, match="state/runs/r/checkpoints/round-001 is missing"):
         _verified(config, 1)
@@ -164,10 +180,16 @@ def prepared_round_zero(tmp_path: Path):
     with Warehouse(config.warehouse_path) as wh:
         wh.write_tasks(tasks)
         wh.set_pool("r", 0, [t.task_id for t in tasks])
-        wh.mark_stage("r", 0, "prepare", {
-            "checkpoint": str(checkpoint), "checkpoint_digest": checkpoint_digest(checkpoint),
-            "pool_digest": write_pool_snapshot(tasks, config.pool_path(0)),
-        })
+        wh.mark_stage(
+            "r",
+            0,
+            "prepare",
+            {
+                "checkpoint": str(checkpoint),
+                "checkpoint_digest": checkpoint_digest(checkpoint),
+                "pool_digest": write_pool_snapshot(tasks, config.pool_path(0)),
+            },
+        )
     return config, checkpoint
 
 
@@ -189,8 +211,8 @@ def test_a_changed_d0_snapshot_is_named(prepared_round_zero) -> None:
 
 
 def test_a_hub_model_id_that_is_not_on_this_machine_stops_the_round_with_the_reason(monkeypatch) -> None:
-    from agent.checkpoints import checkpoint_folder
-
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(DataError, match="'coevolve-tests/absent-model' is neither a local folder nor in the local hub cache"):
+    with pytest.raises(
+        DataError, match="'coevolve-tests/absent-model' is neither a local folder nor in the local hub cache"
+    ):
         checkpoint_folder("coevolve-tests/absent-model")

@@ -1,4 +1,7 @@
-"""The stage registry: every stage of coevolve/stages.py declared once, resumed from its record, placed by configuration."""
+"""The stage registry: every stage of coevolve/stages.py declared once, resumed from its record.
+
+Each is placed by configuration.
+"""
 
 from __future__ import annotations
 
@@ -57,6 +60,13 @@ def test_a_record_keeps_the_shape_earlier_versions_wrote_and_read(tmp_path, pref
     stage("evaluate", retries=0)(evaluate_without_dev)(config, STAGES["evaluate"].inputs(round_=0, checkpoint="c"))
     with open_warehouse(config) as wh:
         assert wh.stage_output(config.run_id, 0, "evaluate") == {"heldout_success": 0.5, "heldout_tasks": 2}
-        wh.mark_stage(config.run_id, 1, "evaluate", {"heldout_success": 0.25, "heldout_tasks": 4, "dev_success": 0.5, "seconds": 3})
-    old = stage("evaluate", retries=0)(evaluate_without_dev)(config, STAGES["evaluate"].inputs(round_=1, checkpoint="c"))
+        wh.mark_stage(
+            config.run_id,
+            1,
+            "evaluate",
+            {"heldout_success": 0.25, "heldout_tasks": 4, "dev_success": 0.5, "seconds": 3},
+        )
+    old = stage("evaluate", retries=0)(evaluate_without_dev)(
+        config, STAGES["evaluate"].inputs(round_=1, checkpoint="c")
+    )
     assert (old.heldout_success, old.dev_success, old.model_extra) == (0.25, 0.5, {"seconds": 3})

@@ -47,6 +47,9 @@ def test_a_run_without_heldout_or_dev_tasks_loads_no_model(tmp_path):
     config = PipelineConfig(state_dir=tmp_path)
     missing = str(tmp_path / "no-such-checkpoint")
     with open_warehouse(config) as wh:
-        assert evaluate_splits(config, wh, missing, {HELDOUT_SPLIT: [], DEV_SPLIT: []}, 0) == {HELDOUT_SPLIT: 0.0, DEV_SPLIT: 0.0}
+        assert evaluate_splits(config, wh, missing, {HELDOUT_SPLIT: [], DEV_SPLIT: []}, 0) == {
+            HELDOUT_SPLIT: 0.0,
+            DEV_SPLIT: 0.0,
+        }
         with pytest.raises(OSError):  # with a task to play, the missing checkpoint is loaded and fails
             evaluate_splits(config, wh, missing, {HELDOUT_SPLIT: build_tasks(1, seed=0)}, 0)

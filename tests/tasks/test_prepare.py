@@ -1,14 +1,21 @@
 """The starting point of a run: seed pool, held-out split, the SFT set of checkpoint 0, and the dev split."""
 
+from pathlib import Path
+
 import pytest
 
 from coevolve.config import load_config
-from tasks.splits import build_dev_split, build_initial_pools, sft_demonstrations
+from envs.calls import parse_tool_calls
+from storage.pool import pool_digest
+from tasks.common import open_warehouse
+from tasks.prepare import copied_baseline
+from tasks.splits import HELDOUT_ROUND, build_dev_split, build_final_heldout, build_initial_pools, sft_demonstrations
 
 
 def _config(tmp_path):
     return load_config(
-        overrides=[f"state_dir={tmp_path}", "pool.seed_size=10", "rollout.heldout_tasks=5", "policy.sft_tasks=30"], environ={}
+        overrides=[f"state_dir={tmp_path}", "pool.seed_size=10", "rollout.heldout_tasks=5", "policy.sft_tasks=30"],
+        environ={},
     )
 
 
@@ -24,7 +31,9 @@ def test_the_dev_split_shares_no_task_with_the_seed_pool_heldout_split_or_sft_se
 
 def test_the_dev_split_is_reproducible_from_the_seed(tmp_path):
     config = _config(tmp_path)
-    assert [t.task_id for t in build_dev_split(config, size=10)] == [t.task_id for t in build_dev_split(config, size=10)]
+    assert [t.task_id for t in build_dev_split(config, size=10)] == [
+        t.task_id for t in build_dev_split(config, size=10)
+    ]
 
 
 def test_the_sft_set_holds_no_task_of_the_seed_pool_or_the_heldout_split(tmp_path):
@@ -35,15 +44,15 @@ def test_the_sft_set_holds_no_task_of_the_seed_pool_or_the_heldout_split(tmp_pat
 
 
 def test_checkpoint_zero_learns_from_short_tasks_and_the_target_spreads_a_longer_job_over_turns(tmp_path):
-    from envs.calls import parse_tool_calls
-
     config = _config(tmp_path)
     seed_pool, heldout = build_initial_pools(config)
     _, conversations = sft_demonstrations(config, seed_pool, heldout)
     user_turns = [sum(1 for m in conversation if m.role == "user") for conversation in conversations]
     assert set(user_turns) == {1, 2}  # every second two-call demonstration puts each call in its own turn
     for conversation in conversations:
-        calls = sum(len(parse_tool_calls(m.content)[0]) for m in conversation if m.role == "assistant" and m.content != "done")
+        calls = sum(
+            len(parse_tool_calls(m.content)[0]) for m in conversation if m.role == "assistant" and m.content != "done"
+        )
         assert 1 <= calls <= config.policy.sft_max_calls
     for task in seed_pool + heldout + build_dev_split(config, size=10):
         calls = [len(turn) for turn in task.reference]
@@ -64,8 +73,6 @@ FROZEN_HELDOUT_DIGEST = "928b54d8e11999cf173004ecefc43d69930d86ddce7fb1b976c62ae
 
 
 def test_the_default_heldout_split_is_frozen(tmp_path):
-    from storage.pool import pool_digest
-
     config = load_config(overrides=[f"state_dir={tmp_path}"], environ={})
     _, heldout = build_initial_pools(config)
     assert len(heldout) == 100 and pool_digest(heldout) == FROZEN_HELDOUT_DIGEST
@@ -79,16 +86,16 @@ FROZEN_FINAL_HELDOUT_DIGEST = "5d09ccbe3042779bc39a8b5cf2898a11129410c2ac4ceb0ea
 
 @pytest.mark.slow
 def test_the_ablations_final_heldout_split_is_frozen_and_disjoint_from_every_other_split(tmp_path):
-    from pathlib import Path
 
-    from storage.pool import pool_digest
-    from tasks.splits import build_final_heldout
-
-    config = load_config(Path(__file__).parents[2] / "configs" / "ablation.yaml", overrides=[f"state_dir={tmp_path}"], environ={})
+    config = load_config(
+        Path(__file__).parents[2] / "configs" / "ablation.yaml", overrides=[f"state_dir={tmp_path}"], environ={}
+    )
     final = build_final_heldout(config)
     assert len(final) == config.rollout.final_heldout_tasks == 500 and pool_digest(final) == FROZEN_FINAL_HELDOUT_DIGEST
     seed_pool, heldout = build_initial_pools(config)
-    others = {t.task_id for t in seed_pool + heldout + build_dev_split(config)} | set(sft_demonstrations(config, seed_pool, heldout)[0])
+    others = {t.task_id for t in seed_pool + heldout + build_dev_split(config)} | set(
+        sft_demonstrations(config, seed_pool, heldout)[0]
+    )
     assert not {t.task_id for t in final} & others
     for task in final:
         calls = [len(turn) for turn in task.reference]
@@ -96,16 +103,10 @@ def test_the_ablations_final_heldout_split_is_frozen_and_disjoint_from_every_oth
 
 
 def test_without_a_size_there_is_no_final_heldout_split(tmp_path):
-    from tasks.splits import build_final_heldout
-
     assert build_final_heldout(_config(tmp_path)) == []
 
 
 def test_checkpoint_0s_scores_are_copied_only_from_a_run_with_the_same_checkpoint_and_tasks(tmp_path):
-    from tasks.common import open_warehouse
-    from tasks.prepare import copied_baseline
-    from tasks.splits import HELDOUT_ROUND
-
     config = _config(tmp_path).with_overrides({"rollout": {"checkpoint0_scores_from": "first"}})
     _, heldout = build_initial_pools(config)
     rows = [(t.task_id, i % 2 == 0, float(i % 2 == 0), f"traj-{i}") for i, t in enumerate(heldout)]

@@ -19,7 +19,12 @@ from tasks.splits import (
 
 def _config(tmp_path, **rollout):
     return load_config(
-        data={"state_dir": str(tmp_path), "pool": {"seed_size": 10}, "policy": {"sft_tasks": 30}, "rollout": {"heldout_tasks": 5, **rollout}},
+        data={
+            "state_dir": str(tmp_path),
+            "pool": {"seed_size": 10},
+            "policy": {"sft_tasks": 30},
+            "rollout": {"heldout_tasks": 5, **rollout},
+        },
         environ={},
     )
 

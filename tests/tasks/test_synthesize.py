@@ -29,7 +29,9 @@ def test_forgetting_context_focuses_on_the_tasks_own_operations(task):
 
 def test_rare_context_focuses_on_the_rare_patterns_tools(task):
     tool = task.tools[0]
-    context = build_context(signal("rare", task, {"pattern": f"{tool}>{tool}", "count": 1, "total": 50}), task, [tool], tools_of(task))
+    context = build_context(
+        signal("rare", task, {"pattern": f"{tool}>{tool}", "count": 1, "total": 50}), task, [tool], tools_of(task)
+    )
     assert context["focus_patterns"] == [tool]
     assert "1 of 50" in context["failure_cause"]
 
@@ -42,7 +44,9 @@ def test_boundary_context_names_the_missed_reference_tools(task):
 
 def test_candidates_carry_their_signal_as_provenance(task):
     s = signal("boundary", task, {"group_rewards": [1.0, 0.0]})
-    candidates, contexts = synthesize_from_signals([s], {task.task_id: task}, {}, SynthesisConfig(), 1, 0, progress=False)
+    candidates, contexts = synthesize_from_signals(
+        [s], {task.task_id: task}, {}, SynthesisConfig(), 1, 0, progress=False
+    )
     assert candidates and s.signal_id in contexts
     for c in candidates:
         assert c.signal_id == s.signal_id
@@ -52,7 +56,11 @@ def test_candidates_carry_their_signal_as_provenance(task):
 
 def test_synthesis_is_reproducible_from_the_seed(task):
     s = signal("forgetting", task, {"window": [1.0], "score": 0.0})
-    run = lambda: [c.task.task_id for c in synthesize_from_signals([s], {task.task_id: task}, {}, SynthesisConfig(), 1, 7, progress=False)[0]]
+
+    def run() -> list[str]:
+        candidates = synthesize_from_signals([s], {task.task_id: task}, {}, SynthesisConfig(), 1, 7, progress=False)[0]
+        return [c.task.task_id for c in candidates]
+
     assert run() == run()
 
 

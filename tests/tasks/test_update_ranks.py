@@ -10,14 +10,29 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from prefect import flow
+from prefect.testing.utilities import prefect_test_harness
 
+from agent.chat import ChatFormat
+from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import ConfigError
-from coevolve.records import Trajectory
+from coevolve.optional import optional_module
+from coevolve.records import Message, Trajectory
+from coevolve.stages import UpdateInput
+from tasks.common import open_warehouse
 from tasks.grpo_groups import group_round
 from tasks.launch import RankFailedError, launch_command, launch_dir, launch_update, processes_for
-from tasks.update import grpo_update
-from tests.tasks.test_update import BAD, GOOD, GROUP_SIZE, _completion_logprobs, policy_dir  # noqa: F401 - a fixture
+from tasks.update import grpo_update, update_stage
+from tests.tasks import test_update as single_rank_tests
+from tests.tasks.test_update import BAD, GOOD, GROUP_SIZE, _completion_logprobs
+
+# torch-backed packages, imported when a test that runs here first reads them
+safetensors_torch = optional_module("safetensors.torch")
+transformers = optional_module("transformers")
+
+# The single-rank tests' tiny policy, shared as this module's fixture too.
+policy_dir = single_rank_tests.policy_dir
 
 REWARDS = {
     "t-a": [1.0, 0.0, 1.0, 0.0],
@@ -57,10 +72,6 @@ def _config(state_dir: Path, **training) -> PipelineConfig:
 
 def _groups(policy_dir: Path) -> list[Trajectory]:
     """One group per task of REWARDS: the good message where the reward is 1, the bad one elsewhere."""
-    from agent.chat import ChatFormat
-    from agent.transformers_engine import load_policy
-    from coevolve.records import Message
-
     chat = ChatFormat(load_policy(policy_dir)[1])
     out = []
     for task_id, rewards in REWARDS.items():
@@ -69,26 +80,30 @@ def _groups(policy_dir: Path) -> list[Trajectory]:
             message = chat.generated_ids(GOOD if reward > 0 else BAD)
             out.append(
                 Trajectory(
-                    run_id="test", round=0, task_id=task_id, sample=sample, steps=[], prompt_ids=prompt,
-                    completion_ids=message, completion_mask=[1] * len(message),
+                    run_id="test",
+                    round=0,
+                    task_id=task_id,
+                    sample=sample,
+                    steps=[],
+                    prompt_ids=prompt,
+                    completion_ids=message,
+                    completion_mask=[1] * len(message),
                     logprobs=_completion_logprobs(policy_dir, prompt, message, 0.9),
-                    reward=reward, success=reward > 0, finish_reason="done",
+                    reward=reward,
+                    success=reward > 0,
+                    finish_reason="done",
                 )
             )
     return out
 
 
 def _store(config: PipelineConfig, trajectories: list[Trajectory]) -> None:
-    from tasks.common import open_warehouse
-
     with open_warehouse(config) as wh:
         wh.write_trajectories(trajectories)
 
 
 def _weights(checkpoint: Path) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(checkpoint / "model.safetensors")
+    return safetensors_torch.load_file(checkpoint / "model.safetensors")
 
 
 @pytest.fixture(scope="module")
@@ -142,12 +157,10 @@ def test_two_rank_weights_match_one_rank_weights_within_rounding(two_ranks, one_
 
 @pytest.mark.slow
 def test_two_ranks_leave_one_complete_checkpoint_and_a_log_per_rank_in_the_run_folder(two_ranks, stored):
-    from transformers import AutoModelForCausalLM
-
     config, _ = stored
     _, out = two_ranks
     assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no staging folder left behind
-    AutoModelForCausalLM.from_pretrained(out)
+    transformers.AutoModelForCausalLM.from_pretrained(out)
     work = launch_dir(config, 0)
     assert (work / "rank-0.log").is_file() and (work / "rank-1.log").is_file()
     assert not list(work.glob("*.error.json"))
@@ -190,11 +203,6 @@ def test_lora_on_two_ranks_saves_the_adapter_and_merged_weights_that_match_one_r
 
 @pytest.mark.slow
 def test_the_update_stage_with_two_processes_launches_ranks_and_records_what_each_trained(policy_dir, stored, tmp_path):
-    from prefect import flow
-    from prefect.testing.utilities import prefect_test_harness
-
-    from coevolve.stages import UpdateInput
-    from tasks.update import update_stage
 
     _, trajectories = stored
     config = _config(tmp_path, num_processes=2, kl_reference="round")
@@ -206,7 +214,10 @@ def test_the_update_stage_with_two_processes_launches_ranks_and_records_what_eac
 
     with prefect_test_harness(server_startup_timeout=120):
         output = update_round()
-    assert output["checkpoint"] == str(config.checkpoint_dir(1)) and (config.checkpoint_dir(1) / "model.safetensors").is_file()
+    assert (
+        output["checkpoint"] == str(config.checkpoint_dir(1))
+        and (config.checkpoint_dir(1) / "model.safetensors").is_file()
+    )
     assert output["stats"]["processes"] == 2 and output["stats"]["launcher"] == "torchrun"
     assert sorted(t for ids in output["stats"]["rank_task_ids"].values() for t in ids) == sorted(REWARDS)
     assert output["trained_on"]["count"] == len(trajectories)

@@ -7,6 +7,7 @@ import pytest
 from coevolve.config import PipelineConfig
 from coevolve.records import RoundSummary
 from coevolve.stages import VersionInput
+from storage.warehouse import Warehouse
 from tasks.version import build_summary, mechanism_metrics
 
 OUTPUTS = {
@@ -27,7 +28,12 @@ def summary(evaluate=None, mechanism=MECHANISM):
 
 def test_the_summary_holds_the_mechanism_measurements_and_dev_success():
     s = summary({"dev_success": 0.4, "dev_tasks": 5})
-    assert (s.informative_groups, s.heldout_coverage, s.accepted_by_kind, s.dev_success) == (0.75, 0.5, {"boundary": 2, "random": 1}, 0.4)
+    assert (s.informative_groups, s.heldout_coverage, s.accepted_by_kind, s.dev_success) == (
+        0.75,
+        0.5,
+        {"boundary": 2, "random": 1},
+        0.4,
+    )
 
 
 def test_without_a_dev_evaluation_or_measurements_the_fields_say_so():
@@ -38,8 +44,13 @@ def test_without_a_dev_evaluation_or_measurements_the_fields_say_so():
 
 def test_mlflow_gets_every_kind_of_accepted_candidate_and_the_mechanism_shares():
     assert mechanism_metrics(summary({"dev_success": 0.4})) == {
-        "mechanism.informative_groups": 0.75, "mechanism.heldout_coverage": 0.5, "dev_success": 0.4,
-        "accepted.forgetting": 0.0, "accepted.boundary": 2.0, "accepted.rare": 0.0, "accepted.random": 1.0,
+        "mechanism.informative_groups": 0.75,
+        "mechanism.heldout_coverage": 0.5,
+        "dev_success": 0.4,
+        "accepted.forgetting": 0.0,
+        "accepted.boundary": 2.0,
+        "accepted.rare": 0.0,
+        "accepted.random": 1.0,
     }
 
 
@@ -50,8 +61,6 @@ def test_unmeasured_values_are_not_logged_as_metrics():
 
 
 def test_summaries_round_trip_through_the_warehouse_and_old_ones_still_load(tmp_path):
-    from storage.warehouse import Warehouse
-
     with Warehouse(tmp_path / "wh") as wh:
         wh.finish_round("r", 0, summary({"dev_success": 0.4}))
         wh.finish_round("r", 1, RoundSummary("r", 1, 14, 8, 0.5, {}, 0, 0, 0.3))  # measured nothing: None
@@ -59,5 +68,9 @@ def test_summaries_round_trip_through_the_warehouse_and_old_ones_still_load(tmp_
     assert loaded[0].accepted_by_kind == {"boundary": 2, "random": 1} and loaded[0].dev_success == pytest.approx(0.4)
     assert loaded[1].informative_groups is None and loaded[1].dev_success is None
     assert loaded[0] == summary({"dev_success": 0.4})  # records compare equal after a round trip
-    old = {k: v for k, v in summary().to_dict().items() if k not in ("informative_groups", "heldout_coverage", "accepted_by_kind", "dev_success")}
+    old = {
+        k: v
+        for k, v in summary().to_dict().items()
+        if k not in ("informative_groups", "heldout_coverage", "accepted_by_kind", "dev_success")
+    }
     assert RoundSummary(**old).heldout_coverage is None
