@@ -104,11 +104,6 @@ def _read(wh: Warehouse, measure: Any, run_id: str, round_: int) -> Any:
         con.close()
 
 
-def informative_group_share(wh: Warehouse, run_id: str, round_: int) -> float:
-    """Share of the round's rollout groups whose rewards are not all equal; nan when the round has no rollouts."""
-    return _read(wh, _informative, run_id, round_)
-
-
 def heldout_coverage(wh: Warehouse, run_id: str, round_: int) -> float:
     """Share of the held-out split's distinct tool patterns present in pool ``round_``;
     nan without held-out patterns."""

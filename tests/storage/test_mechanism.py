@@ -10,7 +10,6 @@ from coevolve.records import Candidate, Signal, ToolCall, Verdict
 from storage.mechanism import (
     accepted_by_kind,
     heldout_coverage,
-    informative_group_share,
     round_mechanism,
     tool_patterns,
 )
@@ -46,13 +45,13 @@ def test_informative_groups_are_those_whose_rewards_differ(warehouse: Warehouse,
             make_trajectory(t0, 1, True, run_id="other"),
         ]
     )
-    assert informative_group_share(warehouse, RUN, 0) == pytest.approx(1 / 3)
-    assert informative_group_share(warehouse, RUN, 1) == 1.0
-    assert informative_group_share(warehouse, "other", 0) == 0.0
+    assert round_mechanism(warehouse, RUN, 0)["informative_groups"] == pytest.approx(1 / 3)
+    assert round_mechanism(warehouse, RUN, 1)["informative_groups"] == 1.0
+    assert round_mechanism(warehouse, "other", 0)["informative_groups"] == 0.0
 
 
 def test_a_round_without_rollouts_has_no_informative_share(warehouse: Warehouse):
-    assert math.isnan(informative_group_share(warehouse, RUN, 0))
+    assert math.isnan(round_mechanism(warehouse, RUN, 0)["informative_groups"])
 
 
 def test_coverage_is_the_share_of_heldout_patterns_found_in_the_training_pool(warehouse: Warehouse, make_task):
