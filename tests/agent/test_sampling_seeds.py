@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from agent.engines import make_engine
 from coevolve.config import EnvironmentConfig, load_config
 from coevolve.records import Provenance, Task, ToolCall
 from tasks.rollout import episode_seed, message_seed, play_episodes
@@ -72,8 +73,6 @@ def test_one_seed_per_prompt_is_required(engine, prompts):
 
 def test_two_runs_with_one_seed_play_identical_episodes_on_a_concurrent_server(tmp_path, openai_server):
     """24 requests race each other with more prompt tokens than one server step prefills; seeds fixed before dispatch keep the samples."""
-    from agent.engines import make_engine
-
     config = load_config(
         data={
             "state_dir": str(tmp_path),

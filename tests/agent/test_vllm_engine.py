@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from agent.transformers_engine import TransformersEngine
 from tests.conftest import run_vllm_probe
@@ -72,8 +73,6 @@ def test_stops_with_eos_included_or_reports_length(probe):
 
 
 def test_sampled_logprobs_are_those_of_the_tempered_distribution(probe, local, prompts):
-    import torch
-
     for prompt, generation in zip(prompts, probe["sampled"]):
         assert len(generation["logprobs"]) == len(generation["token_ids"]) > 0
         assert all(math.isfinite(lp) and lp <= 0 for lp in generation["logprobs"])

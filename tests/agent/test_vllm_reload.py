@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
-from agent.transformers_engine import TransformersEngine
+from agent.transformers_engine import TransformersEngine, load_policy
 from tests.conftest import run_vllm_probe
 
 pytestmark = pytest.mark.slow
@@ -38,10 +39,6 @@ if __name__ == "__main__":  # vLLM spawns workers: the guard keeps them from re-
 
 def _perturbed(source: Path, out: Path, embeddings: bool) -> Path:
     """``source`` with its layers' weights perturbed (seeded), and its tied embeddings too if asked."""
-    import torch
-
-    from agent.transformers_engine import load_policy
-
     model, tokenizer = load_policy(source)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():

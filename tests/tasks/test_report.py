@@ -1,11 +1,14 @@
 """Ablation report: per-arm mean +- sd, two families of tested comparisons with Holm, and the files a reader opens."""
 
 import math
+from pathlib import Path
 
 import pytest
+from statsmodels.stats.multitest import multipletests
 
 from tasks.curves import dev_curve, heldout_curve
-from tasks.report import summarize, write_report
+from tasks.inference import two_way_test
+from tasks.report import read_per_run_table, seed_level_recheck, summarize, write_report
 
 
 def run(arm, seed, heldout, pool=(110, 120), official=0.0):
@@ -93,8 +96,6 @@ SCORED = [
 
 
 def test_each_comparison_is_the_two_way_test_on_the_runs_task_outcomes():
-    from tasks.inference import two_way_test
-
     summary = summarize(SCORED)
     full = {r["seed"]: r["heldout_outcomes"] for r in SCORED if r["arm"] == "full"}
     static = {r["seed"]: r["heldout_outcomes"] for r in SCORED if r["arm"] == "static"}
@@ -106,8 +107,6 @@ def test_each_comparison_is_the_two_way_test_on_the_runs_task_outcomes():
 
 
 def test_every_family_is_holm_corrected_on_its_own():
-    from statsmodels.stats.multitest import multipletests
-
     summary = summarize(SCORED)
     for family in (summary["tests"], summary["ckpt0_tests"]):
         raw = [t["p"] for t in family.values()]
@@ -228,10 +227,6 @@ def test_runs_without_a_checkpoint_0_score_are_not_compared_with_it(tmp_path):
 
 
 def test_the_seed_level_recheck_of_the_30_run_report_holm_corrects_both_families():
-    from pathlib import Path
-
-    from tasks.report import read_per_run_table, seed_level_recheck
-
     text = (Path(__file__).parents[2] / "docs" / "ablation_report.md").read_text()
     runs = read_per_run_table(text)
     assert len(runs) == 30 and runs[("no-boundary", 4)] == (0.19, 0.25)

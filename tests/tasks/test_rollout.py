@@ -1,12 +1,13 @@
 """Rollout: every episode ends with a reason, garbage never crashes a round, token bookkeeping is exact."""
 
+import threading
 from pathlib import Path
 
 import pytest
 
 from agent.chat import ChatFormat
-from agent.tiny import train_tokenizer
-from agent.transformers_engine import Generation
+from agent.tiny import build_tiny_policy, train_tokenizer
+from agent.transformers_engine import Generation, TransformersEngine
 from coevolve.config import EnvironmentConfig, PolicyConfig
 from envs.bfcl import official_tasks
 from envs.explorer import build_tasks, demonstration
@@ -22,9 +23,6 @@ def tasks():
 @pytest.fixture(scope="module")
 def untrained_engine(tmp_path_factory, tasks):
     """A random-init policy: its output is garbage, which is exactly what this module needs."""
-    from agent.tiny import build_tiny_policy
-    from agent.transformers_engine import TransformersEngine
-
     env = make_environment(EnvironmentConfig())
     conversations = [demonstration(t, env) for t in tasks]
     config = PolicyConfig(sft_steps=0, hidden_size=32, num_layers=1, vocab_size=400)
@@ -79,8 +77,6 @@ def test_trajectory_ids_name_run_round_task_and_sample(untrained_engine, tasks):
 
 
 def test_two_rounds_of_one_run_sample_from_different_streams(untrained_engine, tasks):
-    from agent.transformers_engine import TransformersEngine
-
     # Every round's rollout stage loads a fresh engine, seeded alike.
     def fresh():
         return TransformersEngine(untrained_engine.model_path, torch_threads=1, seed=0)
@@ -107,8 +103,6 @@ class _Handshake:
     """The real engine, with decode (run by the environment-step worker) waiting for the next generate call."""
 
     def __init__(self, engine) -> None:
-        import threading
-
         self.engine, self.chat = engine, engine.chat
         self.second_generate = threading.Event()
         self.calls = 0
