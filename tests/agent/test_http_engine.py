@@ -34,7 +34,7 @@ def test_greedy_tokens_and_logprobs_match_the_transformers_engine(remote, local,
     served = remote.generate(prompts, temperature=0.0, max_new_tokens=30)
     reference = local.generate(prompts, temperature=0.0, max_new_tokens=30)
     assert [g.token_ids for g in served] == [g.token_ids for g in reference]
-    for s, r in zip(served, reference):
+    for s, r in zip(served, reference, strict=True):
         assert s.finish_reason == r.finish_reason
         assert s.logprobs == pytest.approx(r.logprobs, abs=1e-3)
 

@@ -180,13 +180,13 @@ def test_round_one_was_served_by_a_server_started_on_checkpoint_one(evolved):
             out.extend(local[i] for i in picked)
         served.extend(trajectory.logprobs[i] for i in picked)
     assert served
-    assert max(abs(a - b) for a, b in zip(served, now)) < LOGPROB_MATCH
+    assert max(abs(a - b) for a, b in zip(served, now, strict=True)) < LOGPROB_MATCH
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         update = wh.stage_output(config.run_id, 0, "update")
     # The tiny policy of this test rarely solves a task, so round 0's groups are often flat and its update
     # copies checkpoint 0 (skipped); the served model id above is then what tells the two checkpoints apart.
     if not update["stats"]["skipped"]:
-        assert max(abs(a - b) for a, b in zip(served, before)) > 5 * LOGPROB_MATCH
+        assert max(abs(a - b) for a, b in zip(served, before, strict=True)) > 5 * LOGPROB_MATCH
 
 
 @pytest.mark.slow

@@ -134,7 +134,7 @@ def _served_and_local(server_url: str, name: str, checkpoint: Path, prompts: lis
 
 
 def _max_difference(a: list[list[float]], b: list[list[float]]) -> float:
-    return max(abs(x - y) for row_a, row_b in zip(a, b) for x, y in zip(row_a, row_b))
+    return max(abs(x - y) for row_a, row_b in zip(a, b, strict=True) for x, y in zip(row_a, row_b, strict=True))
 
 
 @pytest.fixture(scope="module")

@@ -96,7 +96,7 @@ def test_two_runs_with_one_seed_play_identical_episodes_on_a_concurrent_server(t
 
     first, second = run(), run()
     assert [t.completion_ids for t in first] == [t.completion_ids for t in second]
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
     # The samples of one task differ from each other: each request carried its own seed.
     assert len({tuple(t.completion_ids) for t in first[:6]}) > 1

@@ -62,7 +62,7 @@ def probe(vllm_python, vllm_environ, served_policy_dir, prompts, tmp_path_factor
 def test_greedy_tokens_and_logprobs_match_the_transformers_engine(probe, local, prompts):
     reference = local.generate(prompts, temperature=0.0, max_new_tokens=30)
     assert [g["token_ids"] for g in probe["greedy"]] == [g.token_ids for g in reference]
-    for got, want in zip(probe["greedy"], reference):
+    for got, want in zip(probe["greedy"], reference, strict=True):
         assert got["finish_reason"] == want.finish_reason == "stop"
         assert got["logprobs"] == pytest.approx(want.logprobs, abs=1e-3)
 
@@ -73,7 +73,7 @@ def test_stops_with_eos_included_or_reports_length(probe):
 
 
 def test_sampled_logprobs_are_those_of_the_tempered_distribution(probe, local, prompts):
-    for prompt, generation in zip(prompts, probe["sampled"]):
+    for prompt, generation in zip(prompts, probe["sampled"], strict=True):
         assert len(generation["logprobs"]) == len(generation["token_ids"]) > 0
         assert all(math.isfinite(lp) and lp <= 0 for lp in generation["logprobs"])
         ids = torch.tensor([prompt + generation["token_ids"]])

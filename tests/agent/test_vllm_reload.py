@@ -88,7 +88,7 @@ def test_after_the_reload_it_generates_with_the_new_weights(probe, round1_dir, p
         prompts, temperature=0.0, max_new_tokens=12
     )
     assert [g["token_ids"] for g in probe["after"]] == [g.token_ids for g in reference]
-    for got, want in zip(probe["after"], reference):
+    for got, want in zip(probe["after"], reference, strict=True):
         assert got["logprobs"] == pytest.approx(want.logprobs, abs=1e-3)
     assert [g["logprobs"] for g in probe["after"]] != [g["logprobs"] for g in probe["before"]]
 

@@ -162,7 +162,11 @@ def behaviour_logprob_gap(model, trajectory, temperature: float) -> float:
     recomputed = torch.log_softmax(logits / temperature, dim=-1).gather(
         -1, torch.tensor(trajectory.completion_ids)[:, None]
     )[:, 0]
-    gaps = [abs(float(r) - s) for r, s, m in zip(recomputed, trajectory.logprobs, trajectory.completion_mask) if m]
+    gaps = [
+        abs(float(r) - s)
+        for r, s, m in zip(recomputed, trajectory.logprobs, trajectory.completion_mask, strict=True)
+        if m
+    ]
     return max(gaps)
 
 
@@ -208,7 +212,7 @@ def test_grpo_takes_a_step_on_smollm2_rollouts_toward_the_rewarded_sample(transf
     assert not stats["skipped"] and stats["steps"] == 1 and stats["groups"] == 2
 
     before, after = sequence_logprobs(smollm2_dir, rewarded), sequence_logprobs(tmp_path / "round-001", rewarded)
-    for trajectory, old, new in zip(rewarded, before, after):
+    for trajectory, old, new in zip(rewarded, before, after, strict=True):
         assert (new > old) == (trajectory.reward > 0), (trajectory.trajectory_id, old, new)
 
 
@@ -220,7 +224,7 @@ def sequence_logprobs(model_dir, trajectories) -> list[float]:
         with torch.inference_mode():
             logits = model(torch.tensor([t.prompt_ids + t.completion_ids])).logits[0, len(t.prompt_ids) - 1 : -1]
         logprobs = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(t.completion_ids)[:, None])[:, 0]
-        sums.append(float(sum(lp for lp, m in zip(logprobs, t.completion_mask) if m)))
+        sums.append(float(sum(lp for lp, m in zip(logprobs, t.completion_mask, strict=True) if m)))
     return sums
 
 

@@ -21,7 +21,7 @@ def run(arm, seed, heldout, pool=(110, 120), official=0.0):
             "rejected": 5,
             "signals": {"forgetting": 1, "boundary": 2, "rare": 3},
         }
-        for i, (h, p) in enumerate(zip(heldout, pool))
+        for i, (h, p) in enumerate(zip(heldout, pool, strict=True))
     ]
     return {
         "arm": arm,
@@ -133,7 +133,7 @@ def test_the_report_prints_raw_and_adjusted_p_values_the_split_and_the_detectabl
 def test_the_learning_curve_starts_at_checkpoint_0_when_its_score_was_recorded():
     runs = [run("full", 1, [0.2, 0.3]), run("full", 2, [0.4, 0.5])]
     assert heldout_curve(runs) == ([1, 2], pytest.approx([0.3, 0.4]))
-    for r, baseline in zip(runs, (0.1, 0.2)):
+    for r, baseline in zip(runs, (0.1, 0.2), strict=True):
         r["rounds"][0]["baseline_heldout_success"] = baseline
     assert heldout_curve(runs) == ([0, 1, 2], pytest.approx([0.15, 0.3, 0.4]))
 

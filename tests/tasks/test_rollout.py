@@ -56,7 +56,7 @@ def test_completion_tokens_masks_and_logprobs_line_up(untrained_engine, tasks):
         assert len(t.completion_ids) == len(t.completion_mask) == len(t.logprobs)
         generated = sum(s.completion_tokens for s in t.steps)
         assert sum(t.completion_mask) == generated
-        assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.completion_mask) if m == 0)
+        assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.completion_mask, strict=True) if m == 0)
         assert all(lp <= 0.0 for lp in t.logprobs)
 
 
@@ -191,7 +191,7 @@ def _placements(segment, prompts, generated) -> dict[int, int]:
     sequence = segment.prompt_ids + segment.completion_ids
     return {
         k: len(prompt)
-        for k, (prompt, reply) in enumerate(zip(prompts, generated))
+        for k, (prompt, reply) in enumerate(zip(prompts, generated, strict=True))
         if len(prompt) >= len(segment.prompt_ids)
         and sequence[: len(prompt)] == prompt
         and sequence[len(prompt) : len(prompt) + len(reply)] == reply

@@ -158,7 +158,9 @@ def test_a_skipped_lora_update_of_the_base_carries_an_adapter_chain_to_it(policy
 def _shifted(trajectories: list[Trajectory], shift: float) -> list[Trajectory]:
     """The same trajectories with every model token's stored logprob moved by ``shift``."""
     return [
-        dataclasses.replace(t, logprobs=[lp + shift if m else lp for lp, m in zip(t.logprobs, t.completion_mask)])
+        dataclasses.replace(
+            t, logprobs=[lp + shift if m else lp for lp, m in zip(t.logprobs, t.completion_mask, strict=True)]
+        )
         for t in trajectories
     ]
 
@@ -199,10 +201,10 @@ def _first_step_kl(policy: Path, reference: Path, trajectories: list[Trajectory]
     """TRL's k3 estimate of KL(policy || reference) over the model tokens of one group, at the sampling temperature."""
     total, count = 0.0, 0
     for t in trajectories:
-        model_tokens = [i for i, m in zip(t.completion_ids, t.completion_mask) if m]
+        model_tokens = [i for i, m in zip(t.completion_ids, t.completion_mask, strict=True) if m]
         policy_lp = _completion_logprobs(policy, t.prompt_ids, model_tokens, temperature)
         reference_lp = _completion_logprobs(reference, t.prompt_ids, model_tokens, temperature)
-        total += sum(math.exp(r - p) - (r - p) - 1 for p, r in zip(policy_lp, reference_lp))
+        total += sum(math.exp(r - p) - (r - p) - 1 for p, r in zip(policy_lp, reference_lp, strict=True))
         count += len(model_tokens)
     return total / count
 
@@ -277,7 +279,11 @@ def test_every_segment_is_handed_to_trl_once_and_fillers_hold_no_trained_token(p
     slots = segment_groups(groups)
     assert list(slots) == ["t-a", "t-a#1"]
     rows = replay_rows([key for key in slots for _ in range(GROUP_SIZE)], groups, slots, pad_token_id=0)
-    trained = [(p, c, m) for p, c, m in zip(rows["prompt_ids"], rows["completion_ids"], rows["env_mask"]) if any(m)]
+    trained = [
+        (p, c, m)
+        for p, c, m in zip(rows["prompt_ids"], rows["completion_ids"], rows["env_mask"], strict=True)
+        if any(m)
+    ]
     every_segment = [(s.prompt_ids, s.completion_ids, s.completion_mask) for t in trajectories for s in t.segments]
     assert sorted(map(repr, trained)) == sorted(map(repr, every_segment))
     assert sum(not any(m) for m in rows["env_mask"]) == 2  # samples 1 and 2 have no second segment
