@@ -175,8 +175,10 @@ def start_servers(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="session")
 def openai_server(start_servers, served_policy_dir: Path) -> OpenAIServer:
-    """A real OpenAI-compatible vLLM server (CPU build) on 127.0.0.1 serving the tiny policy, started as `coevolve serve` does."""
-    # float32, the checkpoint's dtype: greedy tokens then match the transformers engine ('auto' would serve it in half precision).
+    """A real OpenAI-compatible vLLM server (CPU build) on 127.0.0.1 serving the tiny policy, started as
+    `coevolve serve` does."""
+    # float32, the checkpoint's dtype: greedy tokens then match the transformers engine ('auto' would serve it
+    # in half precision).
     options = ServeOptions(model=str(served_policy_dir), dtype="float32", max_model_len=2048, seed=0, cpu=True)
     (server,) = start_servers([options])
     return OpenAIServer(

@@ -215,10 +215,16 @@ def test_a_checkpoint_that_changed_tied_embeddings_is_reloaded_with_its_output_l
 
 
 def test_a_full_round_of_seeded_concurrent_multi_turn_requests_completes(fleet, served_policy_dir, tmp_path):
-    """A round at the default batch (24 tasks x 6 samples, 30 steps) against one server started as `coevolve serve` does."""
+    """A round at the default batch (24 tasks x 6 samples, 30 steps) against one server started as
+    `coevolve serve` does."""
     round_config = PipelineConfig(
         state_dir=tmp_path, environment={"tool_list": "names"},
-        rollout={"engine": "openai", "base_url": fleet[0].base_url, "served_model": fleet[0].model, "vllm_dtype": "float32"},
+        rollout={
+            "engine": "openai",
+            "base_url": fleet[0].base_url,
+            "served_model": fleet[0].model,
+            "vllm_dtype": "float32",
+        },
     )  # fmt: skip
     batch = build_tasks(round_config.rollout.tasks_per_round, seed=5)
     with make_engine(served_policy_dir, round_config) as engine:

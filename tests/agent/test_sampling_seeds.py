@@ -1,4 +1,5 @@
-"""Sampling seeds: every (run seed, round, task, sample) has its own stream, and a seeded sample never depends on batching."""
+"""Sampling seeds: every (run seed, round, task, sample) has its own stream, and a seeded sample never depends on
+batching."""
 
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def test_one_seed_per_prompt_is_required(engine, prompts):
 
 
 def test_two_runs_with_one_seed_play_identical_episodes_on_a_concurrent_server(tmp_path, openai_server):
-    """24 requests race each other with more prompt tokens than one server step prefills; seeds fixed before dispatch keep the samples."""
+    """24 requests race each other with more prompt tokens than one server step prefills; seeds fixed before
+    dispatch keep the samples."""
     config = load_config(
         data={
             "state_dir": str(tmp_path),

@@ -27,10 +27,15 @@ if __name__ == "__main__":  # vLLM spawns workers: the guard keeps them from re-
     engine = VLLMEngine(job["model"], dtype="float32", max_model_len=2048, seed=0)
     result = {"max_context": engine.max_context_tokens, "eos": engine.chat.eos_token_id}
     for name, temperature, tokens in (("greedy", 0.0, 30), ("cut", 0.0, 2), ("sampled", 0.7, 10)):
-        result[name] = [g.__dict__ for g in engine.generate(job["prompts"], temperature=temperature, max_new_tokens=tokens)]
+        generations = engine.generate(job["prompts"], temperature=temperature, max_new_tokens=tokens)
+        result[name] = [g.__dict__ for g in generations]
     result["empty"] = engine.generate([], temperature=0.0, max_new_tokens=4)
     seeds = list(range(101, 101 + len(job["prompts"])))
-    seeded = lambda prompts, seeds: [g.token_ids for g in engine.generate(prompts, temperature=2.0, max_new_tokens=16, seeds=seeds)]
+
+    def seeded(prompts, seeds):
+        generations = engine.generate(prompts, temperature=2.0, max_new_tokens=16, seeds=seeds)
+        return [g.token_ids for g in generations]
+
     result["seeded"] = seeded(job["prompts"], seeds)
     result["seeded_alone"] = seeded(job["prompts"][1:2], seeds[1:2])
     result["seeded_reversed"] = seeded(job["prompts"][::-1], seeds[::-1])

@@ -31,7 +31,8 @@ if __name__ == "__main__":  # vLLM spawns workers: the guard keeps them from re-
         result["after"] = [g.__dict__ for g in engine.generate(job["prompts"], temperature=0.0, max_new_tokens=12)]
         engine.reload(job["embeddings_changed"])
         result["rebuilt"] = engine.llm is not llm
-        result["after_rebuild"] = [g.__dict__ for g in engine.generate(job["prompts"], temperature=0.0, max_new_tokens=12)]
+        rebuilt = engine.generate(job["prompts"], temperature=0.0, max_new_tokens=12)
+        result["after_rebuild"] = [g.__dict__ for g in rebuilt]
     result["released"] = engine.llm is None
     json.dump(result, open(sys.argv[2], "w"))
 """

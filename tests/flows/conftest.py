@@ -40,7 +40,8 @@ def write_config_file(config, path: Path) -> Path:
 
 
 def cli_env(state_dir: Path, prefect_home: Path | None = None) -> dict[str, str]:
-    """Offline switches plus a Prefect home of its own (default: the state folder's), for a temporary API per process."""
+    """Offline switches plus a Prefect home of its own (default: the state folder's), for a temporary API per
+    process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
         HF_HUB_OFFLINE="1",

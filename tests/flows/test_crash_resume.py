@@ -5,8 +5,8 @@ is killed with -9 in the middle of its rollout (as soon as its first batch of ep
 then dies (os._exit, tests/crash_at.py) at one commit point of each kind: a table of a multi-table
 stage written without its stage record, the update's checkpoint without its record, the MLflow
 registration without the version record, the version record without the finished round record; each
-time the same command runs again, and the last run completes. Warehouse content, the pool snapshot digest, the checkpoint digest and the
-MLflow registry must match the uninterrupted run's.
+time the same command runs again, and the last run completes. Warehouse content, the pool snapshot digest,
+the checkpoint digest and the MLflow registry must match the uninterrupted run's.
 
 Exhaustive version (opt-in, about an hour on 2 cores; figures in storage/README.md "Commit points"):
 the uninterrupted run is traced (``tests/crash_at.py trace:``), and the crashed run dies just before and

@@ -61,12 +61,14 @@ def test_running_a_finished_round_again_changes_nothing(finished_round):
     config, summary = finished_round
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         before = wh.sql(
-            "SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, (SELECT count(*) FROM pool_membership) AS p"
+            "SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, "
+            "(SELECT count(*) FROM pool_membership) AS p"
         )
     again = coevolve_round(round_=0, config=config.model_dump(mode="json"))
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         after = wh.sql(
-            "SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, (SELECT count(*) FROM pool_membership) AS p"
+            "SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, "
+            "(SELECT count(*) FROM pool_membership) AS p"
         )
     assert before.to_dicts() == after.to_dicts()
     assert again["model_version"] == summary["model_version"]

@@ -1,4 +1,5 @@
-"""Stages placed on two work pools: a Prefect server, a coevolve-cpu and a coevolve-gpu process worker, an MLflow server.
+"""Stages placed on two work pools: a Prefect server, a coevolve-cpu and a coevolve-gpu process worker, an MLflow
+server.
 
 The workers start in two different empty folders with only PREFECT_API_URL and PREFECT_HOME set
 (the flows apply the offline switches themselves) and share the state folder by path. A round run
@@ -180,7 +181,8 @@ def _retarget_nightly_run(api_url: str, flow_run_id: str, state_dir: Path) -> st
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """Prefect server, MLflow server, both pools with a worker each, prefect.yaml deployed; torn down after the module."""
+    """Prefect server, MLflow server, both pools with a worker each, prefect.yaml deployed; torn down after the
+    module."""
     root = tmp_path_factory.mktemp("cluster")
     port, mlflow_port = _free_port(), _free_port()
     api_url = f"http://127.0.0.1:{port}/api"
@@ -267,9 +269,9 @@ def _stage_done(config, stage: str) -> bool:
 def rounds(cluster, tiny_config, cli):
     root = cluster.root
     worker_logs = [root / "cpu-box" / "worker.log", root / "gpu-box" / "worker.log", root / "gpu-box-2" / "worker.log"]
-    wait = lambda run_id, timeout_s=900: _wait_terminal(
-        cluster.api_url, run_id, [p for p in worker_logs if p.exists()], timeout_s
-    )  # noqa: E731
+
+    def wait(run_id, timeout_s=900):
+        return _wait_terminal(cluster.api_url, run_id, [p for p in worker_logs if p.exists()], timeout_s)
 
     # The same round inline, in its own process, state folder and MLflow store.
     inline = tiny_config(root / "inline" / "state", run_id=RUN_ID, **CRASH_OVERRIDES)

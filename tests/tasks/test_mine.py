@@ -98,9 +98,9 @@ def reference_signals(rows, round_, config):
     """Row-by-row reading of the definitions, for comparison."""
     out = set()
     by_task = defaultdict(list)
-    for r, t, s, reward, seq in sorted(rows):
+    for r, t, s, reward, _seq in sorted(rows):
         by_task[t].append((r, s, reward))
-    for r, t, s, reward, seq in rows:
+    for r, t, s, reward, _seq in rows:
         if r != round_:
             continue
         history = [x[2] for x in by_task[t] if x[0] < round_][-config.forgetting_window :]
@@ -115,7 +115,7 @@ def reference_signals(rows, round_, config):
         for row in upto:
             if row[4]:
                 counts[">".join(row[4])] += 1
-        for r, t, s, reward, seq in rows:
+        for r, t, s, _reward, seq in rows:
             p = ">".join(seq)
             if r == round_ and seq and 0 < counts[p] / len(upto) < config.rare_theta / 100:
                 out.add(("rare", t, s))
@@ -155,7 +155,7 @@ def write_run(root, rows):
         by_round[r].append(Trajectory(run_id="run", round=r, task_id=t, sample=s, steps=steps, prompt_ids=[1],
                                       completion_ids=[2], completion_mask=[1], logprobs=[0.0], reward=float(reward),
                                       success=reward > 0.5, finish_reason="done", duration_s=0.1))  # fmt: skip
-    for r, trajs in sorted(by_round.items()):
+    for _round, trajs in sorted(by_round.items()):
         # Two files per round, so the scan reads several files of a partition.
         wh.write_trajectories(trajs[::2])
         wh.write_trajectories(trajs[1::2])

@@ -31,15 +31,15 @@ def untrained_engine(tmp_path_factory, tasks):
 
 
 def play(engine, tasks, **kw):
-    settings = dict(
-        samples=2,
-        temperature=1.0,
-        max_new_tokens=24,
-        env_config=EnvironmentConfig(max_steps=3),
-        run_id="t",
-        round_=0,
-        progress=False,
-    )
+    settings = {
+        "samples": 2,
+        "temperature": 1.0,
+        "max_new_tokens": 24,
+        "env_config": EnvironmentConfig(max_steps=3),
+        "run_id": "t",
+        "round_": 0,
+        "progress": False,
+    }
     settings.update(kw)
     return play_episodes(engine, tasks, **settings)
 

@@ -40,7 +40,9 @@ def test_an_unreadable_judgement_rejects_with_the_reason(reply):
 
 
 def test_the_judge_has_the_last_word_after_a_clean_replay(tasks):
-    refuse = lambda task: Verdict(False, "llm judge: query asks for something else")  # noqa: E731
+    def refuse(task):
+        return Verdict(False, "llm judge: query asks for something else")
+
     [judged] = validate_candidates([Candidate(tasks[0], None)], [], set(), SynthesisConfig(), llm_judge=refuse)
     assert judged.verdict == Verdict(False, "llm judge: query asks for something else")
 
