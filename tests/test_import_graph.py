@@ -111,7 +111,10 @@ GRAPH = import_graph()
 
 
 def test_imports_inside_functions_and_optional_module_names_are_edges():
-    source = "import json\ndef draw():\n    from tasks.plots import learning_curve\nround_flow = optional_module('flows.round')\n"
+    source = (
+        "import json\ndef draw():\n    from tasks.plots import learning_curve\n"
+        "round_flow = optional_module('flows.round')\n"
+    )
     assert {"tasks.plots", "tasks.plots.learning_curve", "flows.round"} <= imported_names(
         ast.parse(source), "tasks.report", False
     )

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
+from agent.tiny import build_tiny_policy
+from agent.transformers_engine import TransformersEngine
 from coevolve.config import PolicyConfig
 from coevolve.records import Message
 
@@ -44,23 +47,17 @@ def tiny_config() -> PolicyConfig:
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory, demos: list[list[Message]], tiny_config: PolicyConfig) -> Path:
-    from agent.tiny import build_tiny_policy
-
     return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny", demos, tiny_config, seed=0)
 
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny_dir: Path):
-    from transformers import AutoTokenizer
-
     return AutoTokenizer.from_pretrained(tiny_dir)
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_dir):
     """The tiny policy in the transformers engine (per module: the engine's own generator is state)."""
-    from agent.transformers_engine import TransformersEngine
-
     return TransformersEngine(tiny_dir, torch_threads=1, seed=0)
 
 

@@ -51,7 +51,7 @@ def test_training_example_marks_exactly_the_assistant_tokens(tokenizer):
     conversation = OPENING + [REPLY] + RESULTS + [Message("assistant", "done")]
     ids, mask = chat.training_example(conversation)
     assert ids == chat.prompt_ids(OPENING + [REPLY] + RESULTS) + chat.generated_ids("done")
-    supervised = [t for t, m in zip(ids, mask) if m]
+    supervised = [t for t, m in zip(ids, mask, strict=True) if m]
     assert supervised == chat.generated_ids(REPLY.content) + chat.generated_ids("done")
 
 

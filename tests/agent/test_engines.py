@@ -7,8 +7,10 @@ import pytest
 from agent.engines import context_length, make_engine
 from agent.http_engine import OpenAICompatibleEngine
 from agent.transformers_engine import TransformersEngine
-from coevolve.config import load_config
+from coevolve.config import EnvironmentConfig, load_config
 from coevolve.errors import ConfigError
+from coevolve.records import Provenance, Task, ToolCall
+from tasks.rollout import play_episodes
 
 
 def config(tmp_path, **rollout):
@@ -45,10 +47,6 @@ def test_a_served_model_name_overrides_the_checkpoint_path(tmp_path, served_poli
 
 def test_rollouts_through_the_server_follow_the_rollout_contract(tmp_path, openai_server):
     """The rollout stage runs unchanged on the server: episodes end with a reason and exact token bookkeeping."""
-    from coevolve.config import EnvironmentConfig
-    from coevolve.records import Provenance, Task, ToolCall
-    from tasks.rollout import play_episodes
-
     engine = make_engine(openai_server.model_dir, config(tmp_path, engine="openai", base_url=openai_server.base_url))
     task = Task(
         environment="bfcl",

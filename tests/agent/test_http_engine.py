@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import socket
 
 import pytest
+import torch
 
 from agent.http_engine import OpenAICompatibleEngine, parse_token_id
 from agent.transformers_engine import TransformersEngine
@@ -32,7 +34,7 @@ def test_greedy_tokens_and_logprobs_match_the_transformers_engine(remote, local,
     served = remote.generate(prompts, temperature=0.0, max_new_tokens=30)
     reference = local.generate(prompts, temperature=0.0, max_new_tokens=30)
     assert [g.token_ids for g in served] == [g.token_ids for g in reference]
-    for s, r in zip(served, reference):
+    for s, r in zip(served, reference, strict=True):
         assert s.finish_reason == r.finish_reason
         assert s.logprobs == pytest.approx(r.logprobs, abs=1e-3)
 
@@ -51,8 +53,6 @@ def test_stops_with_eos_included_or_reports_length(remote, prompts):
 
 
 def test_sampled_logprobs_are_those_of_the_tempered_distribution(remote, local, prompts):
-    import torch
-
     temperature = 0.7
     generation = remote.generate([prompts[1]], temperature=temperature, max_new_tokens=10)[0]
     ids = torch.tensor([prompts[1] + generation.token_ids])
@@ -75,8 +75,6 @@ def test_an_unknown_model_name_fails_as_infrastructure(openai_server):
 
 
 def test_an_unreachable_server_fails_as_infrastructure_after_retries(served_policy_dir):
-    import socket
-
     with socket.socket() as sock:  # a port nobody listens on once the socket closes
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

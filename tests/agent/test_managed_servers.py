@@ -11,15 +11,25 @@ gone when the flow returns.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import socket
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from prefect.testing.utilities import prefect_test_harness
 
+from agent.engines import weight_sync_mode
+from agent.http_engine import local_logprobs
+from agent.serve import free_port, managed_ports, start_managed
+from agent.transformers_engine import load_policy
 from coevolve.config import load_config
 from coevolve.errors import ConfigError
+from flows.evolve import coevolve_evolve
+from storage.warehouse import Warehouse
 from tests.conftest import make_tiny_config
 
 # Served logprobs of a float32 server against a local float32 forward pass of the same checkpoint.
@@ -71,8 +81,6 @@ def test_engine_openai_without_urls_points_at_managed_servers():
 
 
 def test_auto_restarts_managed_servers_unless_training_lora():
-    from agent.engines import weight_sync_mode
-
     managed = ["rollout.engine=openai", "rollout.managed_servers=1"]
     assert weight_sync_mode(load_config(overrides=managed)) == "restart"
     assert weight_sync_mode(load_config(overrides=managed + ["training.use_lora=true"])) == "lora"
@@ -83,10 +91,6 @@ def test_auto_restarts_managed_servers_unless_training_lora():
 
 
 def test_a_taken_port_is_replaced_by_a_free_one():
-    import socket
-
-    from agent.serve import managed_ports
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -97,8 +101,6 @@ def test_a_taken_port_is_replaced_by_a_free_one():
 
 def test_a_server_that_fails_to_start_is_reported_with_its_log_and_stopped(tmp_path):
     """This interpreter has no vLLM: the server exits at once, and the error quotes its log under <run>/servers."""
-    from agent.serve import start_managed
-
     if "vllm" in sys.modules or _importable("vllm"):
         pytest.skip("this interpreter has vLLM, so the server would start")
     config = load_config(overrides=[f"state_dir={tmp_path}", "rollout.engine=openai", "rollout.managed_servers=1"])
@@ -109,8 +111,6 @@ def test_a_server_that_fails_to_start_is_reported_with_its_log_and_stopped(tmp_p
 
 
 def _importable(module: str) -> bool:
-    import importlib.util
-
     return importlib.util.find_spec(module) is not None
 
 
@@ -119,8 +119,6 @@ def _importable(module: str) -> bool:
 
 @pytest.fixture(scope="module")
 def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
     with prefect_test_harness(server_startup_timeout=120):
         yield
 
@@ -128,9 +126,6 @@ def prefect_api():
 @pytest.fixture(scope="module")
 def evolved(vllm_python, prefect_api, tmp_path_factory):
     """Two rounds of `coevolve_evolve` with engine 'openai' on one managed server, full fine-tuning."""
-    from agent.serve import free_port
-    from flows.evolve import coevolve_evolve
-
     state = tmp_path_factory.mktemp("managed")
     config = make_tiny_config(
         state,
@@ -164,12 +159,6 @@ def _server_logs(config) -> list[Path]:
 
 @pytest.mark.slow
 def test_round_one_was_served_by_a_server_started_on_checkpoint_one(evolved):
-    import torch
-
-    from agent.http_engine import local_logprobs
-    from agent.transformers_engine import load_policy
-    from storage.warehouse import Warehouse
-
     config, _ = evolved
     checkpoint_1 = config.checkpoint_dir(1).resolve()
     # One server start per rollout stage, each on that stage's checkpoint, as vLLM itself logs the model it loaded.
@@ -191,13 +180,13 @@ def test_round_one_was_served_by_a_server_started_on_checkpoint_one(evolved):
             out.extend(local[i] for i in picked)
         served.extend(trajectory.logprobs[i] for i in picked)
     assert served
-    assert max(abs(a - b) for a, b in zip(served, now)) < LOGPROB_MATCH
+    assert max(abs(a - b) for a, b in zip(served, now, strict=True)) < LOGPROB_MATCH
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         update = wh.stage_output(config.run_id, 0, "update")
     # The tiny policy of this test rarely solves a task, so round 0's groups are often flat and its update
     # copies checkpoint 0 (skipped); the served model id above is then what tells the two checkpoints apart.
     if not update["stats"]["skipped"]:
-        assert max(abs(a - b) for a, b in zip(served, before)) > 5 * LOGPROB_MATCH
+        assert max(abs(a - b) for a, b in zip(served, before, strict=True)) > 5 * LOGPROB_MATCH
 
 
 @pytest.mark.slow

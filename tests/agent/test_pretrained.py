@@ -11,9 +11,12 @@ import sys
 import time
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 from agent.chat import ChatFormat
 from agent.pretrained import GGUF_FILE, MARKER, materialize_smollm2, smollm2_gguf
+from agent.transformers_engine import load_policy
 from coevolve.errors import DataError
 from coevolve.records import Message
 from tests.conftest import require_smollm2
@@ -27,8 +30,6 @@ RESULTS = [Message("tool", "mkdir -> None"), Message("user", "now go in")]
 
 @pytest.fixture(scope="module")
 def tokenizer(smollm2_dir):
-    from transformers import AutoTokenizer
-
     return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
@@ -41,8 +42,6 @@ def test_the_gguf_file_is_found_without_importing_the_package():
 
 
 def test_the_checkpoint_is_plain_safetensors_with_the_tokenizer_and_its_chat_template(smollm2_dir):
-    from agent.transformers_engine import load_policy
-
     assert (smollm2_dir / MARKER).is_file() and (smollm2_dir / "model.safetensors").is_file()
     assert not list(smollm2_dir.glob("*.gguf"))
     model, tokenizer = load_policy(smollm2_dir)
@@ -72,11 +71,6 @@ def test_an_existing_folder_that_is_not_the_checkpoint_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_the_checkpoint_computes_what_the_gguf_file_computes(smollm2_dir, tokenizer):
-    import torch
-    from transformers import AutoModelForCausalLM, GgufConfig
-
-    from agent.transformers_engine import load_policy
-
     gguf = smollm2_gguf()
     original = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)

@@ -13,9 +13,20 @@ import os
 import signal
 from pathlib import Path
 
+import httpx
 import pytest
+import torch
 
+from agent.chat import ChatFormat
+from agent.engines import context_length, make_engine, open_engine
+from agent.http_engine import OpenAICompatibleEngine, local_logprobs
+from agent.serve import ServeOptions
+from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
+from coevolve.records import Provenance, Task, ToolCall
+from envs.explorer import build_tasks
+from tasks.rollout import play_episodes
+from tasks.update import grpo_update
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +37,6 @@ LOGPROB_MATCH = 1e-3
 
 @pytest.fixture(scope="module")
 def fleet(start_servers, served_policy_dir):
-    from agent.serve import ServeOptions
-
     # float32, the checkpoint's dtype, so served logprobs can match a local float32 forward pass.
     options = ServeOptions(
         model=str(served_policy_dir), dtype="float32", max_model_len=2048, seed=0, lora_rank=16, max_loras=2, cpu=True
@@ -59,8 +68,6 @@ def config(fleet, tmp_path_factory) -> PipelineConfig:
 
 @pytest.fixture(scope="module")
 def tasks():
-    from coevolve.records import Provenance, Task, ToolCall
-
     def task(folder: str) -> Task:
         return Task(
             environment="bfcl",
@@ -75,9 +82,6 @@ def tasks():
 
 
 def _rollout(config: PipelineConfig, checkpoint, tasks, round_: int):
-    from agent.engines import context_length, open_engine
-    from tasks.rollout import play_episodes
-
     with open_engine(checkpoint, config) as engine:
         trajectories = play_episodes(
             engine, tasks, samples=config.rollout.group_size, temperature=TEMPERATURE, max_new_tokens=24,
@@ -88,8 +92,6 @@ def _rollout(config: PipelineConfig, checkpoint, tasks, round_: int):
 
 
 def _update(config: PipelineConfig, checkpoint, trajectories, round_: int) -> Path:
-    from tasks.update import grpo_update
-
     for index, trajectory in enumerate(trajectories):
         trajectory.reward = float(index % 2)  # every group gets reward variance
         trajectory.success = bool(index % 2)
@@ -119,11 +121,6 @@ def rounds(config, tasks, served_policy_dir, fleet, prompts):
 
 def _served_and_local(server_url: str, name: str, checkpoint: Path, prompts: list[list[int]]):
     """Seeded samples of one server: their token ids, served logprobs, and local logprobs of ``checkpoint``."""
-    import torch
-
-    from agent.http_engine import OpenAICompatibleEngine, local_logprobs
-    from agent.transformers_engine import load_policy
-
     with OpenAICompatibleEngine(
         server_url, name, tokenizer_path=checkpoint, logprob_tolerance=None, max_retries=1
     ) as engine:
@@ -137,24 +134,16 @@ def _served_and_local(server_url: str, name: str, checkpoint: Path, prompts: lis
 
 
 def _max_difference(a: list[list[float]], b: list[list[float]]) -> float:
-    return max(abs(x - y) for row_a, row_b in zip(a, b) for x, y in zip(row_a, row_b))
+    return max(abs(x - y) for row_a, row_b in zip(a, b, strict=True) for x, y in zip(row_a, row_b, strict=True))
 
 
 @pytest.fixture(scope="module")
 def prompts(served_policy_dir, served_conversations):
-    from agent.chat import ChatFormat
-    from agent.transformers_engine import load_policy
-
     chat = ChatFormat(load_policy(served_policy_dir)[1])
     return [chat.prompt_ids(conversation[:2]) for conversation in served_conversations]
 
 
 def test_round_one_logprobs_from_every_server_match_checkpoint_one(rounds, prompts, served_policy_dir):
-    import torch
-
-    from agent.http_engine import local_logprobs
-    from agent.transformers_engine import load_policy
-
     checkpoint, name = rounds["checkpoints"][1], rounds["names"][1]
     assert name.startswith(checkpoint.name + "-")  # the round's adapter, not the base model
     for completions, served, local in rounds["samples"][1]:
@@ -172,8 +161,6 @@ def test_round_two_is_served_as_the_stack_of_both_rounds_adapters(rounds):
 
 
 def test_the_previous_round_s_adapter_is_unloaded(rounds, fleet):
-    import httpx
-
     for server in fleet:
         served = {entry["id"] for entry in httpx.get(f"{server.base_url}/models", timeout=10).json()["data"]}
         assert rounds["names"][2] in served and rounds["names"][1] not in served
@@ -182,8 +169,6 @@ def test_the_previous_round_s_adapter_is_unloaded(rounds, fleet):
 def test_a_checkpoint_path_written_relative_finds_the_server_started_on_its_absolute_path(
     fleet, served_policy_dir, prompts, monkeypatch
 ):
-    from agent.http_engine import OpenAICompatibleEngine
-
     monkeypatch.chdir(served_policy_dir.parent)
     relative = served_policy_dir.name
     with OpenAICompatibleEngine(fleet[0].base_url, relative, tokenizer_path=relative, logprob_tolerance=None) as engine:
@@ -193,8 +178,6 @@ def test_a_checkpoint_path_written_relative_finds_the_server_started_on_its_abso
 
 def test_full_weights_are_reloaded_in_place_without_a_restart(rounds, config, fleet, prompts, served_policy_dir):
     """Full fine-tuning's path: pause, reload_weights from the checkpoint folder, resume; the base name is kept."""
-    from agent.engines import make_engine
-
     merged = rounds["checkpoints"][2]  # its folder holds the merged weights next to the adapter
     with make_engine(merged, config) as engine:
         assert engine.sync_weights(merged, "reload") == "reload"
@@ -212,11 +195,6 @@ def test_a_checkpoint_that_changed_tied_embeddings_is_reloaded_with_its_output_l
     config, fleet, prompts, served_policy_dir, tmp_path
 ):
     """vLLM 0.32's reload leaves a tied output layer as it was; servers started as `coevolve serve` does rebuild it."""
-    import torch
-
-    from agent.engines import make_engine
-    from agent.transformers_engine import load_policy
-
     model, tokenizer = load_policy(served_policy_dir)
     assert model.config.tie_word_embeddings
     generator = torch.Generator().manual_seed(0)
@@ -237,14 +215,16 @@ def test_a_checkpoint_that_changed_tied_embeddings_is_reloaded_with_its_output_l
 
 
 def test_a_full_round_of_seeded_concurrent_multi_turn_requests_completes(fleet, served_policy_dir, tmp_path):
-    """A round at the default batch (24 tasks x 6 samples, 30 steps) against one server started as `coevolve serve` does."""
-    from agent.engines import context_length, make_engine
-    from envs.explorer import build_tasks
-    from tasks.rollout import play_episodes
-
+    """A round at the default batch (24 tasks x 6 samples, 30 steps) against one server started as
+    `coevolve serve` does."""
     round_config = PipelineConfig(
         state_dir=tmp_path, environment={"tool_list": "names"},
-        rollout={"engine": "openai", "base_url": fleet[0].base_url, "served_model": fleet[0].model, "vllm_dtype": "float32"},
+        rollout={
+            "engine": "openai",
+            "base_url": fleet[0].base_url,
+            "served_model": fleet[0].model,
+            "vllm_dtype": "float32",
+        },
     )  # fmt: skip
     batch = build_tasks(round_config.rollout.tasks_per_round, seed=5)
     with make_engine(served_policy_dir, round_config) as engine:
@@ -261,9 +241,6 @@ def test_a_full_round_of_seeded_concurrent_multi_turn_requests_completes(fleet, 
 
 
 def test_a_server_killed_mid_round_leaves_its_requests_to_the_other(rounds, config, fleet, tasks):
-    from agent.engines import context_length, open_engine
-    from tasks.rollout import play_episodes
-
     checkpoint = rounds["checkpoints"][2]
 
     def play(run_config):

@@ -1,9 +1,11 @@
-"""Sampling seeds: every (run seed, round, task, sample) has its own stream, and a seeded sample never depends on batching."""
+"""Sampling seeds: every (run seed, round, task, sample) has its own stream, and a seeded sample never depends on
+batching."""
 
 from __future__ import annotations
 
 import pytest
 
+from agent.engines import make_engine
 from coevolve.config import EnvironmentConfig, load_config
 from coevolve.records import Provenance, Task, ToolCall
 from tasks.rollout import episode_seed, message_seed, play_episodes
@@ -71,9 +73,8 @@ def test_one_seed_per_prompt_is_required(engine, prompts):
 
 
 def test_two_runs_with_one_seed_play_identical_episodes_on_a_concurrent_server(tmp_path, openai_server):
-    """24 requests race each other with more prompt tokens than one server step prefills; seeds fixed before dispatch keep the samples."""
-    from agent.engines import make_engine
-
+    """24 requests race each other with more prompt tokens than one server step prefills; seeds fixed before
+    dispatch keep the samples."""
     config = load_config(
         data={
             "state_dir": str(tmp_path),
@@ -97,7 +98,7 @@ def test_two_runs_with_one_seed_play_identical_episodes_on_a_concurrent_server(t
 
     first, second = run(), run()
     assert [t.completion_ids for t in first] == [t.completion_ids for t in second]
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
     # The samples of one task differ from each other: each request carried its own seed.
     assert len({tuple(t.completion_ids) for t in first[:6]}) > 1

@@ -79,7 +79,7 @@ def test_the_readme_fleet_example_serves_checkpoint_0_for_weight_reloads_and_its
     assert Path(ckpt) == checkpoint
     serves = [shlex.split(line, comments=True) for line in lines if ".venv/bin/coevolve serve" in line]
     assert len(serves) == 2
-    for line, port in zip(serves, ("8001", "8002")):
+    for line, port in zip(serves, ("8001", "8002"), strict=True):
         args = [ckpt if a == "$CKPT" else a for a in line[1:] if a != "&"]
         assert main([*args, "--cpu", "--dry-run"]) == 0
         flags = _flags(capsys.readouterr().out.split())

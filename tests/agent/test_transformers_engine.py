@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 
+import torch
+from transformers import AutoModelForCausalLM
+
 from agent.transformers_engine import TransformersEngine
 
 
@@ -29,8 +32,6 @@ def test_greedy_is_deterministic_and_independent_of_batch_padding(engine, prompt
 
 
 def test_sampled_logprobs_match_a_full_forward_pass_at_the_temperature(engine, prompts):
-    import torch
-
     temperature = 0.7
     generation = engine.generate(prompts[:2], temperature=temperature, max_new_tokens=10)[1]
     ids = torch.tensor([prompts[1] + generation.token_ids])
@@ -51,9 +52,6 @@ def test_behaviour_logprobs_do_not_depend_on_the_batch_an_episode_was_sampled_in
 
 
 def test_reload_switches_checkpoints(tmp_path, tiny_dir, prompts):
-    import torch
-    from transformers import AutoModelForCausalLM
-
     engine = TransformersEngine(tiny_dir)
     perturbed = AutoModelForCausalLM.from_pretrained(tiny_dir)
     with torch.no_grad():

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from agent.transformers_engine import TransformersEngine
 from tests.conftest import run_vllm_probe
@@ -26,10 +27,15 @@ if __name__ == "__main__":  # vLLM spawns workers: the guard keeps them from re-
     engine = VLLMEngine(job["model"], dtype="float32", max_model_len=2048, seed=0)
     result = {"max_context": engine.max_context_tokens, "eos": engine.chat.eos_token_id}
     for name, temperature, tokens in (("greedy", 0.0, 30), ("cut", 0.0, 2), ("sampled", 0.7, 10)):
-        result[name] = [g.__dict__ for g in engine.generate(job["prompts"], temperature=temperature, max_new_tokens=tokens)]
+        generations = engine.generate(job["prompts"], temperature=temperature, max_new_tokens=tokens)
+        result[name] = [g.__dict__ for g in generations]
     result["empty"] = engine.generate([], temperature=0.0, max_new_tokens=4)
     seeds = list(range(101, 101 + len(job["prompts"])))
-    seeded = lambda prompts, seeds: [g.token_ids for g in engine.generate(prompts, temperature=2.0, max_new_tokens=16, seeds=seeds)]
+
+    def seeded(prompts, seeds):
+        generations = engine.generate(prompts, temperature=2.0, max_new_tokens=16, seeds=seeds)
+        return [g.token_ids for g in generations]
+
     result["seeded"] = seeded(job["prompts"], seeds)
     result["seeded_alone"] = seeded(job["prompts"][1:2], seeds[1:2])
     result["seeded_reversed"] = seeded(job["prompts"][::-1], seeds[::-1])
@@ -61,7 +67,7 @@ def probe(vllm_python, vllm_environ, served_policy_dir, prompts, tmp_path_factor
 def test_greedy_tokens_and_logprobs_match_the_transformers_engine(probe, local, prompts):
     reference = local.generate(prompts, temperature=0.0, max_new_tokens=30)
     assert [g["token_ids"] for g in probe["greedy"]] == [g.token_ids for g in reference]
-    for got, want in zip(probe["greedy"], reference):
+    for got, want in zip(probe["greedy"], reference, strict=True):
         assert got["finish_reason"] == want.finish_reason == "stop"
         assert got["logprobs"] == pytest.approx(want.logprobs, abs=1e-3)
 
@@ -72,9 +78,7 @@ def test_stops_with_eos_included_or_reports_length(probe):
 
 
 def test_sampled_logprobs_are_those_of_the_tempered_distribution(probe, local, prompts):
-    import torch
-
-    for prompt, generation in zip(prompts, probe["sampled"]):
+    for prompt, generation in zip(prompts, probe["sampled"], strict=True):
         assert len(generation["logprobs"]) == len(generation["token_ids"]) > 0
         assert all(math.isfinite(lp) and lp <= 0 for lp in generation["logprobs"])
         ids = torch.tensor([prompt + generation["token_ids"]])

@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
-from agent.transformers_engine import TransformersEngine
+from agent.transformers_engine import TransformersEngine, load_policy
 from tests.conftest import run_vllm_probe
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,8 @@ if __name__ == "__main__":  # vLLM spawns workers: the guard keeps them from re-
         result["after"] = [g.__dict__ for g in engine.generate(job["prompts"], temperature=0.0, max_new_tokens=12)]
         engine.reload(job["embeddings_changed"])
         result["rebuilt"] = engine.llm is not llm
-        result["after_rebuild"] = [g.__dict__ for g in engine.generate(job["prompts"], temperature=0.0, max_new_tokens=12)]
+        rebuilt = engine.generate(job["prompts"], temperature=0.0, max_new_tokens=12)
+        result["after_rebuild"] = [g.__dict__ for g in rebuilt]
     result["released"] = engine.llm is None
     json.dump(result, open(sys.argv[2], "w"))
 """
@@ -38,10 +40,6 @@ if __name__ == "__main__":  # vLLM spawns workers: the guard keeps them from re-
 
 def _perturbed(source: Path, out: Path, embeddings: bool) -> Path:
     """``source`` with its layers' weights perturbed (seeded), and its tied embeddings too if asked."""
-    import torch
-
-    from agent.transformers_engine import load_policy
-
     model, tokenizer = load_policy(source)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -91,7 +89,7 @@ def test_after_the_reload_it_generates_with_the_new_weights(probe, round1_dir, p
         prompts, temperature=0.0, max_new_tokens=12
     )
     assert [g["token_ids"] for g in probe["after"]] == [g.token_ids for g in reference]
-    for got, want in zip(probe["after"], reference):
+    for got, want in zip(probe["after"], reference, strict=True):
         assert got["logprobs"] == pytest.approx(want.logprobs, abs=1e-3)
     assert [g["logprobs"] for g in probe["after"]] != [g["logprobs"] for g in probe["before"]]
 

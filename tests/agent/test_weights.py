@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file, save_file
+
 from agent.weights import stack_adapters
 
 MODULE = "base_model.model.model.layers.0.self_attn.q_proj"
 
 
 def _adapter(folder: Path, rank: int, alpha: int, seed: int) -> tuple:
-    import torch
-    from safetensors.torch import save_file
-
     generator = torch.Generator().manual_seed(seed)
     a, b = torch.randn(rank, 8, generator=generator), torch.randn(6, rank, generator=generator)
     folder.mkdir(parents=True)
@@ -25,8 +25,6 @@ def _adapter(folder: Path, rank: int, alpha: int, seed: int) -> tuple:
 
 
 def test_the_stacked_adapter_applies_every_round_adapter_in_turn_and_is_written_whole(tmp_path):
-    from safetensors.torch import load_file
-
     a1, b1 = _adapter(tmp_path / "round-001" / "adapter", rank=2, alpha=4, seed=1)
     a2, b2 = _adapter(tmp_path / "round-002" / "adapter", rank=2, alpha=8, seed=2)
     out = stack_adapters(

@@ -1,4 +1,5 @@
-"""The CLI pins torch, MKL and oneDNN to AVX2 kernels before torch loads, so AVX2 and AVX-512 machines compute the same bits."""
+"""The CLI pins torch, MKL and oneDNN to AVX2 kernels before torch loads, so AVX2 and AVX-512 machines compute the
+same bits."""
 
 import os
 import subprocess

@@ -11,7 +11,10 @@ from coevolve.optional import MissingDependencyError, optional_module
 
 
 def test_naming_a_package_does_not_import_it():
-    code = "import sys; from coevolve.optional import optional_module; t = optional_module('torch'); print('torch' in sys.modules)"
+    code = (
+        "import sys; from coevolve.optional import optional_module; "
+        "t = optional_module('torch'); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -24,4 +27,4 @@ def test_reading_an_attribute_imports_the_package():
 def test_a_missing_package_names_the_install_command():
     vllm_like = optional_module("vllm_is_not_installed_here")
     with pytest.raises(MissingDependencyError, match="make setup"):
-        vllm_like.LLM
+        _ = vllm_like.LLM

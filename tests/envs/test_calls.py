@@ -120,7 +120,11 @@ def test_parser_never_raises_on_arbitrary_json(value, wrapper):
 
 # --- the output syntax of each bfcl-eval handler family (prompt_style 'bfcl') ----------------------
 def test_qwen_fc_tool_call_blocks_after_reasoning_are_parsed():
-    reply = '<think>\nfirst cd\n</think>\n\n<tool_call>\n{"name": "cd", "arguments": {"folder": "doc"}}\n</tool_call>\n<tool_call>\n{"name": "ls", "arguments": {"a": true}}\n</tool_call>'
+    reply = (
+        "<think>\nfirst cd\n</think>\n\n"
+        '<tool_call>\n{"name": "cd", "arguments": {"folder": "doc"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "ls", "arguments": {"a": true}}\n</tool_call>'
+    )
     _, answer = split_reasoning(reply)
     assert parse_tool_calls(answer) == ([ToolCall("cd", {"folder": "doc"}), ToolCall("ls", {"a": True})], None)
 

@@ -19,6 +19,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
 from envs import bfcl_api
 from envs.bfcl import CATEGORIES, BfclEnvironment, official_tasks
@@ -110,8 +112,6 @@ def environment_verdict(env: BfclEnvironment, task, sequence: list[list[str]]) -
 def bfcl_verdict(
     entry: dict, answer: list[list[str]], sequence: list[list[str]], model_name: str
 ) -> tuple[bool, str | None]:
-    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
-
     # bfcl's decoder drops empty steps, so a turn without calls is an empty list of steps.
     decoded = [[calls] if calls else [] for calls in sequence]
     result = multi_turn_checker(decoded, answer, entry, entry["id"].rsplit("_", 1)[0], model_name)
@@ -121,8 +121,6 @@ def bfcl_verdict(
 @pytest.fixture
 def clean_bfcl_globals():
     """Removes the instances bfcl's executor leaves in its module globals for this file's model names."""
-    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
-
     yield
     for name in [n for n in vars(multi_turn_utils) if n.startswith(MODEL_PREFIX)]:
         delattr(multi_turn_utils, name)

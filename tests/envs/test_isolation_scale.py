@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from envs.bfcl import BfclEnvironment, official_tasks
+
 EPISODES = 10_000
 WARM_UP = 2_000
 # A leak of 250 bytes per episode over the last 8,000 episodes would exceed this.
@@ -33,8 +35,6 @@ def resident_bytes() -> int:
 
 def measure() -> dict[str, int]:
     """Plays the episodes; resident bytes and live objects after the warm-up and at the end."""
-    from envs.bfcl import BfclEnvironment, official_tasks
-
     tasks = official_tasks("multi_turn_base")[::10]
     env = BfclEnvironment()
     marks: dict[str, int] = {}

@@ -1,14 +1,24 @@
 """A real Prefect API for flow tests: Prefect's own test harness (a temporary database and server)."""
 
-import pytest
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
 
+import pytest
+import yaml
+from prefect.testing.utilities import prefect_test_harness
+
+from coevolve.errors import PipelineError
+from storage.warehouse import Warehouse
 from tests.conftest import make_tiny_config
 
 
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
-    from prefect.testing.utilities import prefect_test_harness
-
     with prefect_test_harness(server_startup_timeout=120):
         yield
 
@@ -20,26 +30,18 @@ def tiny_config():
 
 # --- Rounds in their own processes, through the real CLI -----------------------------------------
 
-import os  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
 REPO = Path(__file__).resolve().parents[2]
 
 
 def write_config_file(config, path: Path) -> Path:
     """The configuration as the YAML file a user would pass to ``coevolve --config``."""
-    import yaml
-
     path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     return path
 
 
 def cli_env(state_dir: Path, prefect_home: Path | None = None) -> dict[str, str]:
-    """Offline switches plus a Prefect home of its own (default: the state folder's), for a temporary API per process."""
+    """Offline switches plus a Prefect home of its own (default: the state folder's), for a temporary API per
+    process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
         HF_HUB_OFFLINE="1",
@@ -82,9 +84,6 @@ def kill_group(process: subprocess.Popen) -> None:
 
 def wait_for_stage(config, round_: int, stage: str, process: subprocess.Popen, timeout_s: float = 600) -> None:
     """Polls the warehouse (read-only, like an analyst) until ``stage`` of the round is marked finished."""
-    from coevolve.errors import PipelineError
-    from storage.warehouse import Warehouse
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -103,8 +102,6 @@ def wait_for_stage(config, round_: int, stage: str, process: subprocess.Popen, t
 @pytest.fixture(scope="session")
 def cli():
     """Helpers to run rounds through the CLI in separate processes and kill them."""
-    import types
-
     return types.SimpleNamespace(
         write_config_file=write_config_file,
         start_round=start_round,

@@ -1,4 +1,5 @@
-"""Ablation arms are distinct runs whatever the environment says, and an ablation that would compare a run with itself refuses to start."""
+"""Ablation arms are distinct runs whatever the environment says, and an ablation that would compare a run with
+itself refuses to start."""
 
 import pytest
 

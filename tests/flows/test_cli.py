@@ -1,10 +1,16 @@
 """The command line: readable errors with exit code 2, never a traceback, for bad input."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import yaml
 
+from agent.serve import free_port
 from flows.cli import format_row, main, summary_row
+from storage.warehouse import Warehouse
 
 
 def test_config_show_prints_the_effective_values(capsys):
@@ -56,8 +62,6 @@ def test_evaluate_with_an_unknown_category_exits_2_naming_the_choices(tmp_path, 
 
 
 def _warehouse(state_dir):
-    from storage.warehouse import Warehouse
-
     Warehouse(state_dir / "warehouse").close()
 
 
@@ -76,11 +80,6 @@ def test_sql_on_an_unknown_table_names_it_on_one_line(tmp_path, capsys):
 
 
 def test_sql_with_a_bad_query_exits_non_zero_without_a_traceback(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     _warehouse(tmp_path)
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo), "PREFECT_HOME": str(tmp_path / "prefect")}
@@ -107,8 +106,6 @@ def test_sql_on_a_damaged_warehouse_says_how_to_recover(tmp_path, capsys):
 def test_sql_on_an_unreachable_object_store_names_the_endpoint_and_the_setting_on_one_line(
     tmp_path, capsys, monkeypatch
 ):
-    from agent.serve import free_port
-
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there

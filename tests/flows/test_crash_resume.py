@@ -5,8 +5,8 @@ is killed with -9 in the middle of its rollout (as soon as its first batch of ep
 then dies (os._exit, tests/crash_at.py) at one commit point of each kind: a table of a multi-table
 stage written without its stage record, the update's checkpoint without its record, the MLflow
 registration without the version record, the version record without the finished round record; each
-time the same command runs again, and the last run completes. Warehouse content, the pool snapshot digest, the checkpoint digest and the
-MLflow registry must match the uninterrupted run's.
+time the same command runs again, and the last run completes. Warehouse content, the pool snapshot digest,
+the checkpoint digest and the MLflow registry must match the uninterrupted run's.
 
 Exhaustive version (opt-in, about an hour on 2 cores; figures in storage/README.md "Commit points"):
 the uninterrupted run is traced (``tests/crash_at.py trace:``), and the crashed run dies just before and
@@ -21,11 +21,19 @@ start round 1). Run it with
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+
+from flows.cli import main
+from storage.warehouse import Warehouse
+from tests.crash_at import CRASH_EXIT
+from tests.flows.conftest import REPO, cli_env
 
 pytestmark = pytest.mark.slow
 
@@ -54,15 +62,11 @@ CONTENT = {
 
 
 def _content(config) -> dict[str, list[dict]]:
-    from storage.warehouse import Warehouse
-
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         return {table: wh.sql(query).to_dicts() for table, query in CONTENT.items()}
 
 
 def _version_output(config) -> dict:
-    from storage.warehouse import Warehouse
-
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         return wh.stage_output(config.run_id, 0, "version")
 
@@ -73,8 +77,6 @@ crashed_mid_rollout: dict[str, object] = {}
 
 def _wait_for_first_batch(config, process, timeout_s: float = 600) -> None:
     """Polls for the round's first trajectories file: the moment the rollout has stored its first episode."""
-    import time
-
     folder = config.warehouse_path / "tables" / "trajectories" / f"run_id={config.run_id}" / "round=0"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -87,8 +89,6 @@ def _wait_for_first_batch(config, process, timeout_s: float = 600) -> None:
 
 
 def _stored_episodes(config) -> tuple[int, bool]:
-    from storage.warehouse import Warehouse
-
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         return len(wh.stored_episodes(config.run_id, 0)), wh.stage_output(config.run_id, 0, "rollout") is not None
 
@@ -110,11 +110,6 @@ crash_log: dict[str, object] = {}
 
 def _evolve(config_file, state_dir, log, crash_at: str | None = None):
     """``coevolve evolve --rounds 1`` in a new process group, dying at ``crash_at`` when given."""
-    import subprocess
-    import sys
-
-    from tests.flows.conftest import REPO, cli_env
-
     entry = ["-m", "tests.crash_at", crash_at] if crash_at else ["-m", "flows.cli"]
     with log.open("a") as out:
         return subprocess.Popen(
@@ -124,8 +119,6 @@ def _evolve(config_file, state_dir, log, crash_at: str | None = None):
 
 
 def _round_status(config) -> str | None:
-    from storage.warehouse import Warehouse
-
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         return wh.round_status(config.run_id, 0)
 
@@ -176,8 +169,6 @@ def both_runs(tiny_config, cli, tmp_path_factory):
 
 
 def test_the_crashed_run_died_at_every_crash_point(both_runs) -> None:
-    from tests.crash_at import CRASH_EXIT
-
     assert crash_log["codes"] == [CRASH_EXIT] * len(CRASH_POINTS)
 
 
@@ -192,10 +183,6 @@ def test_a_round_is_not_finished_before_its_version_stage_is_recorded(both_runs)
 
 def test_status_shows_the_round_finished_with_its_real_duration(both_runs, capsys) -> None:
     """Round 0 ran from the first attempt's start to the last one's finish: far more than a second."""
-    import os
-
-    from flows.cli import main
-
     _, crashed = both_runs
     config_file = crashed.state_dir.parent / "config.yaml"
     saved = dict(os.environ)  # the command sets its offline switches and state locations
@@ -264,8 +251,6 @@ exhaustive_log: dict[str, object] = {}
 
 @pytest.fixture(scope="module")
 def every_point_runs(tiny_config, cli, tmp_path_factory):
-    import time
-
     (plain_dir, plain, plain_file), (crashed_dir, crashed, crashed_file) = _two_state_folders(
         tiny_config, cli, tmp_path_factory, ("plain-traced", "crashed-everywhere"), EXHAUSTIVE_OVERRIDES
     )
@@ -279,7 +264,6 @@ def every_point_runs(tiny_config, cli, tmp_path_factory):
         cli.kill_group(traced)
     points = commit_points(trace, plain.state_dir, crashed.state_dir)
     exhaustive_log["points"], codes = points, []
-    from tests.crash_at import CRASH_EXIT
 
     for spec in (f"{when}:{point}" for point in points for when in ("before", "after")):
         process = _evolve(crashed_file, crashed.state_dir, crashed_log, crash_at=spec)
@@ -315,8 +299,6 @@ def test_exhaustive_every_point_kind_is_traced(every_point_runs) -> None:
 
 @exhaustive
 def test_exhaustive_the_run_died_at_every_point_and_then_completed(every_point_runs) -> None:
-    from tests.crash_at import CRASH_EXIT
-
     assert [point for point, code in exhaustive_log["codes"] if code != CRASH_EXIT] == []
     assert exhaustive_log["status_after_last_crash"] == "finished"
     assert exhaustive_log["last"] == 0

@@ -15,9 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agent.serve import free_port as _free_port
+from storage.warehouse import Warehouse
 
 pytestmark = pytest.mark.slow
 
@@ -57,8 +59,6 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 def _wait_healthy(api_url: str, server: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
-    import httpx
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert server.poll() is None, log.read_text()[-3000:]
@@ -72,8 +72,6 @@ def _wait_healthy(api_url: str, server: subprocess.Popen, log: Path, timeout_s: 
 
 
 def _flow_run_state(api_url: str, flow_run_id: str) -> str:
-    import httpx
-
     return httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=10).json()["state"]["type"]
 
 
@@ -130,8 +128,6 @@ def test_the_per_round_deployment_runs_a_round_on_a_process_worker(tiny_config, 
         if worker is not None:
             _stop(worker)  # the worker first: it reports to the server while it shuts down
         _stop(server)
-
-    from storage.warehouse import Warehouse
 
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         (summary,) = wh.rounds("deployed")

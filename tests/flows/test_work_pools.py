@@ -1,4 +1,5 @@
-"""Stages placed on two work pools: a Prefect server, a coevolve-cpu and a coevolve-gpu process worker, an MLflow server.
+"""Stages placed on two work pools: a Prefect server, a coevolve-cpu and a coevolve-gpu process worker, an MLflow
+server.
 
 The workers start in two different empty folders with only PREFECT_API_URL and PREFECT_HOME set
 (the flows apply the offline switches themselves) and share the state folder by path. A round run
@@ -29,12 +30,17 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
+import psutil
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
 from test_crash_resume import CONTENT, CRASH_OVERRIDES, assert_same_rows
 from test_deployments import PREFECT, REPO, TERMINAL, _env, _flow_run_state, _free_port, _stop, _wait_healthy
 
 from coevolve.config import PipelineConfig
+from coevolve.errors import PipelineError
+from storage.warehouse import Warehouse
 
 pytestmark = pytest.mark.slow
 
@@ -78,8 +84,6 @@ def _start_worker(pool: str, name: str, folder: Path, api_url: str) -> subproces
 
 def _kill_tree(process: subprocess.Popen) -> None:
     """kill -9 a worker's process group and the group of every flow run it started (each runs in its own session)."""
-    import psutil
-
     groups = {process.pid}
     try:
         groups |= {os.getpgid(child.pid) for child in psutil.Process(process.pid).children(recursive=True)}
@@ -94,8 +98,6 @@ def _kill_tree(process: subprocess.Popen) -> None:
 
 
 def _wait_http(url: str, process: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
-    import httpx
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert process.poll() is None, log.read_text()[-3000:]
@@ -112,8 +114,6 @@ def _wait_http(url: str, process: subprocess.Popen, log: Path, timeout_s: float 
 
 
 def _flow_runs(api_url: str) -> list[dict]:
-    import httpx
-
     response = httpx.post(
         f"{api_url}/flow_runs/filter", json={"limit": 200, "sort": "EXPECTED_START_TIME_ASC"}, timeout=30
     )
@@ -144,15 +144,11 @@ def _wait_terminal(api_url: str, flow_run_id: str, logs: list[Path], timeout_s: 
 
 
 def _flow_run(api_url: str, flow_run_id: str) -> dict:
-    import httpx
-
     return httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=10).json()
 
 
 def _scheduled_nightly_runs(api_url: str, server: subprocess.Popen, log: Path, timeout_s: float = 180) -> list[dict]:
     """The flow runs the server's scheduler created for coevolve-evolve/nightly, earliest first."""
-    import httpx
-
     deployment = httpx.get(f"{api_url}/deployments/name/coevolve-evolve/nightly", timeout=10).json()
     query = {"deployments": {"id": {"any_": [deployment["id"]]}}, "sort": "EXPECTED_START_TIME_ASC"}
     deadline = time.monotonic() + timeout_s
@@ -169,8 +165,6 @@ def _scheduled_nightly_runs(api_url: str, server: subprocess.Popen, log: Path, t
 
 def _retarget_nightly_run(api_url: str, flow_run_id: str, state_dir: Path) -> str:
     """Give a scheduled nightly run zero rounds in ``state_dir`` and make it due now; a worker then picks it up."""
-    import httpx
-
     config = PipelineConfig.model_validate({"run_id": "nightly", "state_dir": str(state_dir)})
     parameters = {"rounds": 0, "config": config.model_dump(mode="json")}
     httpx.patch(f"{api_url}/flow_runs/{flow_run_id}", json={"parameters": parameters}, timeout=10).raise_for_status()
@@ -187,7 +181,8 @@ def _retarget_nightly_run(api_url: str, flow_run_id: str, state_dir: Path) -> st
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """Prefect server, MLflow server, both pools with a worker each, prefect.yaml deployed; torn down after the module."""
+    """Prefect server, MLflow server, both pools with a worker each, prefect.yaml deployed; torn down after the
+    module."""
     root = tmp_path_factory.mktemp("cluster")
     port, mlflow_port = _free_port(), _free_port()
     api_url = f"http://127.0.0.1:{port}/api"
@@ -263,9 +258,6 @@ def _trajectory_files(config) -> list[Path]:
 
 
 def _stage_done(config, stage: str) -> bool:
-    from coevolve.errors import PipelineError
-    from storage.warehouse import Warehouse
-
     try:
         with Warehouse(config.warehouse_path, read_only=True) as wh:
             return wh.stage_output(config.run_id, 0, stage) is not None
@@ -277,9 +269,9 @@ def _stage_done(config, stage: str) -> bool:
 def rounds(cluster, tiny_config, cli):
     root = cluster.root
     worker_logs = [root / "cpu-box" / "worker.log", root / "gpu-box" / "worker.log", root / "gpu-box-2" / "worker.log"]
-    wait = lambda run_id, timeout_s=900: _wait_terminal(
-        cluster.api_url, run_id, [p for p in worker_logs if p.exists()], timeout_s
-    )  # noqa: E731
+
+    def wait(run_id, timeout_s=900):
+        return _wait_terminal(cluster.api_url, run_id, [p for p in worker_logs if p.exists()], timeout_s)
 
     # The same round inline, in its own process, state folder and MLflow store.
     inline = tiny_config(root / "inline" / "state", run_id=RUN_ID, **CRASH_OVERRIDES)
@@ -341,18 +333,12 @@ def rounds(cluster, tiny_config, cli):
 
 
 def _content(config) -> dict[str, list[dict]]:
-    from storage.warehouse import Warehouse
-
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         return {table: wh.sql(query).to_dicts() for table, query in CONTENT.items()}
 
 
 def _version(config):
     """The round's registered model version, read back through the config's tracking URI."""
-    from mlflow.tracking import MlflowClient
-
-    from storage.warehouse import Warehouse
-
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         recorded = wh.stage_output(config.run_id, 0, "version")
     client = MlflowClient(tracking_uri=config.mlflow_tracking_uri, registry_uri=config.mlflow_tracking_uri)

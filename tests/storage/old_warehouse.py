@@ -71,10 +71,13 @@ def write_old_warehouse(
     trajectories[1].steps.append(odd)
     summaries = [summary("run-a", 0)]
     con = duckdb.connect(str(path))
-    con.execute("INSERT INTO runs VALUES ('run-a', ?, ?), ('run-b', ?, ?)",
-                [STAMP, json.dumps({"seed": 3, "pool": {"seed_size": 12}, "name": "ü"}), STAMP, json.dumps({})])  # fmt: skip
     con.execute(
-        "INSERT INTO rounds VALUES ('run-a', 0, 'finished', ?, 'flow-1', ?, ?), ('run-a', 1, 'running', NULL, 'flow-2', ?, NULL)",
+        "INSERT INTO runs VALUES ('run-a', ?, ?), ('run-b', ?, ?)",
+        [STAMP, json.dumps({"seed": 3, "pool": {"seed_size": 12}, "name": "ü"}), STAMP, json.dumps({})],
+    )
+    con.execute(
+        "INSERT INTO rounds VALUES ('run-a', 0, 'finished', ?, 'flow-1', ?, ?), "
+        "('run-a', 1, 'running', NULL, 'flow-2', ?, NULL)",
         [json.dumps(summaries[0].to_dict()), STAMP, STAMP, STAMP],
     )
     con.executemany(
@@ -88,8 +91,12 @@ def write_old_warehouse(
         [[t.task_id, t.environment, t.provenance.origin, t.provenance.round, t.provenance.parent_trajectory_id,
           t.provenance.signal_id, t.content_hash, json.dumps(t.to_dict(), default=str), t.tools] for t in tasks],
     )  # fmt: skip
-    pools = {("run-a", 0): [tasks[1].task_id, tasks[0].task_id], ("run-a", 1): [tasks[2].task_id, tasks[1].task_id, tasks[0].task_id],
-             ("run-a", -1): [tasks[2].task_id], ("run-b", 0): [tasks[1].task_id]}  # fmt: skip
+    pools = {
+        ("run-a", 0): [tasks[1].task_id, tasks[0].task_id],
+        ("run-a", 1): [tasks[2].task_id, tasks[1].task_id, tasks[0].task_id],
+        ("run-a", -1): [tasks[2].task_id],
+        ("run-b", 0): [tasks[1].task_id],
+    }
     con.executemany(
         "INSERT INTO pool_membership VALUES (?, ?, ?, ?)",
         [[run, rnd, pos, tid] for (run, rnd), ids in pools.items() for pos, tid in enumerate(ids)],

@@ -179,7 +179,8 @@ def _listing(root: Path) -> list[str]:
 def test_a_migration_killed_at_a_commit_point_then_run_again_equals_an_uninterrupted_one(
     old_warehouse, tmp_path, crash_at
 ) -> None:
-    """The process dies (tests/crash_at.py) at the point; the pipeline refuses the state folder; a plain re-run completes."""
+    """The process dies (tests/crash_at.py) at the point; the pipeline refuses the state folder; a plain re-run
+    completes."""
     path = old_warehouse["path"]
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo)}

@@ -1,4 +1,5 @@
-"""The warehouse's bookkeeping says what happened: no fresh layout over an old run, verdicts as decided, rounds as run."""
+"""The warehouse's bookkeeping says what happened: no fresh layout over an old run, verdicts as decided, rounds as
+run."""
 
 from __future__ import annotations
 

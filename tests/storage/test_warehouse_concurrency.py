@@ -1,4 +1,5 @@
-"""Writers and readers in separate processes, at once, with no lock; a writer killed with -9 leaves nothing a reader sees.
+"""Writers and readers in separate processes, at once, with no lock; a writer killed with -9 leaves nothing a reader
+sees.
 
 Every file is written under a hidden name and renamed into place, so readers see whole files only,
 and writers of disjoint shards of one round never touch each other's files.
@@ -93,9 +94,10 @@ def test_four_writers_of_disjoint_shards_and_a_reader_run_at_once(tmp_path: Path
 
     wh = Warehouse(root, read_only=True)
     counts = wh.sql(
-        "SELECT (SELECT count(*) FROM trajectories) AS heads, (SELECT count(DISTINCT trajectory_id) FROM trajectories) "
-        "AS ids, (SELECT count(*) FROM steps) AS steps, (SELECT count(DISTINCT (trajectory_id, step_index)) FROM steps) "
-        "AS step_keys"
+        "SELECT (SELECT count(*) FROM trajectories) AS heads, "
+        "(SELECT count(DISTINCT trajectory_id) FROM trajectories) AS ids, "
+        "(SELECT count(*) FROM steps) AS steps, "
+        "(SELECT count(DISTINCT (trajectory_id, step_index)) FROM steps) AS step_keys"
     ).row(0)
     assert counts == (total, total, 2 * total, 2 * total), "every row is there exactly once"
     orphans = wh.sql("SELECT count(*) AS n FROM steps s ANTI JOIN trajectories t USING (trajectory_id)")["n"][0]
@@ -150,7 +152,7 @@ def test_a_writer_killed_in_the_middle_of_a_file_leaves_only_a_hidden_partial_th
     reader = Warehouse(root, read_only=True)
     assert reader.sql("SELECT count(*) AS n FROM trajectories")["n"][0] == 3
     assert reader.stored_episodes(RUN, 0) == {("kept", 0), ("kept", 1), ("kept", 2)}
-    assert [p for p in root.rglob("*.partial")], "a read-only warehouse removes nothing"
+    assert list(root.rglob("*.partial")), "a read-only warehouse removes nothing"
 
     # A resumed writer removes what the killed one left and writes the batch again.
     resumed = Warehouse(root)

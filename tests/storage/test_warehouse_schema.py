@@ -1,4 +1,5 @@
-"""The layout version: kept in catalog/layout.json, checked on every open; other versions are refused with the way forward."""
+"""The layout version: kept in catalog/layout.json, checked on every open; other versions are refused with the way
+forward."""
 
 from __future__ import annotations
 

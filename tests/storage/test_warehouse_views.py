@@ -136,7 +136,8 @@ def test_pool_growth_counts_new_tasks_by_origin(history: Warehouse) -> None:
 
 def test_forgetting_events_find_a_solved_task_failing_later(history: Warehouse, make_task) -> None:
     rows = history.sql(
-        "SELECT task_id, round, sample, reward, best_before, window_size, signalled FROM v_forgetting_events ORDER BY sample"
+        "SELECT task_id, round, sample, reward, best_before, window_size, signalled "
+        "FROM v_forgetting_events ORDER BY sample"
     )
     assert rows.rows() == [
         (make_task(0).task_id, 1, 0, 0.0, 1.0, 2, True),
@@ -174,7 +175,8 @@ def test_bfcl_multi_turn_overall_is_the_unweighted_mean_with_missing_categories_
     warehouse.write_evaluations(RUN, 0, "multi_turn_miss_func", [("m0", True, 1.0, None), ("m1", False, 0.0, None)])
     warehouse.write_evaluations(RUN, 0, "heldout", [("h0", True, 1.0, None)])
     rows = warehouse.sql(
-        "SELECT multi_turn_base, multi_turn_miss_func, multi_turn_miss_param, multi_turn_overall, all_categories, tasks FROM v_bfcl_multi_turn"
+        "SELECT multi_turn_base, multi_turn_miss_func, multi_turn_miss_param, multi_turn_overall, all_categories, "
+        "tasks FROM v_bfcl_multi_turn"
     )
     # (0.75 + 0.5 + 0 + 0) / 4: categories weigh the same whatever their sizes; held-out rows are not BFCL's.
     assert rows.rows() == [(0.75, 0.5, None, 0.3125, False, 6)]

@@ -18,7 +18,8 @@ def _bfcl_unweighted_accuracy():
     tree = ast.parse(source.read_text())
     (node,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "calculate_unweighted_accuracy"]
     namespace: dict = {}
-    exec(compile(ast.Module(body=[node], type_ignores=[]), str(source), "exec"), namespace)
+    code = compile(ast.Module(body=[node], type_ignores=[]), str(source), "exec")
+    exec(code, namespace)  # noqa: S102 -- bfcl-eval's own installed source, never model output
     return namespace["calculate_unweighted_accuracy"]
 
 

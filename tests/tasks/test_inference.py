@@ -1,4 +1,5 @@
-"""The ablation's tests: calibrated under a simulated null with the experiment's structure, with known power, Holm per family."""
+"""The ablation's tests: calibrated under a simulated null with the experiment's structure, with known power, Holm
+per family."""
 
 import math
 
@@ -24,7 +25,8 @@ NULL_DRAWS = 2000
 
 
 def test_the_simulation_has_the_structure_of_the_measured_ablation():
-    """Checkpoint 0 near 0.19; a final checkpoint differs from it, and from another arm's, on about 10% of tasks; seeds vary by about 0.03."""
+    """Checkpoint 0 near 0.19; a final checkpoint differs from it, and from another arm's, on about 10% of tasks;
+    seeds vary by about 0.03."""
     rng = np.random.default_rng(7)
     draws = [simulate_experiment(rng, SEEDS, TASKS) for _ in range(300)]
     assert np.mean([ckpt0.mean() for _, _, ckpt0 in draws]) == pytest.approx(0.19, abs=0.02)

@@ -3,11 +3,15 @@
 from collections import defaultdict
 
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coevolve.config import SignalConfig
-from tasks.mine import count_by_kind, mine_signals, select_for_synthesis
+from coevolve.errors import DataError
+from coevolve.records import Signal, Step, ToolCall, Trajectory
+from storage.warehouse import Warehouse
+from tasks.mine import count_by_kind, mine_signals, mine_warehouse, select_for_synthesis
 
 
 def frame(rows):
@@ -94,9 +98,9 @@ def reference_signals(rows, round_, config):
     """Row-by-row reading of the definitions, for comparison."""
     out = set()
     by_task = defaultdict(list)
-    for r, t, s, reward, seq in sorted(rows):
+    for r, t, s, reward, _seq in sorted(rows):
         by_task[t].append((r, s, reward))
-    for r, t, s, reward, seq in rows:
+    for r, t, s, reward, _seq in rows:
         if r != round_:
             continue
         history = [x[2] for x in by_task[t] if x[0] < round_][-config.forgetting_window :]
@@ -111,7 +115,7 @@ def reference_signals(rows, round_, config):
         for row in upto:
             if row[4]:
                 counts[">".join(row[4])] += 1
-        for r, t, s, reward, seq in rows:
+        for r, t, s, _reward, seq in rows:
             p = ">".join(seq)
             if r == round_ and seq and 0 < counts[p] / len(upto) < config.rare_theta / 100:
                 out.add(("rare", t, s))
@@ -143,9 +147,6 @@ def test_polars_signals_match_the_row_by_row_reference(rows, round_):
 
 def write_run(root, rows):
     """A warehouse holding ``rows`` (round, task, sample, reward, tools) as trajectories of run 'run'."""
-    from coevolve.records import Step, ToolCall, Trajectory
-    from storage.warehouse import Warehouse
-
     wh = Warehouse(root)
     by_round = defaultdict(list)
     for r, t, s, reward, seq in rows:
@@ -154,7 +155,7 @@ def write_run(root, rows):
         by_round[r].append(Trajectory(run_id="run", round=r, task_id=t, sample=s, steps=steps, prompt_ids=[1],
                                       completion_ids=[2], completion_mask=[1], logprobs=[0.0], reward=float(reward),
                                       success=reward > 0.5, finish_reason="done", duration_s=0.1))  # fmt: skip
-    for r, trajs in sorted(by_round.items()):
+    for _round, trajs in sorted(by_round.items()):
         # Two files per round, so the scan reads several files of a partition.
         wh.write_trajectories(trajs[::2])
         wh.write_trajectories(trajs[1::2])
@@ -171,8 +172,6 @@ CONFIGS = [
 @settings(max_examples=15, deadline=None)
 @given(st.lists(row_strategy, min_size=1, max_size=40, unique_by=lambda r: (r[0], r[1], r[2])), st.integers(0, 3))
 def test_mining_the_warehouse_files_equals_mining_its_frame(tmp_path_factory, rows, round_):
-    from tasks.mine import mine_warehouse
-
     wh = write_run(tmp_path_factory.mktemp("wh") / "warehouse", rows)
     frame_ = wh.trajectory_frame("run", upto_round=round_)
     for config in CONFIGS:
@@ -183,16 +182,12 @@ def test_mining_the_warehouse_files_equals_mining_its_frame(tmp_path_factory, ro
 
 
 def test_a_run_without_trajectories_mines_nothing(tmp_path):
-    from tasks.mine import mine_warehouse
-
     wh = write_run(tmp_path / "warehouse", [(0, "a", 0, 1, ["ls"])])
     assert mine_warehouse(wh, "other", 0, SignalConfig()) == []
     assert mine_warehouse(wh, "run", 1, SignalConfig()) == []
 
 
 def test_signal_records_are_plain_signals():
-    from coevolve.records import Signal
-
     rows = [(0, "a", s, s % 2, ["ls", "cd"] if s else ["mv"]) for s in range(4)] + [(1, "a", 0, 0, ["mv"])]
     signals = mine_signals(frame(rows), 1, "run", SignalConfig(rare_min_total=1, rare_theta=50))
     assert {s.kind for s in signals} == {"forgetting", "rare"}
@@ -203,11 +198,6 @@ def test_signal_records_are_plain_signals():
 
 
 def test_a_damaged_trajectory_file_fails_mining_with_a_data_error(tmp_path):
-    import pytest
-
-    from coevolve.errors import DataError
-    from tasks.mine import mine_warehouse
-
     wh = write_run(tmp_path / "warehouse", [(0, "a", s, s % 2, ["ls"]) for s in range(4)])
     path = sorted((tmp_path / "warehouse" / "tables" / "trajectories").rglob("run_id=run/round=0/*.parquet"))[0]
     path.write_bytes(b"not a parquet file" * 10)

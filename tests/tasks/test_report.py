@@ -1,11 +1,14 @@
 """Ablation report: per-arm mean +- sd, two families of tested comparisons with Holm, and the files a reader opens."""
 
 import math
+from pathlib import Path
 
 import pytest
+from statsmodels.stats.multitest import multipletests
 
 from tasks.curves import dev_curve, heldout_curve
-from tasks.report import summarize, write_report
+from tasks.inference import two_way_test
+from tasks.report import read_per_run_table, seed_level_recheck, summarize, write_report
 
 
 def run(arm, seed, heldout, pool=(110, 120), official=0.0):
@@ -18,7 +21,7 @@ def run(arm, seed, heldout, pool=(110, 120), official=0.0):
             "rejected": 5,
             "signals": {"forgetting": 1, "boundary": 2, "rare": 3},
         }
-        for i, (h, p) in enumerate(zip(heldout, pool))
+        for i, (h, p) in enumerate(zip(heldout, pool, strict=True))
     ]
     return {
         "arm": arm,
@@ -72,7 +75,8 @@ def test_a_left_out_signal_is_reported_as_the_cost_of_leaving_it_out(tmp_path):
 
 
 def outcomes_run(arm, seed, solved, baseline_solved, tasks=12):
-    """A run scored task by task: its final checkpoint solves the first ``solved`` tasks, checkpoint 0 the first ``baseline_solved``."""
+    """A run scored task by task: its final checkpoint solves the first ``solved`` tasks, checkpoint 0 the first
+    ``baseline_solved``."""
     r = run(arm, seed, [0.1, solved / tasks])
     r["rounds"][0]["baseline_heldout_success"] = baseline_solved / tasks
     r |= {
@@ -93,8 +97,6 @@ SCORED = [
 
 
 def test_each_comparison_is_the_two_way_test_on_the_runs_task_outcomes():
-    from tasks.inference import two_way_test
-
     summary = summarize(SCORED)
     full = {r["seed"]: r["heldout_outcomes"] for r in SCORED if r["arm"] == "full"}
     static = {r["seed"]: r["heldout_outcomes"] for r in SCORED if r["arm"] == "static"}
@@ -106,8 +108,6 @@ def test_each_comparison_is_the_two_way_test_on_the_runs_task_outcomes():
 
 
 def test_every_family_is_holm_corrected_on_its_own():
-    from statsmodels.stats.multitest import multipletests
-
     summary = summarize(SCORED)
     for family in (summary["tests"], summary["ckpt0_tests"]):
         raw = [t["p"] for t in family.values()]
@@ -119,10 +119,11 @@ def test_the_report_prints_raw_and_adjusted_p_values_the_split_and_the_detectabl
     out = write_report(SCORED, tmp_path, "Scored", power_draws=20)
     text = (tmp_path / "report.md").read_text()
     static, full0 = out["tests"]["static"], out["ckpt0_tests"]["full"]
-    assert (
-        f"| static | 3 | 12 | {static['mean_diff']:+.3f} | {static['se']:.3f} | {static['t']:.2f} | {static['p']:.3f} | {static['p_holm']:.3f} |"
-        in text
+    static_row = (
+        f"| static | 3 | 12 | {static['mean_diff']:+.3f} | {static['se']:.3f} | {static['t']:.2f} "
+        f"| {static['p']:.3f} | {static['p_holm']:.3f} |"
     )
+    assert static_row in text
     assert f"| full | 3 | 12 | 0.250 | {full0['final']:.3f} | {full0['mean_diff']:+.3f} |" in text
     assert "### Family 1: `full` against each arm (2 comparisons, Holm)" in text
     assert "### Family 2: each arm against checkpoint 0 (3 comparisons, Holm)" in text
@@ -134,7 +135,7 @@ def test_the_report_prints_raw_and_adjusted_p_values_the_split_and_the_detectabl
 def test_the_learning_curve_starts_at_checkpoint_0_when_its_score_was_recorded():
     runs = [run("full", 1, [0.2, 0.3]), run("full", 2, [0.4, 0.5])]
     assert heldout_curve(runs) == ([1, 2], pytest.approx([0.3, 0.4]))
-    for r, baseline in zip(runs, (0.1, 0.2)):
+    for r, baseline in zip(runs, (0.1, 0.2), strict=True):
         r["rounds"][0]["baseline_heldout_success"] = baseline
     assert heldout_curve(runs) == ([0, 1, 2], pytest.approx([0.15, 0.3, 0.4]))
 
@@ -228,10 +229,6 @@ def test_runs_without_a_checkpoint_0_score_are_not_compared_with_it(tmp_path):
 
 
 def test_the_seed_level_recheck_of_the_30_run_report_holm_corrects_both_families():
-    from pathlib import Path
-
-    from tasks.report import read_per_run_table, seed_level_recheck
-
     text = (Path(__file__).parents[2] / "docs" / "ablation_report.md").read_text()
     runs = read_per_run_table(text)
     assert len(runs) == 30 and runs[("no-boundary", 4)] == (0.19, 0.25)

@@ -1,12 +1,13 @@
 """Rollout: every episode ends with a reason, garbage never crashes a round, token bookkeeping is exact."""
 
+import threading
 from pathlib import Path
 
 import pytest
 
 from agent.chat import ChatFormat
-from agent.tiny import train_tokenizer
-from agent.transformers_engine import Generation
+from agent.tiny import build_tiny_policy, train_tokenizer
+from agent.transformers_engine import Generation, TransformersEngine
 from coevolve.config import EnvironmentConfig, PolicyConfig
 from envs.bfcl import official_tasks
 from envs.explorer import build_tasks, demonstration
@@ -22,9 +23,6 @@ def tasks():
 @pytest.fixture(scope="module")
 def untrained_engine(tmp_path_factory, tasks):
     """A random-init policy: its output is garbage, which is exactly what this module needs."""
-    from agent.tiny import build_tiny_policy
-    from agent.transformers_engine import TransformersEngine
-
     env = make_environment(EnvironmentConfig())
     conversations = [demonstration(t, env) for t in tasks]
     config = PolicyConfig(sft_steps=0, hidden_size=32, num_layers=1, vocab_size=400)
@@ -33,15 +31,15 @@ def untrained_engine(tmp_path_factory, tasks):
 
 
 def play(engine, tasks, **kw):
-    settings = dict(
-        samples=2,
-        temperature=1.0,
-        max_new_tokens=24,
-        env_config=EnvironmentConfig(max_steps=3),
-        run_id="t",
-        round_=0,
-        progress=False,
-    )
+    settings = {
+        "samples": 2,
+        "temperature": 1.0,
+        "max_new_tokens": 24,
+        "env_config": EnvironmentConfig(max_steps=3),
+        "run_id": "t",
+        "round_": 0,
+        "progress": False,
+    }
     settings.update(kw)
     return play_episodes(engine, tasks, **settings)
 
@@ -58,7 +56,7 @@ def test_completion_tokens_masks_and_logprobs_line_up(untrained_engine, tasks):
         assert len(t.completion_ids) == len(t.completion_mask) == len(t.logprobs)
         generated = sum(s.completion_tokens for s in t.steps)
         assert sum(t.completion_mask) == generated
-        assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.completion_mask) if m == 0)
+        assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.completion_mask, strict=True) if m == 0)
         assert all(lp <= 0.0 for lp in t.logprobs)
 
 
@@ -79,8 +77,6 @@ def test_trajectory_ids_name_run_round_task_and_sample(untrained_engine, tasks):
 
 
 def test_two_rounds_of_one_run_sample_from_different_streams(untrained_engine, tasks):
-    from agent.transformers_engine import TransformersEngine
-
     # Every round's rollout stage loads a fresh engine, seeded alike.
     def fresh():
         return TransformersEngine(untrained_engine.model_path, torch_threads=1, seed=0)
@@ -107,8 +103,6 @@ class _Handshake:
     """The real engine, with decode (run by the environment-step worker) waiting for the next generate call."""
 
     def __init__(self, engine) -> None:
-        import threading
-
         self.engine, self.chat = engine, engine.chat
         self.second_generate = threading.Event()
         self.calls = 0
@@ -197,7 +191,7 @@ def _placements(segment, prompts, generated) -> dict[int, int]:
     sequence = segment.prompt_ids + segment.completion_ids
     return {
         k: len(prompt)
-        for k, (prompt, reply) in enumerate(zip(prompts, generated))
+        for k, (prompt, reply) in enumerate(zip(prompts, generated, strict=True))
         if len(prompt) >= len(segment.prompt_ids)
         and sequence[: len(prompt)] == prompt
         and sequence[len(prompt) : len(prompt) + len(reply)] == reply

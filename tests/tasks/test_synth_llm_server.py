@@ -4,6 +4,8 @@ A tiny model writes mostly garbage: these tests show that every garbage reply is
 reason, that whatever the model proposes is parsed and executed safely, and that synthesis goes on.
 """
 
+import random
+
 import pytest
 
 from coevolve.config import SynthesisConfig
@@ -69,7 +71,6 @@ def test_every_step_the_model_proposes_is_executed_or_rejected(chat, task):
         "exploration_objectives": ["make a folder and enter it"],
         "do_not_repeat": [],
     }
-    import random
 
     triplets, rejections = LLMSynthesizer(chat).explore(
         "boundary", task, context, tools, 4, random.Random(0), "probe#0"

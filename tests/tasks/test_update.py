@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 
 import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import tasks.grpo_trainer
+from agent.chat import ChatFormat, render_tiny
+from agent.tiny import build_model, train_tokenizer
+from agent.transformers_engine import load_policy
+from agent.weights import adapter_chain
 from coevolve.config import PipelineConfig, PolicyConfig
+from coevolve.errors import DataError
 from coevolve.records import Message, Segment, Trajectory
+from tasks.common import open_warehouse
 from tasks.grpo_groups import group_trajectories, replay_rows, segment_groups
-from tasks.update import grpo_update
+from tasks.grpo_trainer import use_behaviour_logprobs
+from tasks.update import grpo_update, kl_reference_checkpoint
 
 GROUP_SIZE = 4
 GOOD = "[mkdir(dir_name='temp')]"
@@ -19,9 +32,6 @@ BAD = "[cd(folder='nowhere')]"
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-init tiny Qwen3 with the tiny tokenizer (no SFT: the test needs weights, not skill)."""
-    from agent.chat import render_tiny
-    from agent.tiny import build_model, train_tokenizer
-
     text = render_tiny([Message("user", "make a folder temp"), Message("assistant", GOOD + " " + BAD)], False)
     tokenizer = train_tokenizer([text] * 4, vocab_size=300)
     model = build_model(tokenizer, PolicyConfig(hidden_size=32, num_layers=1), seed=0)
@@ -32,10 +42,6 @@ def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _completion_logprobs(model_dir: Path, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
-    import torch
-
-    from agent.transformers_engine import load_policy
-
     model, _ = load_policy(model_dir)
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1] / temperature
@@ -44,9 +50,6 @@ def _completion_logprobs(model_dir: Path, prompt: list[int], completion: list[in
 
 def _batch(policy_dir: Path, temperature: float, rewards: dict[str, list[float]]) -> list[Trajectory]:
     """Per task, alternate the good and the bad message; the good one also gets a tool result appended."""
-    from agent.chat import ChatFormat
-    from agent.transformers_engine import load_policy
-
     _, tokenizer = load_policy(policy_dir)
     chat = ChatFormat(tokenizer)
     prompt = chat.prompt_ids([Message("user", "make a folder temp")])
@@ -85,9 +88,6 @@ def _config(tmp_path: Path, **training) -> PipelineConfig:
 
 
 def _mean_logprob(model_dir: Path, policy_dir: Path, text: str) -> float:
-    from agent.chat import ChatFormat
-    from agent.transformers_engine import load_policy
-
     _, tokenizer = load_policy(policy_dir)
     chat = ChatFormat(tokenizer)
     values = _completion_logprobs(
@@ -114,8 +114,6 @@ def test_one_update_raises_rewarded_and_lowers_unrewarded_completions(policy_dir
 
 
 def test_updated_checkpoint_loads_with_from_pretrained(policy_dir, tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     trajectories = _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 0.0, 0.0]})
     out = tmp_path / "round-001"
     grpo_update(policy_dir, trajectories, _config(tmp_path, steps_per_round=1), out)
@@ -125,8 +123,6 @@ def test_updated_checkpoint_loads_with_from_pretrained(policy_dir, tmp_path):
 
 
 def test_lora_update_saves_merged_weights_and_the_adapter(policy_dir, tmp_path):
-    from transformers import AutoModelForCausalLM
-
     trajectories = _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0]})
     out = tmp_path / "round-001"
     stats = grpo_update(policy_dir, trajectories, _config(tmp_path, use_lora=True, lora_rank=4, steps_per_round=1), out)
@@ -145,18 +141,12 @@ def test_zero_variance_batch_is_skipped_and_copies_the_input(policy_dir, tmp_pat
 
 def test_a_skipped_lora_update_of_the_base_carries_an_adapter_chain_to_it(policy_dir, tmp_path):
     """LoRA weight sync serves checkpoint r+1 as adapters on the served base: a copy needs a chain that reaches it."""
-    import torch
-
-    from agent.transformers_engine import load_policy
-    from agent.weights import adapter_chain
-
     trajectories = _batch(policy_dir, 0.9, {"t-a": [1.0] * 4})
     out = tmp_path / "round-001"
     config = _config(tmp_path, use_lora=True, lora_rank=4)
     assert grpo_update(policy_dir, trajectories, config, out)["skipped"] is True
     chain = adapter_chain(out, [str(policy_dir)])
     assert chain is not None and chain[0] == str(policy_dir) and chain[1] == [out / "adapter"]
-    from peft import PeftModel
 
     base, _ = load_policy(policy_dir)
     with_adapter = PeftModel.from_pretrained(load_policy(policy_dir)[0], out / "adapter").merge_and_unload()
@@ -167,10 +157,10 @@ def test_a_skipped_lora_update_of_the_base_carries_an_adapter_chain_to_it(policy
 
 def _shifted(trajectories: list[Trajectory], shift: float) -> list[Trajectory]:
     """The same trajectories with every model token's stored logprob moved by ``shift``."""
-    import dataclasses
-
     return [
-        dataclasses.replace(t, logprobs=[lp + shift if m else lp for lp, m in zip(t.logprobs, t.completion_mask)])
+        dataclasses.replace(
+            t, logprobs=[lp + shift if m else lp for lp, m in zip(t.logprobs, t.completion_mask, strict=True)]
+        )
         for t in trajectories
     ]
 
@@ -189,11 +179,6 @@ def test_stored_behaviour_logprobs_are_what_trls_importance_ratio_divides_by(pol
 
 
 def test_a_trl_batch_without_rollout_logprobs_fails_naming_the_tested_trl_version():
-    import torch
-
-    from coevolve.errors import DataError
-    from tasks.grpo_trainer import use_behaviour_logprobs
-
     with pytest.raises(DataError, match=r"trl==1\.16\.0"):
         use_behaviour_logprobs({"old_per_token_logps": torch.zeros(2, 3), "advantages": torch.zeros(2)})
 
@@ -201,10 +186,6 @@ def test_a_trl_batch_without_rollout_logprobs_fails_naming_the_tested_trl_versio
 @pytest.fixture(scope="module")
 def later_checkpoint(policy_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint a few rounds on from policy_dir (checkpoint 0): the same model with perturbed weights."""
-    import torch
-
-    from agent.transformers_engine import load_policy
-
     model, tokenizer = load_policy(policy_dir)
     noise = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -218,14 +199,12 @@ def later_checkpoint(policy_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 def _first_step_kl(policy: Path, reference: Path, trajectories: list[Trajectory], temperature: float) -> float:
     """TRL's k3 estimate of KL(policy || reference) over the model tokens of one group, at the sampling temperature."""
-    import math
-
     total, count = 0.0, 0
     for t in trajectories:
-        model_tokens = [i for i, m in zip(t.completion_ids, t.completion_mask) if m]
+        model_tokens = [i for i, m in zip(t.completion_ids, t.completion_mask, strict=True) if m]
         policy_lp = _completion_logprobs(policy, t.prompt_ids, model_tokens, temperature)
         reference_lp = _completion_logprobs(reference, t.prompt_ids, model_tokens, temperature)
-        total += sum(math.exp(r - p) - (r - p) - 1 for p, r in zip(policy_lp, reference_lp))
+        total += sum(math.exp(r - p) - (r - p) - 1 for p, r in zip(policy_lp, reference_lp, strict=True))
         count += len(model_tokens)
     return total / count
 
@@ -249,9 +228,6 @@ def test_the_kl_penalty_is_taken_against_the_reference_checkpoint_given(
 
 
 def test_kl_reference_initial_is_checkpoint_zero_of_the_run_and_round_the_input(policy_dir, later_checkpoint, tmp_path):
-    from tasks.common import open_warehouse
-    from tasks.update import kl_reference_checkpoint
-
     config = _config(tmp_path)
     assert config.training.kl_reference == "initial"  # the paper's penalty against the initial policy
     with open_warehouse(config) as wh:
@@ -263,10 +239,6 @@ def test_kl_reference_initial_is_checkpoint_zero_of_the_run_and_round_the_input(
 
 
 def test_kl_reference_initial_without_a_recorded_checkpoint_zero_fails(later_checkpoint, tmp_path):
-    from coevolve.errors import DataError
-    from tasks.common import open_warehouse
-    from tasks.update import kl_reference_checkpoint
-
     with open_warehouse(_config(tmp_path)) as wh, pytest.raises(DataError, match="checkpoint 0"):
         kl_reference_checkpoint(_config(tmp_path), wh, later_checkpoint)
 
@@ -276,11 +248,6 @@ def test_kl_reference_initial_without_a_recorded_checkpoint_zero_fails(later_che
 
 def _with_second_segment(policy_dir: Path, trajectories: list[Trajectory], samples: set[int]) -> list[Trajectory]:
     """The trajectories, those of ``samples`` with a second segment: a new prompt and the same reply."""
-    import dataclasses
-
-    from agent.chat import ChatFormat
-    from agent.transformers_engine import load_policy
-
     _, tokenizer = load_policy(policy_dir)
     chat = ChatFormat(tokenizer)
     prompt = chat.prompt_ids(
@@ -312,7 +279,11 @@ def test_every_segment_is_handed_to_trl_once_and_fillers_hold_no_trained_token(p
     slots = segment_groups(groups)
     assert list(slots) == ["t-a", "t-a#1"]
     rows = replay_rows([key for key in slots for _ in range(GROUP_SIZE)], groups, slots, pad_token_id=0)
-    trained = [(p, c, m) for p, c, m in zip(rows["prompt_ids"], rows["completion_ids"], rows["env_mask"]) if any(m)]
+    trained = [
+        (p, c, m)
+        for p, c, m in zip(rows["prompt_ids"], rows["completion_ids"], rows["env_mask"], strict=True)
+        if any(m)
+    ]
     every_segment = [(s.prompt_ids, s.completion_ids, s.completion_mask) for t in trajectories for s in t.segments]
     assert sorted(map(repr, trained)) == sorted(map(repr, every_segment))
     assert sum(not any(m) for m in rows["env_mask"]) == 2  # samples 1 and 2 have no second segment
@@ -320,8 +291,6 @@ def test_every_segment_is_handed_to_trl_once_and_fillers_hold_no_trained_token(p
 
 
 def test_trls_advantage_of_a_segment_slot_is_its_episodes(policy_dir, tmp_path, monkeypatch):
-    import tasks.grpo_trainer
-
     trajectories = _with_second_segment(
         policy_dir, _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0], "t-b": [0.0, 1.0, 0.0, 0.0]}), {0, 1}
     )

