@@ -54,7 +54,8 @@ from storage.tracking import Tracker
 from tasks.common import open_warehouse, round_lock
 from tasks.evaluate import evaluate_checkpoint
 from tasks.grpo_groups import trained_on
-from tasks.report import FINAL_SPLIT, report_task
+from tasks.report import FINAL_SPLIT
+from tasks.report_task import report_task
 from tasks.splits import DEV_ROUND, DEV_SPLIT, FINAL_HELDOUT_ROUND, HELDOUT_ROUND, HELDOUT_SPLIT
 from tasks.version import round_settings
 
