@@ -172,7 +172,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
             f"(ids digest {entry['trajectories.ids_digest'][:16] or '?'})"
         )
         if entry.get("trajectories.copied_from"):
-            # A later arm of an ablation seed reuses the first arm's round 0 (flows/ablation.py copy_round0).
+            # A later arm of an ablation seed reuses the first arm's round 0 (flows/ablation_round0.py copy_round0).
             print(f"    round 0 copied from   run {entry['trajectories.copied_from']}")
         parent = f"version {entry['parent_version']}" if entry["parent_version"] else "checkpoint 0"
         print(f"    parent                {parent} (digest {entry['parent_checkpoint_digest']})")
