@@ -19,7 +19,7 @@ from typing import Any
 import duckdb
 
 from coevolve.errors import DataError
-from storage.layouts import SINGLE_FILE_VERSION
+from storage.single_file_schema import SINGLE_FILE_VERSION
 from storage.warehouse import Warehouse
 
 # Tables in the order they are copied and compared: catalog records first, then table files.

@@ -75,7 +75,7 @@ LINEAGE_TAGS = (
     "trajectories.count",
     "trajectories.ids_digest",
     # Set when the run's round-0 trajectories and checkpoint 1 were copied from another arm of its seed
-    # (flows/ablation.py).
+    # (flows/ablation_round0.py).
     "trajectories.copied_from",
 )
 

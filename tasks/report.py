@@ -15,23 +15,16 @@ beside it, also logged to MLflow as one run.
 from __future__ import annotations
 
 import math
-import statistics
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 
-from coevolve.config import PipelineConfig
 from coevolve.records import SIGNAL_KINDS
-from storage.pool import pool_digest
-from storage.tracking import Tracker
-from tasks.common import open_warehouse
-from tasks.curves import ACCEPTED_KINDS, baseline_of, mean_present, number
-from tasks.inference import detectable_effect, holm, seed_level_array_test, two_way_test
+from tasks.curves import ACCEPTED_KINDS
+from tasks.inference import detectable_effect, holm, seed_level_array_test
 from tasks.plots import ablation_curves, mechanism_figures
-from tasks.splits import HELDOUT_ROUND, HELDOUT_SPLIT
+from tasks.report_summary import summarize
 
 # Evaluation split of the final held-out split's rows (tasks/splits.build_final_heldout), scored by the ablation flow.
 FINAL_SPLIT = "final-heldout"
@@ -41,123 +34,6 @@ FINAL_SPLIT = "final-heldout"
 POWER_DRAWS = 400
 # The largest effect the search tries (in held-out success): beyond it the report says "n/a".
 POWER_LARGEST = 0.3
-
-
-def final_heldout(run: dict[str, Any]) -> float:
-    return float(run["rounds"][-1]["heldout_success"])
-
-
-def _mean_sd(values: list[float]) -> tuple[float, float]:
-    if not values:
-        return math.nan, math.nan
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-arm figures and the report's two families of comparisons, each tested with seed and task as units.
-
-    Family "full vs arm": `full` against every other arm. Family "arm vs checkpoint 0": every arm's final
-    checkpoint against checkpoint 0. Each comparison is ``two_way_test`` on the runs' per-task held-out
-    outcomes (``heldout_outcomes``, and ``baseline_outcomes`` for checkpoint 0), Holm-adjusted within its
-    family (``p_holm``). Runs without per-task outcomes get the mean difference over seeds and no p-value.
-    """
-    arms: dict[str, list[dict[str, Any]]] = {}
-    for run in results:
-        arms.setdefault(run["arm"], []).append(run)
-    table = {}
-    for arm, runs in arms.items():
-        heldout = [final_heldout(r) for r in runs]
-        official = [float(r["official"].get("multi_turn_base", math.nan)) for r in runs]
-        accepted = sum(s["accepted"] for r in runs for s in r["rounds"])
-        judged = accepted + sum(s["rejected"] for r in runs for s in r["rounds"])
-        signals = {k: sum(s["signals"].get(k, 0) for r in runs for s in r["rounds"]) for k in SIGNAL_KINDS}
-        table[arm] = {
-            "seeds": [r["seed"] for r in runs],
-            "heldout": _mean_sd(heldout),
-            "official": _mean_sd(official),
-            "final_pool": _mean_sd([float(r["rounds"][-1]["pool_size"]) for r in runs]),
-            "acceptance": accepted / judged if judged else math.nan,
-            "signals": signals,
-        }
-    by_seed = {arm: {r["seed"]: final_heldout(r) for r in runs} for arm, runs in arms.items()}
-    outcomes = {
-        arm: {r["seed"]: r["heldout_outcomes"] for r in runs if r.get("heldout_outcomes")} for arm, runs in arms.items()
-    }
-    tests = {}
-    if "full" in arms:
-        for other in arms:
-            if other != "full":
-                tests[other] = _comparison(outcomes["full"], outcomes[other], by_seed["full"], by_seed[other])
-    ckpt0_tests = {}
-    for arm, runs in arms.items():
-        # Checkpoint 0 shared by every seed: one outcome per task; else each seed against its own.
-        by_seed_baseline = {r["seed"]: r["baseline_outcomes"] for r in runs if r.get("baseline_outcomes")}
-        shared = len({tuple(sorted(b.items())) for b in by_seed_baseline.values()}) == 1
-        baseline = next(iter(by_seed_baseline.values())) if shared else by_seed_baseline
-        base_by_seed = {r["seed"]: baseline_of(r) for r in runs if baseline_of(r) is not None}
-        result = _comparison(outcomes[arm] if baseline else {}, baseline, by_seed[arm], base_by_seed)
-        if result["tasks"]:  # the rates on the tested split
-            result["ckpt0"], result["final"] = result["b_mean"], result["a_mean"]
-        else:
-            result["ckpt0"] = statistics.fmean(base_by_seed.values()) if base_by_seed else math.nan
-            result["final"] = statistics.fmean(by_seed[arm][s] for s in base_by_seed) if base_by_seed else math.nan
-        ckpt0_tests[arm] = result
-    for family in (tests, ckpt0_tests):
-        for name, p_holm in holm({k: t["p"] for k, t in family.items()}).items():
-            family[name]["p_holm"] = p_holm
-    return {
-        "arms": table,
-        "tests": tests,
-        "mechanism": {arm: mechanism_rows(runs) for arm, runs in arms.items()},
-        "ckpt0_tests": ckpt0_tests,
-    }
-
-
-def _comparison(a: dict[int, Any], b: Any, a_by_seed: dict[int, float], b_by_seed: dict[int, float]) -> dict[str, Any]:
-    """``two_way_test`` of a against b when both have per-task outcomes.
-
-    Else the seed-level mean difference, untested.
-    """
-    if a and b:
-        return dict(two_way_test(a, b))
-    seeds = sorted(set(a_by_seed) & set(b_by_seed))
-    diff = statistics.fmean(a_by_seed[s] - b_by_seed[s] for s in seeds) if seeds else math.nan
-    return {"seeds": len(seeds), "tasks": 0, "mean_diff": diff, "se": math.nan, "t": math.nan, "p": math.nan}
-
-
-# --- mechanism: per arm and round, mean over seeds --------------------------------------------------
-
-
-def mechanism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per round of the arm's runs, each value the mean over seeds (nan where no seed recorded it).
-
-    informative: share of rollout groups with unequal rewards; coverage: held-out tool-pattern coverage
-    of pool r; signals and accepted: counts by kind; dev and heldout: success of the checkpoint the round produced.
-    """
-    rows = []
-    for i in range(min(len(r["rounds"]) for r in runs)):
-        rounds = [r["rounds"][i] for r in runs]
-        rows.append(
-            {
-                "round": int(rounds[0].get("round", i)),
-                "informative": mean_present([number(s.get("informative_groups")) for s in rounds]),
-                "coverage": mean_present([number(s.get("heldout_coverage")) for s in rounds]),
-                "signals": {k: mean_present([float(s["signals"].get(k, 0)) for s in rounds]) for k in SIGNAL_KINDS},
-                # Summaries without the field have no per-kind counts: nan, not 0.
-                "accepted": {
-                    k: mean_present(
-                        [
-                            float((s.get("accepted_by_kind") or {}).get(k, 0)) if "accepted_by_kind" in s else math.nan
-                            for s in rounds
-                        ]
-                    )
-                    for k in ACCEPTED_KINDS
-                },
-                "dev": mean_present([number(s.get("dev_success")) for s in rounds]),
-                "heldout": mean_present([number(s.get("heldout_success")) for s in rounds]),
-            }
-        )
-    return rows
 
 
 def _cell(value: float, spec: str = ".3f") -> str:
@@ -375,69 +251,6 @@ def seed_level_recheck(runs: dict[tuple[str, int], tuple[float, float]]) -> list
             for k, t in tests.items()
         ]
     return lines
-
-
-# --- Prefect task -------------------------------------------------------------------------------
-
-
-def _tested_outcomes(wh: Any, run: dict[str, Any]) -> dict[str, Any]:
-    """A run with the per-task outcomes its tests use.
-
-    The final held-out split's outcomes when the ablation scored it, else the held-out split's.
-    """
-    prepared = wh.stage_output(run["run_id"], 0, "prepare") or {}
-    tested = {"baseline_dev_success": prepared.get("baseline_dev_success")}
-    if run.get("final_heldout_outcomes"):
-        tested |= {
-            "heldout_outcomes": run["final_heldout_outcomes"],
-            "baseline_outcomes": run["final_baseline_outcomes"],
-            "heldout_size": run["final_heldout_size"],
-            "heldout_digest": run["final_heldout_digest"],
-            "tested_split": FINAL_SPLIT,
-        }
-    else:
-        # Checkpoint 0's held-out rows: the prepare stage stores them under HELDOUT_ROUND.
-        tasks = wh.pool(run["run_id"], HELDOUT_ROUND)
-        tested |= {
-            "heldout_outcomes": wh.evaluation_outcomes(run["run_id"], run["rounds"][-1]["round"], HELDOUT_SPLIT),
-            "baseline_outcomes": wh.evaluation_outcomes(run["run_id"], HELDOUT_ROUND, HELDOUT_SPLIT),
-            "heldout_size": len(tasks),
-            "heldout_digest": pool_digest(tasks) if tasks else None,
-            "tested_split": HELDOUT_SPLIT,
-        }
-    return {**run, **tested}
-
-
-@task(name="report", cache_policy=NO_CACHE)
-def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Write the ablation report under the state folder and log it to MLflow as one run."""
-    with open_warehouse(config) as wh:
-        results = [_tested_outcomes(wh, run) for run in results]
-    out = write_report(results, config.state_dir / "reports" / name, f"Ablation `{name}`")
-    tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
-    metrics = {}
-    for arm, row in out["arms"].items():
-        if not math.isnan(row["heldout"][0]):
-            metrics[f"heldout.{arm}.mean"] = row["heldout"][0]
-            metrics[f"heldout.{arm}.sd"] = row["heldout"][1]
-    for family, label in ((out["tests"], "full_vs_{}"), (out["ckpt0_tests"], "{}_vs_ckpt0")):
-        for name_, t in family.items():
-            for key in ("p", "p_holm"):
-                if not math.isnan(t[key]):
-                    metrics[f"{key}.{label.format(name_)}"] = t[key]
-    for comparison, effect in out["detectable_effect"].items():
-        if not math.isnan(effect):
-            metrics[f"detectable_effect.{comparison}"] = effect
-    params = {
-        "runs": len(results),
-        "heldout_split.size": out["heldout_split"]["size"],
-        "heldout_split.digest": out["heldout_split"]["digest"],
-    }
-    run_id = tracker.log_evaluation(f"{name}-report", metrics, params, {"coevolve.kind": "ablation"})
-    for path in [Path(out["report"]), *map(Path, out["figures"])]:
-        tracker.attach_artifact(run_id, path, "report")
-    get_run_logger().info("ablation report at %s", out["report"])
-    return {**out, "mlflow_run_id": run_id}
 
 
 if __name__ == "__main__":

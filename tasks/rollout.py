@@ -35,25 +35,22 @@ from __future__ import annotations
 
 import hashlib
 import random
-import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from prefect import get_run_logger
 from tqdm.auto import tqdm
 
-from agent.chat import ChatFormat
 from agent.engines import context_length, open_engine, release
 from coevolve.config import EnvironmentConfig, PipelineConfig, RolloutConfig
 from coevolve.errors import ConfigError, DataError
 from coevolve.optional import optional_module
-from coevolve.records import Segment, Step, Task, Trajectory
+from coevolve.records import Task, Trajectory
 from coevolve.stages import RolloutInput, RolloutOutput
-from envs.bfcl import BfclEnvironment
 from tasks.common import make_environment
+from tasks.episode import Engine, Episode, advance_episode, to_trajectory
 from tasks.registry import stage
 
 # The BFCL prompt handlers load bfcl-eval's model handlers (and openai's types): seconds, needed only
@@ -61,19 +58,7 @@ from tasks.registry import stage
 bfcl_prompts = optional_module("envs.bfcl_prompts")
 
 if TYPE_CHECKING:
-    from envs.bfcl_prompts import BfclConversation
     from storage.warehouse import Warehouse
-
-
-class Engine(Protocol):
-    """What rollout needs from a generation backend (agent/transformers_engine.py)."""
-
-    tokenizer: Any  # a Hugging Face tokenizer, as ChatFormat wraps it
-    chat: ChatFormat
-
-    def generate(
-        self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None
-    ) -> list: ...
 
 
 def _digest_seed(text: str) -> int:
@@ -89,41 +74,6 @@ def episode_seed(seed: int, round_: int, task_id: str, sample: int) -> int:
 def message_seed(episode: int, step: int) -> int:
     """The seed of the ``step``-th model message of an episode whose seed is ``episode``."""
     return _digest_seed(f"message:{episode}:{step}")
-
-
-@dataclass
-class _Episode:
-    task: Task
-    sample: int
-    env: BfclEnvironment
-    prompt_ids: list[int]
-    seed: int | None = None
-    completion_ids: list[int] = field(default_factory=list)
-    completion_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
-    turn: int = 0
-    finish_reason: str | None = None
-    started: float = field(default_factory=time.perf_counter)
-    duration_s: float = 0.0
-    # prompt_style 'bfcl': the episode's bfcl-eval conversation, and its segments before the one
-    # being built (prompt_ids .. logprobs above hold that one; module docstring).
-    conversation: BfclConversation | None = None
-    closed_segments: list[Segment] = field(default_factory=list)
-
-    @property
-    def context_ids(self) -> list[int]:
-        """What the model is given for its next message: the current segment's prompt and completion."""
-        return self.prompt_ids + self.completion_ids
-
-    def start_segment(self, prompt_ids: list[int]) -> None:
-        """Close the current segment and start one whose prompt is ``prompt_ids``."""
-        self.closed_segments.append(Segment(self.prompt_ids, self.completion_ids, self.completion_mask, self.logprobs))
-        self.prompt_ids, self.completion_ids, self.completion_mask, self.logprobs = list(prompt_ids), [], [], []
-
-    def finish(self, reason: str) -> None:
-        self.finish_reason = reason
-        self.duration_s = time.perf_counter() - self.started
 
 
 def play_episodes(
@@ -160,7 +110,7 @@ def play_episodes(
     already). ``on_finished`` receives finished trajectories in batches of ``flush_every`` as
     episodes end, and the rest at the end, so a caller can store them before the stage is over.
     """
-    episodes: list[_Episode] = []
+    episodes: list[Episode] = []
     for task in tasks:
         for sample in range(samples):
             if skip and (task.task_id, sample) in skip:
@@ -176,7 +126,7 @@ def play_episodes(
             else:
                 prompt_ids = engine.chat.prompt_ids(messages)
             episodes.append(
-                _Episode(
+                Episode(
                     task=task,
                     sample=sample,
                     env=env,
@@ -190,9 +140,9 @@ def play_episodes(
     finished: list[Trajectory] = []
     unflushed: list[Trajectory] = []
 
-    def advance(chunk: list[_Episode], generations: list) -> None:
+    def advance(chunk: list[Episode], generations: list) -> None:
         for episode, generation in zip(chunk, generations, strict=True):
-            _advance(engine, episode, generation, env_config, max_context_tokens, max_new_tokens)
+            advance_episode(engine, episode, generation, env_config, max_context_tokens, max_new_tokens)
             if episode.finish_reason is not None:
                 bar.update(1)
 
@@ -223,7 +173,7 @@ def play_episodes(
                 stepped.result()  # re-raises an error of the environment step here
             for episode in active:
                 if episode.finish_reason is not None:
-                    finished.append(_to_trajectory(episode, run_id, round_))
+                    finished.append(to_trajectory(episode, run_id, round_))
                     unflushed.append(finished[-1])
             flush(flush_every)
             active = [e for e in active if e.finish_reason is None]
@@ -240,140 +190,6 @@ def _handler(env_config: EnvironmentConfig) -> str:
             "llama_3_1 or chat (a loaded configuration derives it from policy.model where the name says which)."
         )
     return env_config.bfcl_handler
-
-
-def _append_generation(episode: _Episode, generation) -> None:
-    """The model's tokens of this step join the episode's current segment, trained (mask 1)."""
-    episode.completion_ids.extend(generation.token_ids)
-    episode.completion_mask.extend([1] * len(generation.token_ids))
-    episode.logprobs.extend(float(x) for x in generation.logprobs)
-
-
-def _append_environment(episode: _Episode, ids: list[int]) -> None:
-    """Tokens the environment adds to the context (results, the next user turn): in the segment, never trained."""
-    episode.completion_ids.extend(ids)
-    episode.completion_mask.extend([0] * len(ids))
-    episode.logprobs.extend([0.0] * len(ids))
-
-
-def _goes_on(episode: _Episode, outcome, env_config: EnvironmentConfig) -> bool:
-    """Ends the episode when the environment says done or it ran out of steps; moves to the next turn when one ended."""
-    if outcome.done:
-        episode.finish("done")
-        return False
-    if outcome.turn_ended:
-        episode.turn += 1
-    if len(episode.steps) >= env_config.max_steps:
-        episode.finish("max_steps")
-        return False
-    return True
-
-
-def _advance_bfcl(
-    engine: Engine,
-    episode: _Episode,
-    conversation: BfclConversation,
-    generation,
-    env_config: EnvironmentConfig,
-    max_context_tokens,
-    max_new_tokens,
-) -> None:
-    """One step of an episode in bfcl-eval's conversation (module docstring: which segment holds which tokens)."""
-    _append_generation(episode, generation)
-    # Kept as the model wrote it (not stripped): bfcl-eval keeps the server's text in its history.
-    text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-    step = Step(
-        turn=episode.turn, index=len(episode.steps), model_text=text, completion_tokens=len(generation.token_ids)
-    )
-    episode.steps.append(step)
-    if generation.finish_reason == "length":
-        step.error = "message hit the token limit"
-        episode.finish("length")
-        return
-    outcome = conversation.advance(text, episode.env)
-    step.calls, step.observations, step.error = list(outcome.calls), list(outcome.observations), outcome.error
-    if not _goes_on(episode, outcome, env_config):
-        return
-    prompt = engine.chat.encode(conversation.text())
-    context = episode.context_ids
-    if prompt[: len(context)] == context:
-        _append_environment(episode, prompt[len(context) :])
-    else:
-        episode.start_segment(prompt)
-    if max_context_tokens is not None and len(prompt) + max_new_tokens > max_context_tokens:
-        episode.finish("length")
-
-
-def _advance(
-    engine: Engine, episode: _Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens
-) -> None:
-    if episode.conversation is not None:
-        _advance_bfcl(engine, episode, episode.conversation, generation, env_config, max_context_tokens, max_new_tokens)
-        return
-    _append_generation(episode, generation)
-    text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True).strip()
-
-    if generation.finish_reason == "length":
-        episode.steps.append(
-            Step(
-                turn=episode.turn,
-                index=len(episode.steps),
-                model_text=text,
-                error="message hit the token limit",
-                completion_tokens=len(generation.token_ids),
-            )
-        )
-        episode.finish("length")
-        return
-
-    outcome = episode.env.step(text)
-    episode.steps.append(
-        Step(
-            turn=episode.turn,
-            index=len(episode.steps),
-            model_text=text,
-            calls=list(outcome.calls),
-            observations=list(outcome.observations),
-            error=outcome.error,
-            completion_tokens=len(generation.token_ids),
-        )
-    )
-    if outcome.error and not outcome.calls and outcome.error.startswith("unparseable"):
-        episode.finish("error")
-        return
-    if not _goes_on(episode, outcome, env_config):
-        return
-    _append_environment(episode, engine.chat.continuation_ids(list(outcome.messages)))
-    if max_context_tokens is not None and len(episode.context_ids) + max_new_tokens > max_context_tokens:
-        episode.finish("length")
-
-
-def _to_trajectory(episode: _Episode, run_id: str, round_: int) -> Trajectory:
-    if episode.finish_reason == "done":
-        reward, success, _ = episode.env.score()
-    else:
-        reward, success = 0.0, False
-    current = Segment(episode.prompt_ids, episode.completion_ids, episode.completion_mask, episode.logprobs)
-    segments = [*episode.closed_segments, current]
-    if not current.completion_ids and episode.closed_segments:
-        segments.pop()  # started by the last step's prompt, and the episode ended before a reply to it
-    first, *later = segments
-    return Trajectory(
-        run_id=run_id,
-        round=round_,
-        task_id=episode.task.task_id,
-        sample=episode.sample,
-        steps=episode.steps,
-        prompt_ids=first.prompt_ids,
-        completion_ids=first.completion_ids,
-        completion_mask=first.completion_mask,
-        logprobs=first.logprobs,
-        reward=float(reward),
-        success=bool(success),
-        finish_reason=episode.finish_reason or "error",
-        duration_s=round(episode.duration_s, 4),
-        later_segments=later,
-    )
 
 
 def draw_batch(pool: list[Task], size: int, seed: int, round_: int) -> list[Task]:

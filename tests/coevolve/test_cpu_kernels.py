@@ -11,7 +11,7 @@ PINS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 
 PROBE = """
 import sys
-from flows.cli import prepare_environment
+from flows.commands import prepare_environment
 from coevolve.config import load_config
 prepare_environment(load_config(overrides=sys.argv[1:]))
 import torch

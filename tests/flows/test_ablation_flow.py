@@ -11,7 +11,8 @@ from mlflow.tracking import MlflowClient
 
 from agent.checkpoints import checkpoint_digest
 from coevolve.stages import PrepareInput
-from flows.ablation import ARMS, arm_config, coevolve_ablation, copy_round0, round0_key
+from flows.ablation import ARMS, arm_config, coevolve_ablation
+from flows.ablation_round0 import copy_round0, round0_key
 from storage.pool import pool_digest
 from storage.tracking import Tracker
 from storage.warehouse import Warehouse
@@ -227,7 +228,7 @@ def test_a_round_0_copy_killed_midway_is_finished_by_the_next_attempt(ablation_r
     prepare_stage(target, PrepareInput(round_=0))
     script = (
         "import sys; from tests.crash_at import arm; arm(sys.argv[1]); "
-        "from coevolve.config import PipelineConfig as C; from flows.ablation import copy_round0; "
+        "from coevolve.config import PipelineConfig as C; from flows.ablation_round0 import copy_round0; "
         "copy_round0(C.model_validate_json(sys.argv[2]), C.model_validate_json(sys.argv[3]))"
     )
     point = "before:stage_runs/run_id=t-full-s1/round=0/update.json"

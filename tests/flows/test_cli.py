@@ -9,7 +9,8 @@ from pathlib import Path
 import yaml
 
 from agent.serve import free_port
-from flows.cli import format_row, main, summary_row
+from flows.cli import main
+from flows.table import format_row, summary_row
 from storage.warehouse import Warehouse
 
 

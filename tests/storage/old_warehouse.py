@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 
 from coevolve.records import RoundSummary, Step, Task, ToolCall, Trajectory
-from storage.layouts import SINGLE_FILE_MIGRATIONS
+from storage.single_file_schema import SINGLE_FILE_MIGRATIONS
 
 STAMP = datetime(2026, 3, 1, 12, 30, 15, 250000)
 

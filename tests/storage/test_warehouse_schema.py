@@ -10,7 +10,8 @@ import duckdb
 import pytest
 
 from coevolve.errors import DataError
-from storage.layouts import LATEST_VERSION, LAYOUTS, SINGLE_FILE_MIGRATIONS
+from storage.layouts import LATEST_VERSION, LAYOUTS
+from storage.single_file_schema import SINGLE_FILE_MIGRATIONS
 from storage.warehouse import Warehouse
 
 

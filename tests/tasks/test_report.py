@@ -8,7 +8,8 @@ from statsmodels.stats.multitest import multipletests
 
 from tasks.curves import dev_curve, heldout_curve
 from tasks.inference import two_way_test
-from tasks.report import read_per_run_table, seed_level_recheck, summarize, write_report
+from tasks.report import read_per_run_table, seed_level_recheck, write_report
+from tasks.report_summary import summarize
 
 
 def run(arm, seed, heldout, pool=(110, 120), official=0.0):

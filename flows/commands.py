@@ -1,0 +1,287 @@
+"""The command line's commands: each loads the configuration, runs its flow or query and prints the result.
+
+flows/cli.py builds the parser that names them; ``coevolve <command>`` calls ``cmd_<command>`` here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from coevolve.config import PipelineConfig, load_config
+from coevolve.errors import PipelineError
+from coevolve.optional import optional_module
+from coevolve.settings import apply_settings
+from flows.table import COLUMNS, WIDTHS, format_row, summary_row
+
+# Each command applies the configuration's settings (offline switches, CPU kernels, Prefect's home)
+# before Prefect, MLflow, torch or bfcl-eval load: Prefect reads its settings once, when it
+# is imported, and torch picks its CPU kernels then. So the flows and the storage below them are
+# imported when a command first uses them (which also keeps `coevolve config` quick).
+duckdb = optional_module("duckdb")
+pl = optional_module("polars")
+ablation_flow = optional_module("flows.ablation")
+evaluate_flow = optional_module("flows.evaluate")
+evolve_flow = optional_module("flows.evolve")
+round_flow = optional_module("flows.round")
+serve = optional_module("agent.serve")
+evaluate_stage = optional_module("tasks.evaluate")
+migrate = optional_module("storage.single_file_conversion")
+tracking = optional_module("storage.tracking")
+warehouse = optional_module("storage.warehouse")
+
+
+def prepare_environment(config: PipelineConfig) -> None:
+    """Offline switches, CPU kernels and state locations, set before torch, prefect, mlflow or bfcl_eval load."""
+    apply_settings(config, prefect_home=True)
+
+
+def _load(args: argparse.Namespace) -> PipelineConfig:
+    config = load_config(args.config, args.set)
+    prepare_environment(config)
+    # MLflow and its migrations log at INFO on first use; the table is the output people read.
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return config
+
+
+def _no_local_warehouse(root: str | Path) -> bool:
+    """A warehouse folder that does not exist (a URL is left for the warehouse itself to check)."""
+    return "://" not in str(root) and not Path(root).exists()
+
+
+def _is_store_connection_error(exc: BaseException) -> bool:
+    """An object store that cannot be reached or refuses the credentials (s3fs raises botocore's errors)."""
+    module = type(exc).__module__ or ""
+    return isinstance(exc, (ConnectionError, TimeoutError, PermissionError)) or module.startswith(
+        ("botocore", "aiobotocore", "aiohttp")
+    )
+
+
+@contextmanager
+def _store_errors(config: PipelineConfig, root: str | Path) -> Iterator[None]:
+    """One line naming the endpoint and the settings instead of the object store client's traceback."""
+    try:
+        yield
+    except Exception as exc:
+        if "://" not in str(root) or not _is_store_connection_error(exc):
+            raise
+        endpoint = (
+            config.warehouse.storage_options.get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or "AWS's default"
+        )
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise PipelineError(
+            f"cannot reach the warehouse {root} at endpoint {endpoint} ({first_line}). Check warehouse.storage_options "
+            "endpoint_url (or AWS_ENDPOINT_URL), the AWS_* credentials and that the bucket exists."
+        ) from None
+
+
+def cmd_evolve(args: argparse.Namespace) -> int:
+    config = _load(args)
+    # The flow prints the table as each round finishes (the nightly deployment runs the same flow).
+    evolve_flow.coevolve_evolve(
+        rounds=args.rounds or config.rounds, config=config.model_dump(mode="json"), print_table=True
+    )
+    return 0
+
+
+def cmd_round(args: argparse.Namespace) -> int:
+    config = _load(args)
+    t0 = time.perf_counter()
+    summary = round_flow.coevolve_round(round_=args.round, config=config.model_dump(mode="json"))
+    print(format_row(COLUMNS))
+    print(summary_row(summary, time.perf_counter() - t0))
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    config = _load(args)
+    root = args.database or config.warehouse_path
+    if _no_local_warehouse(root):
+        raise PipelineError(f"No warehouse at {root}; run `coevolve evolve` first or pass --database.")
+    # Read-only and lock-free: the views scan the table files, which writers replace atomically.
+    with (
+        _store_errors(config, root),
+        warehouse.Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh,
+    ):
+        try:
+            frame = wh.sql(args.query)
+        except duckdb.Error as exc:
+            # The database's own words on one line; the echo of the query and its ^ pointer are left out.
+            lines = (line.strip() for line in str(exc).splitlines())
+            message = " ".join(line for line in lines if line.strip("^") and not line.startswith("LINE "))
+            raise PipelineError(f"query failed: {message}") from None
+    with pl.Config(tbl_rows=args.limit, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
+        print(frame)
+    return 0
+
+
+def cmd_warehouse_migrate(args: argparse.Namespace) -> int:
+    """Convert a single-file warehouse to the open-table layout and compare every table; 1 when any differs."""
+    config = load_config(args.config, args.set)
+    source = Path(args.path) if args.path else config.state_dir / "warehouse.duckdb"
+    target = args.target or str(migrate.default_target(source))
+    options = config.warehouse.storage_options
+    if args.check:
+        report = migrate.compare(source, target, storage_options=options)
+    else:
+        print(f"converting {source} to {target}")
+        report = migrate.migrate(source, target, storage_options=options)
+    print(report.format())
+    if not report.ok:
+        print(
+            f"error: {', '.join(report.mismatched)} differ between {source} and {report.target}; nothing was deleted. "
+            "Inspect the new warehouse, move it aside and convert again; the old file is unchanged.",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"every table matches; {source} is unchanged and can be archived.")
+    return 0
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    config = _load(args)
+    name = args.model or config.registered_model_name
+    tracker = tracking.Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
+    chain = tracker.lineage(name, args.version)
+    alias = "" if args.version.isdigit() else f" (alias {args.version})"
+    print(f"lineage of {name} version {chain[0]['version']}{alias}, newest first")
+    for entry in chain:
+        print(
+            f"version {entry['version']}  (round {entry['coevolve.round']} of run {entry['coevolve.run_id']}, "
+            f"flow run {entry['flow_run_id'] or '-'})"
+        )
+        print(f"    checkpoint digest     {entry['checkpoint_digest']}")
+        print(f"    trained from pool     {entry['pool_digest']}")
+        print(f"    its round produced    {entry['produced_pool_digest']}")
+        print(
+            f"    trained on            {entry['trajectories.count'] or '?'} trajectories of run "
+            f"{entry['trajectories.run_id'] or '?'} round {entry['trajectories.round'] or '?'} "
+            f"(ids digest {entry['trajectories.ids_digest'][:16] or '?'})"
+        )
+        if entry.get("trajectories.copied_from"):
+            # A later arm of an ablation seed reuses the first arm's round 0 (flows/ablation_round0.py copy_round0).
+            print(f"    round 0 copied from   run {entry['trajectories.copied_from']}")
+        parent = f"version {entry['parent_version']}" if entry["parent_version"] else "checkpoint 0"
+        print(f"    parent                {parent} (digest {entry['parent_checkpoint_digest']})")
+    root = chain[-1]
+    print(f"checkpoint 0  {root['parent_checkpoint']}  digest {root['parent_checkpoint_digest']}")
+    d0 = config.with_overrides({"run_id": root["coevolve.run_id"] or config.run_id}).pool_path(0)
+    print(f"D_0           {d0}  digest {root['pool_digest']}")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.set)
+    print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    config = _load(args)
+    # Checked before the flow starts, so a typo fails in a second with the valid names.
+    categories = [evaluate_stage.category_name(c.strip()) for c in args.categories.split(",") if c.strip()]
+    results = evaluate_flow.coevolve_evaluate(
+        checkpoint=args.checkpoint,
+        categories=categories,
+        heldout=not args.no_heldout,
+        config=config.model_dump(mode="json"),
+        limit=args.limit,
+        dev=args.dev,
+    )
+    for split, accuracy in results.items():
+        print(f"{split:<26} {accuracy:.3f}")
+    overall = evaluate_stage.multi_turn_overall(results)
+    if overall is not None:
+        missing = [
+            c
+            for c in ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+            if c not in results
+        ]
+        note = f"  ({', '.join(missing)} not evaluated: counted as 0, as the leaderboard does)" if missing else ""
+        print(f"{'multi_turn_overall':<26} {overall:.3f}{note}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    config = _load(args)
+    root = config.warehouse_path
+    if _no_local_warehouse(root):
+        records = []
+    else:
+        with (
+            _store_errors(config, root),
+            warehouse.Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh,
+        ):
+            records = wh.round_records(config.run_id)
+    print(format_row(COLUMNS))
+    for r in records:
+        started = datetime.fromisoformat(r["started_at"]) if r.get("started_at") else None
+        if r.get("status") == "finished" and r.get("summary"):
+            ended = datetime.fromisoformat(r["finished_at"]) if r.get("finished_at") else started
+            seconds = (ended - started).total_seconds() if started and ended else 0.0
+            print(summary_row(r["summary"], seconds))
+        else:
+            since = f"since {started:%Y-%m-%d %H:%M:%S} UTC" if started else ""
+            print(f"{r['round']:>{WIDTHS[0]}}  {r.get('status') or 'unknown'} {since}".rstrip())
+    return 0
+
+
+def cmd_ablation(args: argparse.Namespace) -> int:
+    config = _load(args)
+    arms = args.arms.split(",") if args.arms else list(ablation_flow.ARMS)
+    unknown = [a for a in arms if a not in ablation_flow.ARMS]
+    if unknown:
+        raise PipelineError(f"Unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ablation_flow.ARMS)}.")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.workers is not None:
+        config = config.with_overrides({"ablation_workers": args.workers})
+    t0 = time.perf_counter()
+    out = ablation_flow.coevolve_ablation(
+        arms=arms,
+        seeds=seeds,
+        rounds=args.rounds,
+        official_limit=args.official_limit,
+        name=args.name,
+        config=config.model_dump(mode="json"),
+    )
+    print(Path(out["report"]).read_text())
+    print(f"report: {out['report']} ({time.perf_counter() - t0:.0f}s)")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Start one rollout server (vLLM) the way engine 'openai' expects it, in the foreground.
+
+    Stopping this process (SIGTERM, SIGINT, SIGHUP) stops the server and every process it started.
+    """
+    config = load_config(args.config, args.set)
+    model = Path(args.model).expanduser()
+    if not model.exists() and (model.is_absolute() or args.model.startswith(".") or len(model.parts) > 2):
+        raise PipelineError(
+            f"No checkpoint folder at {model.resolve()}. Checkpoint 0 of a run is "
+            f"{config.state_dir / 'models'}/<name> (the policy built by round 0); round r's is "
+            f"{config.checkpoint_dir(1).parent}/round-NNN (from round-001 on)."
+        )
+    overrides: dict[str, Any] = {"host": args.host, "port": args.port}
+    if args.cpu is not None:
+        overrides["cpu"] = args.cpu
+    options = serve.ServeOptions.from_config(config, args.model, **overrides)
+    command = " ".join(serve.server_command(options, args.python))
+    if args.dry_run:
+        print(command)
+        return 0
+    print(command, file=sys.stderr, flush=True)
+    return serve.serve_foreground(options, args.python)

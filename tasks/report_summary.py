@@ -1,0 +1,132 @@
+"""The ablation's figures per arm and its two tested families of comparisons, and the mechanism per round.
+
+``summarize`` tests each comparison with seed and held-out task as units (tasks/inference.py);
+``mechanism_rows`` averages each round's mechanism over seeds. tasks/report.py writes them out.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from coevolve.records import SIGNAL_KINDS
+from tasks.curves import ACCEPTED_KINDS, baseline_of, mean_present, number
+from tasks.inference import holm, two_way_test
+
+
+def final_heldout(run: dict[str, Any]) -> float:
+    return float(run["rounds"][-1]["heldout_success"])
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-arm figures and the report's two families of comparisons, each tested with seed and task as units.
+
+    Family "full vs arm": `full` against every other arm. Family "arm vs checkpoint 0": every arm's final
+    checkpoint against checkpoint 0. Each comparison is ``two_way_test`` on the runs' per-task held-out
+    outcomes (``heldout_outcomes``, and ``baseline_outcomes`` for checkpoint 0), Holm-adjusted within its
+    family (``p_holm``). Runs without per-task outcomes get the mean difference over seeds and no p-value.
+    """
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for run in results:
+        arms.setdefault(run["arm"], []).append(run)
+    table = {}
+    for arm, runs in arms.items():
+        heldout = [final_heldout(r) for r in runs]
+        official = [float(r["official"].get("multi_turn_base", math.nan)) for r in runs]
+        accepted = sum(s["accepted"] for r in runs for s in r["rounds"])
+        judged = accepted + sum(s["rejected"] for r in runs for s in r["rounds"])
+        signals = {k: sum(s["signals"].get(k, 0) for r in runs for s in r["rounds"]) for k in SIGNAL_KINDS}
+        table[arm] = {
+            "seeds": [r["seed"] for r in runs],
+            "heldout": _mean_sd(heldout),
+            "official": _mean_sd(official),
+            "final_pool": _mean_sd([float(r["rounds"][-1]["pool_size"]) for r in runs]),
+            "acceptance": accepted / judged if judged else math.nan,
+            "signals": signals,
+        }
+    by_seed = {arm: {r["seed"]: final_heldout(r) for r in runs} for arm, runs in arms.items()}
+    outcomes = {
+        arm: {r["seed"]: r["heldout_outcomes"] for r in runs if r.get("heldout_outcomes")} for arm, runs in arms.items()
+    }
+    tests = {}
+    if "full" in arms:
+        for other in arms:
+            if other != "full":
+                tests[other] = _comparison(outcomes["full"], outcomes[other], by_seed["full"], by_seed[other])
+    ckpt0_tests = {}
+    for arm, runs in arms.items():
+        # Checkpoint 0 shared by every seed: one outcome per task; else each seed against its own.
+        by_seed_baseline = {r["seed"]: r["baseline_outcomes"] for r in runs if r.get("baseline_outcomes")}
+        shared = len({tuple(sorted(b.items())) for b in by_seed_baseline.values()}) == 1
+        baseline = next(iter(by_seed_baseline.values())) if shared else by_seed_baseline
+        base_by_seed = {r["seed"]: baseline_of(r) for r in runs if baseline_of(r) is not None}
+        result = _comparison(outcomes[arm] if baseline else {}, baseline, by_seed[arm], base_by_seed)
+        if result["tasks"]:  # the rates on the tested split
+            result["ckpt0"], result["final"] = result["b_mean"], result["a_mean"]
+        else:
+            result["ckpt0"] = statistics.fmean(base_by_seed.values()) if base_by_seed else math.nan
+            result["final"] = statistics.fmean(by_seed[arm][s] for s in base_by_seed) if base_by_seed else math.nan
+        ckpt0_tests[arm] = result
+    for family in (tests, ckpt0_tests):
+        for name, p_holm in holm({k: t["p"] for k, t in family.items()}).items():
+            family[name]["p_holm"] = p_holm
+    return {
+        "arms": table,
+        "tests": tests,
+        "mechanism": {arm: mechanism_rows(runs) for arm, runs in arms.items()},
+        "ckpt0_tests": ckpt0_tests,
+    }
+
+
+def _comparison(a: dict[int, Any], b: Any, a_by_seed: dict[int, float], b_by_seed: dict[int, float]) -> dict[str, Any]:
+    """``two_way_test`` of a against b when both have per-task outcomes.
+
+    Else the seed-level mean difference, untested.
+    """
+    if a and b:
+        return dict(two_way_test(a, b))
+    seeds = sorted(set(a_by_seed) & set(b_by_seed))
+    diff = statistics.fmean(a_by_seed[s] - b_by_seed[s] for s in seeds) if seeds else math.nan
+    return {"seeds": len(seeds), "tasks": 0, "mean_diff": diff, "se": math.nan, "t": math.nan, "p": math.nan}
+
+
+# --- mechanism: per arm and round, mean over seeds --------------------------------------------------
+
+
+def mechanism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per round of the arm's runs, each value the mean over seeds (nan where no seed recorded it).
+
+    informative: share of rollout groups with unequal rewards; coverage: held-out tool-pattern coverage
+    of pool r; signals and accepted: counts by kind; dev and heldout: success of the checkpoint the round produced.
+    """
+    rows = []
+    for i in range(min(len(r["rounds"]) for r in runs)):
+        rounds = [r["rounds"][i] for r in runs]
+        rows.append(
+            {
+                "round": int(rounds[0].get("round", i)),
+                "informative": mean_present([number(s.get("informative_groups")) for s in rounds]),
+                "coverage": mean_present([number(s.get("heldout_coverage")) for s in rounds]),
+                "signals": {k: mean_present([float(s["signals"].get(k, 0)) for s in rounds]) for k in SIGNAL_KINDS},
+                # Summaries without the field have no per-kind counts: nan, not 0.
+                "accepted": {
+                    k: mean_present(
+                        [
+                            float((s.get("accepted_by_kind") or {}).get(k, 0)) if "accepted_by_kind" in s else math.nan
+                            for s in rounds
+                        ]
+                    )
+                    for k in ACCEPTED_KINDS
+                },
+                "dev": mean_present([number(s.get("dev_success")) for s in rounds]),
+                "heldout": mean_present([number(s.get("heldout_success")) for s in rounds]),
+            }
+        )
+    return rows
