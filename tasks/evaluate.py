@@ -94,15 +94,12 @@ def evaluate_splits(
     """
     if not any(splits.values()):
         return dict.fromkeys(splits, 0.0)
-    # Released before returning: vLLM shut down, GPU memory and connections freed.
-    engine = open_engine(checkpoint, config)
-    try:
+    # Released when the block ends: vLLM shut down, GPU memory and connections freed.
+    with open_engine(checkpoint, config) as engine:
         return {
             split: evaluate_checkpoint(config, wh, checkpoint, tasks, round_, split, engine=engine)
             for split, tasks in splits.items()
         }
-    finally:
-        release(engine)
 
 
 def multi_turn_overall(accuracies: Mapping[str, float]) -> float | None:

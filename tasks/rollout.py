@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from prefect import get_run_logger
 from tqdm.auto import tqdm
 
-from agent.engines import context_length, open_engine, release
+from agent.engines import context_length, open_engine
 from coevolve.config import EnvironmentConfig, PipelineConfig, RolloutConfig
 from coevolve.errors import ConfigError, DataError
 from coevolve.optional import optional_module
@@ -219,8 +219,8 @@ def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -
     stored = wh.stored_episodes(config.run_id, round_)
     if stored:
         get_run_logger().info("round %d: %d episodes already stored, playing the rest", round_, len(stored))
-    engine = open_engine(inputs.checkpoint, config)
-    try:
+    # Released when the block ends, before the update stage trains: vLLM shut down, GPU memory and connections freed.
+    with open_engine(inputs.checkpoint, config) as engine:
         play_episodes(
             engine,
             batch,
@@ -237,8 +237,6 @@ def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -
             on_finished=wh.write_trajectories,  # durable in batches as episodes end
             flush_every=config.warehouse.flush_every,
         )
-    finally:
-        release(engine)  # before the update stage trains: vLLM shut down, GPU memory and connections freed
     outcomes = wh.outcomes(config.run_id, round_)
     reasons = dict(sorted(Counter(outcomes["finish_reason"]).items()))
     rate = sum(outcomes["success"]) / len(outcomes["success"]) if outcomes["success"] else 0.0
