@@ -114,7 +114,7 @@ def update(policy: Path, batch: list, generations: list, samples: int, work: Pat
 
     config = PipelineConfig(
         run_id="gpu-check", state_dir=work / "state", seed=0,
-        rollout={"group_size": samples, "temperature": TEMPERATURE}, training={"steps_per_round": 1},
+        rollout={"group_size": samples, "temperature": TEMPERATURE}, training={"updates_per_batch": 1},
     )  # fmt: skip
     trajectories = []
     for index, (prompt, generation) in enumerate(zip(batch, generations, strict=True)):

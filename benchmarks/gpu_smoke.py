@@ -270,7 +270,7 @@ def part_update(
     config = PipelineConfig(
         run_id="gpu-smoke", state_dir=work / "update-state", seed=0,
         rollout={"group_size": samples, "temperature": TEMPERATURE},
-        training={"steps_per_round": 2, "kl_reference": "round", "launcher": "torchrun", "num_processes": 1},
+        training={"updates_per_batch": 2, "kl_reference": "round", "launcher": "torchrun", "num_processes": 1},
     )  # fmt: skip
     results, checkpoint = [], model
     for round_ in range(rounds):

@@ -39,8 +39,8 @@ def make_frame(trajectories: int, rounds: int, group: int = 8, seed: int = 0, pa
     """
     rng = np.random.default_rng(seed)
     per_round = trajectories // rounds
-    tasks_per_round = max(1, per_round // group)
-    n_tasks = tasks_per_round * 3  # each round draws a third of the task pool
+    tasks_per_batch = max(1, per_round // group)
+    n_tasks = tasks_per_batch * 3  # each round draws a third of the task pool
     lengths = rng.integers(1, 20, size=patterns)
     vocab = pl.Series(
         "tool_sequence",
@@ -53,10 +53,10 @@ def make_frame(trajectories: int, rounds: int, group: int = 8, seed: int = 0, pa
 
     rows_round, rows_task, rows_sample = [], [], []
     for r in range(rounds):
-        chosen = rng.choice(n_tasks, size=tasks_per_round, replace=False)
-        rows_round.append(np.full(tasks_per_round * group, r, dtype=np.int64))
+        chosen = rng.choice(n_tasks, size=tasks_per_batch, replace=False)
+        rows_round.append(np.full(tasks_per_batch * group, r, dtype=np.int64))
         rows_task.append(np.repeat(chosen, group))
-        rows_sample.append(np.tile(np.arange(group), tasks_per_round))
+        rows_sample.append(np.tile(np.arange(group), tasks_per_batch))
     round_col = np.concatenate(rows_round)
     task_col = np.concatenate(rows_task)
     sample_col = np.concatenate(rows_sample)

@@ -92,7 +92,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--completion-tokens", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=4, help="optimizer steps (training.steps_per_round)")
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps (training.updates_per_batch)")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=2048)
@@ -106,7 +106,7 @@ def main() -> None:
         config = PipelineConfig(
             run_id="bench", state_dir=root / "state", seed=0,
             rollout={"group_size": args.group_size, "temperature": 0.9},
-            training={"steps_per_round": args.steps, "kl_reference": "round", "launcher": "torchrun"},
+            training={"updates_per_batch": args.steps, "kl_reference": "round", "launcher": "torchrun"},
         )  # fmt: skip
         with open_warehouse(config) as wh:
             wh.write_trajectories(trajectories)

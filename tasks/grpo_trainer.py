@@ -19,7 +19,7 @@ How a round maps onto TRL (the groups themselves: tasks/grpo_groups.py):
   its longest; every slot group holds at least one real segment of one token or more, so a filler
   never lengthens a batch (and mask_truncated_completions is off, so its token need not be an EOS);
 - one generation batch holds every group; each optimizer step accumulates over all groups, and
-  the batch is reused for ``steps_per_round`` steps (TRL's ``num_iterations``);
+  the batch is reused for ``updates_per_batch`` steps (TRL's ``num_iterations``);
 - under several processes (tasks/launch.py starts them) the generation batch is shared: each rank
   takes an equal number of whole groups (micro-batches of group_size rows), so every group enters every
   optimizer step exactly once, on one rank, and DDP averages the gradients; rank 0 writes the
@@ -153,8 +153,8 @@ def grpo_arguments(config: PipelineConfig, round_groups: RoundGroups, world: int
         gradient_accumulation_steps=per_rank,
         steps_per_generation=per_rank,
         num_generations=config.rollout.group_size,
-        num_iterations=config.training.steps_per_round,
-        max_steps=config.training.steps_per_round,
+        num_iterations=config.training.updates_per_batch,
+        max_steps=config.training.updates_per_batch,
         learning_rate=config.training.learning_rate,
         lr_scheduler_type="constant",
         warmup_steps=0,

@@ -214,7 +214,7 @@ def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -
     pool = wh.pool(config.run_id, round_)
     if not pool:
         raise DataError(f"Pool {round_} of run {config.run_id!r} is empty; round {round_ - 1} must finish first.")
-    batch = draw_batch(pool, config.rollout.tasks_per_round, config.seed, round_)
+    batch = draw_batch(pool, config.rollout.tasks_per_batch, config.seed, round_)
     # Episodes stored by an earlier, interrupted attempt are kept; only the missing ones are played.
     stored = wh.stored_episodes(config.run_id, round_)
     if stored:

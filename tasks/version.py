@@ -167,10 +167,10 @@ def lineage_tags(
 # placement, tracking and storage do not change what a round computes and may change between attempts.
 RESULT_SECTIONS: tuple[str, ...] = ("environment", "policy", "signals", "synthesis", "validation", "pool")
 RESULT_FIELDS: dict[str, tuple[str, ...]] = {
-    "rollout": ("tasks_per_round", "group_size", "temperature", "eval_temperature", "max_new_tokens", "heldout_tasks",
+    "rollout": ("tasks_per_batch", "group_size", "temperature", "eval_temperature", "max_new_tokens", "heldout_tasks",
                 "dev_eval_tasks"),
-    "training": ("learning_rate", "steps_per_round", "epsilon_low", "epsilon_high", "beta", "kl_reference", "use_lora",
-                 "lora_rank"),
+    "training": ("learning_rate", "batches_per_round", "updates_per_batch", "carry_optimizer", "epsilon_low",
+                 "epsilon_high", "beta", "kl_reference", "use_lora", "lora_rank"),
 }  # fmt: skip
 
 

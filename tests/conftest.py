@@ -204,11 +204,11 @@ def make_tiny_config(state_dir, **overrides):
             "sft_batch_size": 8,
         },
         "pool": {"seed_size": 12},
-        "rollout": {"tasks_per_round": 4, "group_size": 2, "max_new_tokens": 40, "heldout_tasks": 4},
+        "rollout": {"tasks_per_batch": 4, "group_size": 2, "max_new_tokens": 40, "heldout_tasks": 4},
         "environment": {"max_steps": 6},
         "signals": {"rare_min_total": 1, "rare_theta": 60, "max_signals_per_round": 4},
         "synthesis": {"explorations_per_signal": 2},
-        "training": {"steps_per_round": 1},
+        "training": {"updates_per_batch": 1},
     }
     for key, value in overrides.items():
         values.setdefault(key, {}).update(value) if isinstance(value, dict) else values.__setitem__(key, value)

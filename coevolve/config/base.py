@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 
 class Section(BaseModel):
     # A typo in a field name must fail loudly instead of silently using a default.
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Field names earlier versions used -> what replaced them: a configuration that still spells one
+    # is refused with that message, never read as if it meant the new setting.
+    RENAMED: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, instead in cls.RENAMED.items():
+                if old in data:
+                    raise ValueError(f"{old!r} is no longer a setting: {instead}")
+        return data
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,8 @@ are listed in reverse and the section shows its fields in their usual order.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, model_validator
 
 from coevolve.config.base import Section
@@ -16,13 +18,18 @@ from coevolve.config.evaluation import EvaluationSettings
 
 
 class SamplingSettings(Section):
-    # What a round samples: tasks, the GRPO group, temperatures and message length.
-    tasks_per_round: int = Field(
+    # What a step samples: tasks, the GRPO group, temperatures and message length.
+    RENAMED: ClassVar[dict[str, str]] = {
+        "tasks_per_round": (
+            "it is now rollout.tasks_per_batch, the tasks of each of a round's training.batches_per_round batches."
+        )
+    }
+    tasks_per_batch: int = Field(
         24,
         ge=1,
         description=(
-            "Tasks drawn from the pool per round (paper: 32 per step); with 24, 6-7 groups a round have reward "
-            "variance."
+            "Tasks drawn from the pool for each training step's batch (paper: 32); with 24, 6-7 groups a batch have "
+            "reward variance."
         ),
     )
     group_size: int = Field(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -11,6 +11,15 @@ from coevolve.config.base import Section
 
 
 class TrainingConfig(Section):
+    RENAMED: ClassVar[dict[str, str]] = {
+        "steps_per_round": (
+            "it was split into training.batches_per_round (F: fresh batches a round draws, plays and trains on, one "
+            "after another) and training.updates_per_batch (optimizer steps on each batch). steps_per_round: N meant "
+            "batches_per_round: 1 and updates_per_batch: N; the paper's schedule is batches_per_round: 10 and "
+            "updates_per_batch: 1."
+        )
+    }
+
     learning_rate: float = Field(
         5e-4,
         gt=0,
@@ -19,8 +28,30 @@ class TrainingConfig(Section):
             "builtin policy collapse within 5 rounds and 2e-3 within 1; 5e-4 stayed stable."
         ),
     )
-    steps_per_round: int = Field(
-        4, ge=1, description="Optimizer steps on each round's groups (paper: F=10 steps per round)."
+    batches_per_round: int = Field(
+        1,
+        ge=1,
+        description=(
+            "F, the training steps of a round: each step draws a fresh batch of rollout.tasks_per_batch tasks from "
+            "the round's pool, plays it with the policy the previous step produced and trains on it; signals are "
+            "mined from all of the round's steps before the pool is re-synthesized (paper: F = 10)."
+        ),
+    )
+    updates_per_batch: int = Field(
+        4,
+        ge=1,
+        description=(
+            "Optimizer steps taken on each batch (TRL's num_iterations). 1 is on-policy, as the paper trains; more "
+            "re-use a batch for clipped, off-policy steps."
+        ),
+    )
+    carry_optimizer: bool = Field(
+        True,
+        description=(
+            "Resume the optimizer and scheduler state (transformers' trainer state, saved beside each checkpoint) "
+            "at every step, across rounds too, as one continuous run does. false starts a fresh AdamW every step, "
+            "for comparison: its first update moves every weight by about the learning rate."
+        ),
     )
     epsilon_low: float = Field(0.20, ge=0, description="Lower clip range (paper: 0.20).")
     epsilon_high: float = Field(0.28, ge=0, description="Upper clip range (paper: 0.28).")

@@ -62,7 +62,7 @@ def config(fleet, tmp_path_factory) -> PipelineConfig:
             "vllm_dtype": "float32",
         },
         # A large rate so that one round's adapter moves logprobs far beyond the match tolerance.
-        training={"use_lora": True, "lora_rank": 8, "learning_rate": 2e-2, "steps_per_round": 6, "beta": 0.0},
+        training={"use_lora": True, "lora_rank": 8, "learning_rate": 2e-2, "updates_per_batch": 6, "beta": 0.0},
     )
 
 
@@ -226,7 +226,7 @@ def test_a_full_round_of_seeded_concurrent_multi_turn_requests_completes(fleet, 
             "vllm_dtype": "float32",
         },
     )  # fmt: skip
-    batch = build_tasks(round_config.rollout.tasks_per_round, seed=5)
+    batch = build_tasks(round_config.rollout.tasks_per_batch, seed=5)
     with make_engine(served_policy_dir, round_config) as engine:
         trajectories = play_episodes(
             engine, batch, samples=round_config.rollout.group_size, temperature=round_config.rollout.temperature,

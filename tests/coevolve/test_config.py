@@ -18,10 +18,10 @@ def test_defaults_validate_and_keep_the_papers_clip_and_kl():
 
 def test_cli_overrides_beat_environment_which_beats_file(tmp_path):
     file = tmp_path / "c.yaml"
-    file.write_text("rollout:\n  group_size: 3\n  tasks_per_round: 5\n")
-    config = load_config(file, ["rollout.group_size=7"], environ={"COEVOLVE_ROLLOUT__TASKS_PER_ROUND": "9"})
+    file.write_text("rollout:\n  group_size: 3\n  tasks_per_batch: 5\n")
+    config = load_config(file, ["rollout.group_size=7"], environ={"COEVOLVE_ROLLOUT__TASKS_PER_BATCH": "9"})
     assert config.rollout.group_size == 7
-    assert config.rollout.tasks_per_round == 9
+    assert config.rollout.tasks_per_batch == 9
 
 
 def test_api_key_variables_are_not_read_as_configuration():
@@ -77,8 +77,25 @@ def test_state_paths_follow_state_dir(tmp_path):
 
 def test_the_papers_preset_validates():
     config = load_config(Path(__file__).parents[2] / "configs" / "paper.yaml", environ={})
-    assert (config.rollout.group_size, config.rollout.tasks_per_round, config.training.learning_rate) == (8, 32, 1e-6)
+    assert (config.rollout.group_size, config.rollout.tasks_per_batch, config.training.learning_rate) == (8, 32, 1e-6)
     assert (config.environment.prompt_style, config.environment.bfcl_handler) == ("bfcl", "qwen_fc")
+
+
+def test_the_papers_preset_is_the_papers_schedule():
+    config = load_config(Path(__file__).parents[2] / "configs" / "paper.yaml", environ={})
+    # 12 rounds x F=10 steps = 120 on-policy steps of 32 tasks x 8 rollouts, one optimizer across the run.
+    schedule = (config.rounds, config.training.batches_per_round, config.rollout.tasks_per_batch)
+    assert schedule + (config.rollout.group_size,) == (12, 10, 32, 8)
+    assert (config.training.updates_per_batch, config.training.carry_optimizer) == (1, True)
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [("training.steps_per_round=4", "training.batches_per_round"), ("rollout.tasks_per_round=8", "tasks_per_batch")],
+)
+def test_a_renamed_setting_is_refused_with_what_replaced_it(setting, named):
+    with pytest.raises(ConfigError, match=named):
+        load_config(overrides=[setting], environ={})
 
 
 def test_off_and_on_stay_strings_in_every_source(tmp_path):

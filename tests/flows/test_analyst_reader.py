@@ -100,7 +100,7 @@ def test_a_read_session_open_across_a_round_blocks_nothing_and_sees_the_new_rows
             f"SELECT count(*) AS t, (SELECT count(*) FROM steps WHERE run_id = '{config.run_id}') AS s "
             f"FROM trajectories WHERE run_id = '{config.run_id}'"
         ).row(0)
-    expected_trajectories = config.rollout.tasks_per_round * config.rollout.group_size
+    expected_trajectories = config.rollout.tasks_per_batch * config.rollout.group_size
 
     assert during is not None and "rollout" in during["stages"] and during["trajectories"] == expected_trajectories
     assert after is not None and after["queries"] > 0, "the analyst kept querying while the round ran"

@@ -47,12 +47,12 @@ def smollm2_config(state_dir, model_dir, run_id: str, **rollout):
         "seed": 3,
         "policy": {"model": str(model_dir)},
         "pool": {"seed_size": 4},
-        "rollout": {"tasks_per_round": 2, "group_size": 2, "max_new_tokens": 24, "heldout_tasks": 0, **rollout},
+        "rollout": {"tasks_per_batch": 2, "group_size": 2, "max_new_tokens": 24, "heldout_tasks": 0, **rollout},
         "environment": {"max_steps": 3},
         "signals": {"rare_min_total": 1, "rare_theta": 60, "max_signals_per_round": 2},
         "synthesis": {"explorations_per_signal": 1},
         # A rate for a pretrained model (the builtin tiny one needs 5e-4).
-        "training": {"steps_per_round": 1, "learning_rate": 1e-5},
+        "training": {"updates_per_batch": 1, "learning_rate": 1e-5},
     }
     return load_config(data=values, environ={})
 

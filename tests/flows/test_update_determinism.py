@@ -55,7 +55,7 @@ def test_two_updates_from_the_same_groups_and_seed_write_identical_checkpoints(t
         state_dir=tmp_path,
         seed=5,
         rollout={"group_size": 4, "temperature": 0.9},
-        training={"learning_rate": 3e-3, "steps_per_round": 2},
+        training={"learning_rate": 3e-3, "updates_per_batch": 2},
     )
     first = grpo_update(policy, batch, config, tmp_path / "first")
     second = grpo_update(policy, batch, config, tmp_path / "second")

@@ -205,7 +205,7 @@ def test_a_round_with_its_warehouse_on_s3_answers_coevolve_sql(s3: str, tmp_path
     rows = [line for line in query.stdout.splitlines() if "e2e" in line]
     assert len(rows) == 1, query.stdout
     cells = [c.strip() for c in rows[0].strip("│ ").split("┆")]
-    assert cells[:3] == ["e2e", "0", str(config.rollout.tasks_per_round * config.rollout.group_size)]
+    assert cells[:3] == ["e2e", "0", str(config.rollout.tasks_per_batch * config.rollout.group_size)]
 
     with Warehouse(config.warehouse_path, read_only=True, storage_options=options) as wh:
         assert wh.round_status("e2e", 0) == "finished"

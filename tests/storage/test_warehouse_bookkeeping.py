@@ -70,9 +70,9 @@ def test_a_started_round_is_running_and_keeps_its_start_time_when_finished(wareh
 
 
 def test_a_round_resumed_with_other_settings_is_refused_naming_the_fields(warehouse) -> None:
-    warehouse.start_round(RUN, 0, "flow-1", {"rollout.group_size": 2, "rollout.tasks_per_round": 4})
+    warehouse.start_round(RUN, 0, "flow-1", {"rollout.group_size": 2, "rollout.tasks_per_batch": 4})
     with pytest.raises(DataError, match=r"rollout\.group_size: 2 -> 4"):
-        warehouse.start_round(RUN, 0, "flow-2", {"rollout.group_size": 4, "rollout.tasks_per_round": 4})
+        warehouse.start_round(RUN, 0, "flow-2", {"rollout.group_size": 4, "rollout.tasks_per_batch": 4})
 
 
 def test_a_written_file_is_followed_by_an_fsync_of_its_folder(tmp_path: Path, monkeypatch) -> None:

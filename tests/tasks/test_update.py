@@ -83,7 +83,7 @@ def _config(tmp_path: Path, **training) -> PipelineConfig:
     return PipelineConfig(
         state_dir=tmp_path,
         rollout={"group_size": GROUP_SIZE, "temperature": 0.9},
-        training={"learning_rate": 3e-3, "steps_per_round": 2, **training},
+        training={"learning_rate": 3e-3, "updates_per_batch": 2, **training},
     )
 
 
@@ -116,7 +116,7 @@ def test_one_update_raises_rewarded_and_lowers_unrewarded_completions(policy_dir
 def test_updated_checkpoint_loads_with_from_pretrained(policy_dir, tmp_path):
     trajectories = _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 0.0, 0.0]})
     out = tmp_path / "round-001"
-    grpo_update(policy_dir, trajectories, _config(tmp_path, steps_per_round=1), out)
+    grpo_update(policy_dir, trajectories, _config(tmp_path, updates_per_batch=1), out)
     assert (out / "model.safetensors").is_file()
     AutoModelForCausalLM.from_pretrained(out)
     assert AutoTokenizer.from_pretrained(out).chat_template is not None
@@ -125,7 +125,9 @@ def test_updated_checkpoint_loads_with_from_pretrained(policy_dir, tmp_path):
 def test_lora_update_saves_merged_weights_and_the_adapter(policy_dir, tmp_path):
     trajectories = _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0]})
     out = tmp_path / "round-001"
-    stats = grpo_update(policy_dir, trajectories, _config(tmp_path, use_lora=True, lora_rank=4, steps_per_round=1), out)
+    stats = grpo_update(
+        policy_dir, trajectories, _config(tmp_path, use_lora=True, lora_rank=4, updates_per_batch=1), out
+    )
     assert stats["steps"] == 1
     assert (out / "adapter" / "adapter_config.json").is_file()
     AutoModelForCausalLM.from_pretrained(out)
@@ -170,7 +172,7 @@ def test_stored_behaviour_logprobs_are_what_trls_importance_ratio_divides_by(pol
     # own, no ratio is clipped; claiming each sampled token was 0.5 nats less likely makes the ratio
     # exp(0.5) = 1.65 > 1 + epsilon_high on every token, so TRL clips all positive-advantage tokens.
     trajectories = _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0]})
-    config = _config(tmp_path, steps_per_round=1)
+    config = _config(tmp_path, updates_per_batch=1)
     exact = grpo_update(policy_dir, trajectories, config, tmp_path / "exact")
     shifted = grpo_update(policy_dir, _shifted(trajectories, -0.5), config, tmp_path / "shifted")
     assert exact["clip_ratio/region_mean"] == pytest.approx(0.0, abs=1e-6)
@@ -215,7 +217,7 @@ def test_the_kl_penalty_is_taken_against_the_reference_checkpoint_given(
 ):
     # One group, one step: TRL's logged KL is that of the round's input against its reference model.
     trajectories = _batch(later_checkpoint, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0]})
-    config = _config(tmp_path, steps_per_round=1, use_lora=use_lora, lora_rank=4)
+    config = _config(tmp_path, updates_per_batch=1, use_lora=use_lora, lora_rank=4)
     initial = grpo_update(later_checkpoint, trajectories, config, tmp_path / "initial", reference_checkpoint=policy_dir)
     round_ = grpo_update(
         later_checkpoint, trajectories, config, tmp_path / "round", reference_checkpoint=later_checkpoint
@@ -302,7 +304,7 @@ def test_trls_advantage_of_a_segment_slot_is_its_episodes(policy_dir, tmp_path, 
         return behaviour(batch)
 
     monkeypatch.setattr(tasks.grpo_trainer, "use_behaviour_logprobs", record)
-    stats = grpo_update(policy_dir, trajectories, _config(tmp_path, steps_per_round=1), tmp_path / "round-001")
+    stats = grpo_update(policy_dir, trajectories, _config(tmp_path, updates_per_batch=1), tmp_path / "round-001")
     assert stats["groups"] == 2 and stats["segment_groups"] == 4 and stats["steps"] == 1
     # TRL's rows, group by group in dataset order: t-a, t-a#1, t-b, t-b#1.
     a, a1, b, b1 = (batches[0][i : i + GROUP_SIZE] for i in range(0, 4 * GROUP_SIZE, GROUP_SIZE))
