@@ -51,8 +51,14 @@ class PrepareOutput(Contract):
     final_heldout_digest: str | None = None
 
 
-class RolloutInput(StageInput):
-    checkpoint: str  # checkpoint ``round_``: a folder every worker sees, or a model id
+class StepInput(StageInput):
+    """A stage of one training step of a round: a round runs training.batches_per_round steps, 0 first."""
+
+    step: int = 0
+
+
+class RolloutInput(StepInput):
+    checkpoint: str  # the policy the previous step produced (checkpoint ``round_`` at step 0): a folder or a model id
 
 
 class RolloutOutput(Contract):
@@ -91,12 +97,14 @@ class ValidateOutput(Contract):
     rejections: dict[str, int]
 
 
-class UpdateInput(StageInput):
-    checkpoint: str
+class UpdateInput(StepInput):
+    checkpoint: str  # the policy step ``step``'s batch was played with
 
 
 class UpdateOutput(Contract):
-    checkpoint: str  # checkpoint ``round_ + 1``
+    checkpoint: (
+        str  # the step's trained policy (`PipelineConfig.checkpoint_after`): checkpoint ``round_ + 1`` at the last step
+    )
     stats: dict[str, Any]
     trained_on: dict[str, Any]
 

@@ -132,6 +132,12 @@ class PipelineConfig(Section):
     def checkpoint_dir(self, round_: int) -> Path:
         return self.run_dir() / "checkpoints" / f"round-{round_:03d}"
 
+    def checkpoint_after(self, round_: int, step: int) -> Path:
+        """The checkpoint training step ``step`` of round ``round_`` writes (checkpoint ``round_ + 1`` at the last)."""
+        if step >= self.training.batches_per_round - 1:
+            return self.checkpoint_dir(round_ + 1)
+        return self.run_dir() / "checkpoints" / f"round-{round_:03d}-step-{step + 1:02d}"
+
     def pool_path(self, round_: int) -> Path:
         return self.run_dir() / "pools" / f"pool-{round_:03d}.parquet"
 
