@@ -1,12 +1,14 @@
 """The stages of a round and their contracts: what each takes and gives, as JSON-serializable models.
 
-A stage is one recorded step of a round: prepare, rollout, mine, synthesize, validate, update,
-evaluate, version, in that order (`STAGE_NAMES`). Each is a typed function declared once in its
-module under ``tasks/`` (`tasks.registry.stage`); the registry of those functions must name exactly
-the stages here, in this order (flows/stage.py builds it with `tasks.registry.stage_registry`, which
-checks). The warehouse's stage records (``stage_runs``) hold each stage's output as the JSON of its
-output model, and a round that runs again reads them back through the same models: outputs recorded
-by earlier versions may carry keys the models no longer name, which are kept (``extra="allow"``).
+A stage is one recorded part of a round: prepare; rollout and update, once for each of the round's
+training steps (``training.batches_per_round``, `STEP_STAGES`, each step's record named by
+`record_name`); then mine, synthesize, validate, evaluate, version, in that order (`STAGE_NAMES`).
+Each is a typed function declared once in its module under ``tasks/`` (`tasks.registry.stage`);
+the registry of those functions must name exactly the stages here, in this order (flows/stage.py
+builds it with `tasks.registry.stage_registry`, which checks). The warehouse's stage records
+(``stage_runs``) hold each stage's output as the JSON of its output model, and a round that runs
+again reads them back through the same models: outputs recorded by earlier versions may carry keys
+the models no longer name, which are kept (``extra="allow"``).
 
 Some stages may run on a work pool instead of the round's process (`PLACEABLE`, see flows/stage.py
 and ``placement`` in the configuration); a placed stage takes the same input model and gives the
@@ -19,6 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from coevolve.records import digest
 
 
 class Contract(BaseModel):
@@ -66,6 +70,27 @@ class RolloutOutput(Contract):
     tasks: int
     success_rate: float
     finish_reasons: dict[str, int]
+    step: int = 0
+    checkpoint: str | None = None  # the policy that played the step's batch; None in older records
+
+    @classmethod
+    def of_steps(cls, steps: list[RolloutOutput]) -> RolloutOutput:
+        """The round's rollout: every step's episodes together (``steps`` holds how many steps there were)."""
+        played = sum(s.trajectories for s in steps)
+        reasons: dict[str, int] = {}
+        for s in steps:
+            for reason, count in s.finish_reasons.items():
+                reasons[reason] = reasons.get(reason, 0) + count
+        return cls.model_validate(
+            {
+                "trajectories": played,
+                "tasks": sum(s.tasks for s in steps),
+                "success_rate": sum(s.success_rate * s.trajectories for s in steps) / played if played else 0.0,
+                "finish_reasons": dict(sorted(reasons.items())),
+                "checkpoint": steps[0].checkpoint,
+                "steps": len(steps),
+            }
+        )
 
 
 class MineInput(StageInput):
@@ -107,6 +132,40 @@ class UpdateOutput(Contract):
     )
     stats: dict[str, Any]
     trained_on: dict[str, Any]
+    step: int = 0
+    trained_from: str | None = None  # the checkpoint this step trained (its input); None in older records
+
+    @classmethod
+    def of_steps(cls, steps: list[UpdateOutput]) -> UpdateOutput:
+        """The round's update: the last step's checkpoint, the steps' statistics summed (counts) or averaged (the
+        rest), every step's own statistics under ``per_step``, and the lineage of all of them."""
+        numbers: dict[str, list[float]] = {}
+        for s in steps:
+            for key, value in s.stats.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    numbers.setdefault(key, []).append(float(value))
+        stats: dict[str, Any] = {
+            key: sum(values) if key in SUMMED_STATS else sum(values) / len(values) for key, values in numbers.items()
+        }
+        stats["skipped"] = all(s.stats.get("skipped", False) for s in steps)
+        stats["per_step"] = [s.stats for s in steps]
+        trained_on = {
+            "run_id": steps[-1].trained_on.get("run_id"),
+            "round": steps[-1].trained_on.get("round"),
+            "count": sum(int(s.trained_on.get("count") or 0) for s in steps),
+            "ids_digest": digest([s.trained_on.get("ids_digest") for s in steps]),
+            "steps": len(steps),
+        }
+        if len(steps) == 1:  # one step: its own lineage, as a round of one batch recorded it
+            trained_on = dict(steps[0].trained_on)
+            stats = dict(steps[0].stats)
+        return cls(
+            checkpoint=steps[-1].checkpoint,
+            stats=stats,
+            trained_on=trained_on,
+            step=steps[-1].step,
+            trained_from=steps[0].trained_from,
+        )
 
 
 class EvaluateInput(StageInput):
@@ -144,20 +203,41 @@ class VersionOutput(Contract):
     best_version: Any = None
 
 
-# stage -> (input model, output model), in the order a round runs them.
+# Update statistics a round adds up over its steps; the others are averaged.
+SUMMED_STATS = frozenset(
+    {"steps", "groups", "segment_groups", "trajectories", "groups_flat", "groups_malformed", "duration_s"}
+)
+
+
+def record_name(stage: str, step: int = 0) -> str:
+    """The name a stage's record goes by in its round: the stage's, with ``@<step>`` for a training step after the
+    first (``rollout``, ``update``, ``rollout@1``, ``update@1``, ...), so a round of one step records what it always
+    did."""
+    return stage if not step else f"{stage}@{step}"
+
+
+def step_of(inputs: StageInput) -> int:
+    """The training step a stage's inputs belong to (0 for the stages a round runs once)."""
+    return inputs.step if isinstance(inputs, StepInput) else 0
+
+
+# stage -> (input model, output model), in the order a round runs them: prepare, then rollout and
+# update once per training step (training.batches_per_round), then the stages that feed the pool.
 CONTRACTS: dict[str, tuple[type[StageInput], type[Contract]]] = {
     "prepare": (PrepareInput, PrepareOutput),
     "rollout": (RolloutInput, RolloutOutput),
+    "update": (UpdateInput, UpdateOutput),
     "mine": (MineInput, MineOutput),
     "synthesize": (SynthesizeInput, SynthesizeOutput),
     "validate": (ValidateInput, ValidateOutput),
-    "update": (UpdateInput, UpdateOutput),
     "evaluate": (EvaluateInput, EvaluateOutput),
     "version": (VersionInput, VersionOutput),
 }
 STAGE_NAMES: tuple[str, ...] = tuple(CONTRACTS)
 # The stages ``placement`` may put on a work pool; prepare and version always run in the round's process.
-PLACEABLE: tuple[str, ...] = ("rollout", "mine", "synthesize", "validate", "update", "evaluate")
+PLACEABLE: tuple[str, ...] = ("rollout", "update", "mine", "synthesize", "validate", "evaluate")
+# The stages a round runs once per training step.
+STEP_STAGES: tuple[str, ...] = ("rollout", "update")
 # The stages a round may forget and run again, in the order it clears them (Warehouse.clear_round):
 # prepare records the run's starting point, which no round clears.
 CLEARING_ORDER: tuple[str, ...] = STAGE_NAMES[1:]

@@ -1,11 +1,19 @@
-"""One co-evolution round as a Prefect flow: rollout, mine, synthesize, validate, update, evaluate, version.
+"""One co-evolution round as a Prefect flow: F training steps (rollout, update), then mine, synthesize, validate,
+evaluate, version.
+
+A round runs ``training.batches_per_round`` (F) training steps: step k draws a fresh batch from the
+round's pool, plays it with the policy step k-1 produced (checkpoint ``round_`` at step 0) and trains
+on it, so every step is on fresh rollouts of the current policy, and the optimizer state carries from
+step to step (``training.carry_optimizer``). After the F steps the signals are mined from all of the
+round's trajectories, and synthesis and validation make pool ``round_ + 1``; the last step's policy
+is checkpoint ``round_ + 1``, which evaluation scores and the version stage registers.
 
 Run one round: ``coevolve round --round 0`` (or ``prefect deployment run coevolve-round/per-round``).
 Each stage is a retryable Prefect task that records its output in the warehouse, so running a
 failed round again resumes after the last finished stage. The round record says "running" (with the
 settings that decide its results) from its start until the version stage is recorded, then
 "finished": every commit comes after the one it depends on, so a crash anywhere resumes.
-``placement`` in the configuration puts rollout, mine, synthesize, validate, update and evaluate
+``placement`` in the configuration puts rollout, update, mine, synthesize, validate and evaluate
 inline or on a work pool (flows/stage.py); their inputs and outputs are the typed models of
 coevolve/stages.py either way.
 """
@@ -24,8 +32,10 @@ from coevolve.stages import (
     MineInput,
     PrepareInput,
     RolloutInput,
+    RolloutOutput,
     SynthesizeInput,
     UpdateInput,
+    UpdateOutput,
     ValidateInput,
     VersionInput,
 )
@@ -46,12 +56,18 @@ def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dic
             if round_ == 0 or wh.stage_output(cfg.run_id, round_ - 1, "version") is not None:
                 wh.start_round(cfg.run_id, round_, str(flow_run.get_id() or ""), round_settings(cfg))
         prepared = run_stage(cfg, PrepareInput(round_=round_))
-        rollout = run_stage(cfg, RolloutInput(round_=round_, checkpoint=prepared.checkpoint))
+        checkpoint = prepared.checkpoint
+        rollouts: list[RolloutOutput] = []
+        updates: list[UpdateOutput] = []
+        for step in range(cfg.training.batches_per_round):
+            rollouts.append(run_stage(cfg, RolloutInput(round_=round_, step=step, checkpoint=checkpoint)))
+            updates.append(run_stage(cfg, UpdateInput(round_=round_, step=step, checkpoint=checkpoint)))
+            checkpoint = updates[-1].checkpoint
+        rollout, updated = RolloutOutput.of_steps(rollouts), UpdateOutput.of_steps(updates)
         mined = run_stage(cfg, MineInput(round_=round_))
         synthesized = run_stage(cfg, SynthesizeInput(round_=round_, selected=mined.selected))
         validated = run_stage(cfg, ValidateInput(round_=round_, candidates=synthesized.candidates))
-        updated = run_stage(cfg, UpdateInput(round_=round_, checkpoint=prepared.checkpoint))
-        evaluated = run_stage(cfg, EvaluateInput(round_=round_, checkpoint=updated.checkpoint))
+        evaluated = run_stage(cfg, EvaluateInput(round_=round_, checkpoint=checkpoint))
         versioned = run_stage(
             cfg,
             VersionInput(

@@ -30,12 +30,13 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.concurrency.sync import concurrency
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.runtime import flow_run as current_flow_run
 from prefect.states import Cancelled, Cancelling
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import InfrastructureError, RoundLockedError
 from coevolve.settings import apply_settings
-from coevolve.stages import PLACEABLE, Contract, StageInput
+from coevolve.stages import PLACEABLE, Contract, StageInput, record_name, step_of
 from tasks.common import open_warehouse
 from tasks.evaluate import evaluate_stage
 from tasks.mine import mine_stage
@@ -56,10 +57,10 @@ RUN_SLOT_LEASE_S = 60.0
 STAGES: dict[str, Stage] = stage_registry(
     prepare_stage,
     rollout_stage,
+    update_stage,
     mine_stage,
     synthesize_stage,
     validate_stage,
-    update_stage,
     evaluate_stage,
     version_stage,
 )
@@ -72,7 +73,14 @@ def placement_target(cfg: PipelineConfig, stage: Stage) -> str:
     return cfg.placement.target(stage.name) if stage.name in PLACEABLE else "inline"
 
 
-@flow(name="coevolve-stage", flow_run_name="{stage}-round-{inputs[round_]}")
+def stage_run_name() -> str:
+    """A deployed stage's flow-run name: its record's name and round, e.g. ``update@3-round-2``."""
+    parameters = current_flow_run.parameters
+    inputs = parameters.get("inputs") or {}
+    return f"{record_name(str(parameters.get('stage')), int(inputs.get('step') or 0))}-round-{inputs.get('round_')}"
+
+
+@flow(name="coevolve-stage", flow_run_name=stage_run_name)
 def coevolve_stage(stage: str, inputs: dict[str, Any], config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one stage of a round on this worker; the output is recorded in the warehouse and returned."""
     cfg = PipelineConfig.model_validate(config or {})
@@ -86,14 +94,14 @@ def coevolve_stage(stage: str, inputs: dict[str, Any], config: dict[str, Any] | 
 def run_stage(cfg: PipelineConfig, inputs: StageInput) -> Any:
     """Run the stage ``inputs`` are for, where ``cfg.placement`` says, and return its typed (recorded) output."""
     stage = _BY_INPUT[type(inputs)]
-    round_ = inputs.round_
+    round_, record = inputs.round_, record_name(stage.name, step_of(inputs))
     target = placement_target(cfg, stage)
     if target == "inline":
         return stage(cfg, inputs)
     # A stage an earlier attempt finished is read back here: re-running a round starts no job on a pool
     # (whose workers may be gone) just to return a record.
     with open_warehouse(cfg) as wh:
-        recorded = wh.stage_output(cfg.run_id, round_, stage.name)
+        recorded = wh.stage_output(cfg.run_id, round_, record)
     if recorded is not None:
         return stage.outputs.model_validate(recorded)
     # The round runs stages from synchronous code, where run_deployment runs its synchronous
@@ -116,7 +124,7 @@ def run_stage(cfg: PipelineConfig, inputs: StageInput) -> Any:
         _cancel(flow_run.id, state)
     if state is None or not state.is_completed():
         raise InfrastructureError(
-            f"Stage {stage.name} of round {round_} ran as deployment {target} "
+            f"Stage {record} of round {round_} ran as deployment {target} "
             f"(flow run {flow_run.name}, {flow_run.id}) "
             + (
                 f"and was still {state.name} after {cfg.placement.stage_timeout_s:.0f} s "
@@ -126,7 +134,7 @@ def run_stage(cfg: PipelineConfig, inputs: StageInput) -> Any:
             )
             + "; see that flow run's logs. Running the round again resumes after its last finished stage."
         )
-    return stage.outputs.model_validate(_recorded_output(cfg, round_, stage.name, target))
+    return stage.outputs.model_validate(_recorded_output(cfg, round_, record, target))
 
 
 def _recorded_output(cfg: PipelineConfig, round_: int, stage: str, target: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ last-first before deleting their rows, so a stage is never marked finished witho
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,6 +55,18 @@ class Catalog:
 
     def stage_path(self, run_id: str, round_: int, stage: str) -> str:
         return f"{self.dir}/stage_runs/run_id={run_id}/round={int(round_)}/{stage}.json"
+
+    def stage_paths(self, run_id: str, round_: int, stage: str) -> list[str]:
+        """The records of ``stage`` in a round: its own, and those of its training steps after the first
+        (``<stage>@<step>``, coevolve.stages.record_name), later steps first."""
+        steps = f"{self.dir}/stage_runs/run_id={run_id}/round={int(round_)}/{stage}@*.json"
+        try:
+            found = self.files.fs.glob(steps)
+        except FileNotFoundError:
+            found = []
+        number = re.compile(r"@(\d+)\.json$")
+        later = sorted(found, key=lambda p: -int(m.group(1)) if (m := number.search(p)) else 0)
+        return [*later, self.stage_path(run_id, round_, stage)]
 
     # -- records -------------------------------------------------------------------------------
 

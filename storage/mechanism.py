@@ -1,7 +1,8 @@
 """Mechanism measurements of one round, read from the warehouse: why a round did (or did not) learn.
 
-- informative-group share: of the round's GRPO groups (the rollouts of one task in one round of one
-  run), the share whose rewards are not all equal; a group with one reward, or one trajectory, has
+- informative-group share: of the round's GRPO groups (the rollouts of one task in one training
+  step of a round of one run: a step's samples are k x group_size onwards), the share whose rewards
+  are not all equal; a group with one reward, or one trajectory, has
   no advantage to learn from;
 - held-out tool-pattern coverage: the share of the held-out split's distinct tool bigrams that some
   task of the pool the round trained on (pool r) also has. A task's bigrams are its consecutive call
@@ -35,7 +36,7 @@ _INFORMATIVE = """
 SELECT count(*) AS groups, count(*) FILTER (WHERE hi > lo) AS informative
 FROM (
     SELECT task_id, max(reward) AS hi, min(reward) AS lo
-    FROM trajectories WHERE run_id = ? AND round = ? GROUP BY task_id
+    FROM trajectories WHERE run_id = ? AND round = ? GROUP BY task_id, sample // ?
 )
 """
 
@@ -81,8 +82,8 @@ def _pool_patterns(con: duckdb.DuckDBPyConnection, run_id: str, round_: int) -> 
     return [tool_patterns(json.loads(text)["reference"]) for (text,) in rows]
 
 
-def _informative(con: duckdb.DuckDBPyConnection, run_id: str, round_: int) -> float:
-    row = con.execute(_INFORMATIVE, [run_id, round_]).fetchone()
+def _informative(con: duckdb.DuckDBPyConnection, run_id: str, round_: int, group_size: int) -> float:
+    row = con.execute(_INFORMATIVE, [run_id, round_, group_size]).fetchone()
     assert row is not None  # an aggregate without GROUP BY returns exactly one row
     groups, informative = row
     return informative / groups if groups else math.nan
@@ -116,12 +117,12 @@ def accepted_by_kind(wh: Warehouse, run_id: str, round_: int) -> dict[str, int]:
     return _read(wh, _accepted, run_id, round_)
 
 
-def round_mechanism(wh: Warehouse, run_id: str, round_: int) -> dict[str, Any]:
-    """The three measurements of one round, read in one session."""
+def round_mechanism(wh: Warehouse, run_id: str, round_: int, group_size: int) -> dict[str, Any]:
+    """The three measurements of one round, read in one session (``group_size``: rollout.group_size)."""
     con = wh.connect()
     try:
         return {
-            "informative_groups": _informative(con, run_id, round_),
+            "informative_groups": _informative(con, run_id, round_, group_size),
             "heldout_coverage": _coverage(con, run_id, round_),
             "accepted_by_kind": _accepted(con, run_id, round_),
         }

@@ -79,6 +79,26 @@ class RoundRecords(WarehouseViews):
         record = self.catalog.get(self.catalog.stage_path(run_id, round, stage))
         return None if record is None else record["output"]
 
+    def training_steps(self, run_id: str) -> list[dict[str, Any]]:
+        """Every recorded training step of a run in the order it trained: round, step, the checkpoint it wrote,
+        the one it trained (``trained_from``) and which stored trajectories it trained on (``trained_on``)."""
+        steps = []
+        for record in self.catalog.records("stage_runs", run_id):
+            name = str(record.get("stage", ""))
+            if name != "update" and not name.startswith("update@"):
+                continue
+            output = record.get("output") or {}
+            steps.append(
+                {
+                    "round": int(record["round"]),
+                    "step": int(output.get("step", 0)),
+                    "checkpoint": output.get("checkpoint"),
+                    "trained_from": output.get("trained_from"),
+                    "trained_on": output.get("trained_on"),
+                }
+            )
+        return sorted(steps, key=lambda s: (s["round"], s["step"]))
+
     def rounds(self, run_id: str) -> list[RoundSummary]:
         """Summaries of the finished rounds of a run, in round order."""
         records = [r for r in self.catalog.records("rounds", run_id) if r.get("summary") is not None]

@@ -224,7 +224,8 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
         # Stage marks go first, last stage first: an interruption never leaves a stage marked
         # finished without its rows.
         for stage in reversed(dropped):
-            self.catalog.remove(self.catalog.stage_path(run_id, round, stage))
+            for path in self.catalog.stage_paths(run_id, round, stage):
+                self.catalog.remove(path)
         for stage in dropped:
             for table in _STAGE_TABLES.get(stage, ()):
                 self.files.delete(self.files.files(table, run_id, round))

@@ -26,7 +26,7 @@ from prefect.cache_policies import NO_CACHE
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import is_retryable
-from coevolve.stages import CONTRACTS, STAGE_NAMES, Contract, StageInput
+from coevolve.stages import CONTRACTS, STAGE_NAMES, Contract, StageInput, record_name, step_of
 from tasks.common import open_warehouse
 
 if TYPE_CHECKING:
@@ -78,19 +78,19 @@ def stage(
 
     def declare(function: StageFunction) -> Stage:
         def run(config: PipelineConfig, inputs: StageInput) -> Contract:
-            round_ = inputs.round_
+            round_, record = inputs.round_, record_name(name, step_of(inputs))
             keep = recorded(inputs)
             with open_warehouse(config) as wh:
-                done = wh.stage_output(config.run_id, round_, name) if keep else None
+                done = wh.stage_output(config.run_id, round_, record) if keep else None
                 if done is not None:
-                    get_run_logger().info("round %d: %s already finished; its recorded output is used", round_, name)
+                    get_run_logger().info("round %d: %s already finished; its recorded output is used", round_, record)
                 else:
                     output = function(config, wh, inputs)
                     if not keep:
                         return output
                     # exclude_unset: an optional field the stage did not set stays out of the record, as before.
-                    wh.mark_stage(config.run_id, round_, name, output.model_dump(mode="json", exclude_unset=True))
-                    done = wh.stage_output(config.run_id, round_, name)
+                    wh.mark_stage(config.run_id, round_, record, output.model_dump(mode="json", exclude_unset=True))
+                    done = wh.stage_output(config.run_id, round_, record)
                 typed = output_model.model_validate(done)
                 if check is not None:
                     check(config, wh, inputs, typed)

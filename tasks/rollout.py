@@ -94,8 +94,13 @@ def play_episodes(
     skip: set[tuple[str, int]] | None = None,
     on_finished: Callable[[list[Trajectory]], None] | None = None,
     flush_every: int = 32,
+    first_sample: int = 0,
 ) -> list[Trajectory]:
     """Play ``samples`` episodes of every task and return one Trajectory per episode.
+
+    The episodes of a task are numbered ``first_sample`` .. ``first_sample + samples - 1``: training
+    step k of a round numbers its episodes from k x group_size (`step_samples`), so every episode of a
+    round has its own (task_id, sample) and its own seed, however often the round's steps draw a task.
 
     With ``seed`` (the run's), every message is sampled from its own `message_seed`, so the same
     seed, round and tasks replay the same episodes with the same engine and weights, however the
@@ -112,7 +117,7 @@ def play_episodes(
     """
     episodes: list[Episode] = []
     for task in tasks:
-        for sample in range(samples):
+        for sample in range(first_sample, first_sample + samples):
             if skip and (task.task_id, sample) in skip:
                 continue
             env = make_environment(env_config)
@@ -192,12 +197,21 @@ def _handler(env_config: EnvironmentConfig) -> str:
     return env_config.bfcl_handler
 
 
-def draw_batch(pool: list[Task], size: int, seed: int, round_: int) -> list[Task]:
-    """The round's batch: a seeded sample without replacement (the whole pool if it is smaller)."""
-    rng = random.Random(f"{seed}:{round_}:batch")
+def draw_batch(pool: list[Task], size: int, seed: int, round_: int, step: int = 0) -> list[Task]:
+    """Training step ``step``'s batch: a seeded sample without replacement (the whole pool if it is smaller).
+
+    Each step draws from the whole pool on its own (a task may be in several steps of a round), as
+    every step of one long run samples its batch; step 0 draws what a round of one batch always drew.
+    """
+    rng = random.Random(f"{seed}:{round_}:batch" if step == 0 else f"{seed}:{round_}:{step}:batch")
     if len(pool) <= size:
         return list(pool)
     return rng.sample(pool, size)
+
+
+def step_samples(step: int, group_size: int) -> range:
+    """The sample numbers of training step ``step``'s episodes of a task: step k plays k x group_size onwards."""
+    return range(step * group_size, (step + 1) * group_size)
 
 
 def success_rate(trajectories: list[Trajectory]) -> float:
@@ -209,16 +223,19 @@ def success_rate(trajectories: list[Trajectory]) -> float:
 
 @stage("rollout", retries=2, retry_delay_seconds=5)
 def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -> RolloutOutput:
-    """Play the round's batch with checkpoint ``round_`` and store the trajectories."""
-    round_ = inputs.round_
+    """Play training step ``step``'s batch with the policy the previous step produced and store the trajectories."""
+    round_, step = inputs.round_, inputs.step
     pool = wh.pool(config.run_id, round_)
     if not pool:
         raise DataError(f"Pool {round_} of run {config.run_id!r} is empty; round {round_ - 1} must finish first.")
-    batch = draw_batch(pool, config.rollout.tasks_per_batch, config.seed, round_)
+    batch = draw_batch(pool, config.rollout.tasks_per_batch, config.seed, round_, step)
+    samples = step_samples(step, config.rollout.group_size)
     # Episodes stored by an earlier, interrupted attempt are kept; only the missing ones are played.
-    stored = wh.stored_episodes(config.run_id, round_)
+    stored = {(task_id, sample) for task_id, sample in wh.stored_episodes(config.run_id, round_) if sample in samples}
     if stored:
-        get_run_logger().info("round %d: %d episodes already stored, playing the rest", round_, len(stored))
+        get_run_logger().info(
+            "round %d step %d: %d episodes already stored, playing the rest", round_, step, len(stored)
+        )
     # Released when the block ends, before the update stage trains: vLLM shut down, GPU memory and connections freed.
     with open_engine(inputs.checkpoint, config) as engine:
         play_episodes(
@@ -236,13 +253,21 @@ def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -
             skip=stored,
             on_finished=wh.write_trajectories,  # durable in batches as episodes end
             flush_every=config.warehouse.flush_every,
+            first_sample=samples.start,
         )
     outcomes = wh.outcomes(config.run_id, round_)
-    reasons = dict(sorted(Counter(outcomes["finish_reason"]).items()))
-    rate = sum(outcomes["success"]) / len(outcomes["success"]) if outcomes["success"] else 0.0
+    mine = [i for i, sample in enumerate(outcomes["sample"]) if sample in samples]  # this step's episodes
+    successes = [outcomes["success"][i] for i in mine]
+    reasons = dict(sorted(Counter(outcomes["finish_reason"][i] for i in mine).items()))
+    rate = sum(successes) / len(successes) if successes else 0.0
     get_run_logger().info(
-        "round %d: %d episodes, success %.3f, finish reasons %s", round_, len(outcomes["success"]), rate, reasons
+        "round %d step %d: %d episodes, success %.3f, finish reasons %s", round_, step, len(successes), rate, reasons
     )
     return RolloutOutput(
-        trajectories=len(outcomes["success"]), tasks=len(batch), success_rate=rate, finish_reasons=reasons
+        trajectories=len(successes),
+        tasks=len(batch),
+        success_rate=rate,
+        finish_reasons=reasons,
+        step=step,
+        checkpoint=inputs.checkpoint,
     )

@@ -192,7 +192,9 @@ def version_stage(config: PipelineConfig, wh: Warehouse, inputs: VersionInput) -
     """Snapshot pool r+1, log the round to MLflow, and close the round in the warehouse."""
     round_, updated = inputs.round_, inputs.update
     flow_run_id = str(flow_run.get_id() or "")
-    summary = build_summary(config, inputs, flow_run_id, mechanism.round_mechanism(wh, config.run_id, round_))
+    summary = build_summary(
+        config, inputs, flow_run_id, mechanism.round_mechanism(wh, config.run_id, round_, config.rollout.group_size)
+    )
     pool = wh.pool(config.run_id, round_ + 1)
     pool_path = config.pool_path(round_ + 1)
     summary.pool_digest = storage_pool.write_pool_snapshot(pool, pool_path)

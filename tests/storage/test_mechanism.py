@@ -45,13 +45,23 @@ def test_informative_groups_are_those_whose_rewards_differ(warehouse: Warehouse,
             make_trajectory(t0, 1, True, run_id="other"),
         ]
     )
-    assert round_mechanism(warehouse, RUN, 0)["informative_groups"] == pytest.approx(1 / 3)
-    assert round_mechanism(warehouse, RUN, 1)["informative_groups"] == 1.0
-    assert round_mechanism(warehouse, "other", 0)["informative_groups"] == 0.0
+    assert round_mechanism(warehouse, RUN, 0, 2)["informative_groups"] == pytest.approx(1 / 3)
+    assert round_mechanism(warehouse, RUN, 1, 2)["informative_groups"] == 1.0
+    assert round_mechanism(warehouse, "other", 0, 2)["informative_groups"] == 0.0
+
+
+def test_each_training_step_s_episodes_of_a_task_are_a_group_of_their_own(
+    warehouse: Warehouse, make_task, make_trajectory
+):
+    task = make_task(0).task_id
+    # Step 0 (samples 0-1) solved the task both times, step 1 (samples 2-3) once: one informative group of two.
+    outcomes = [True, True, True, False]
+    warehouse.write_trajectories([make_trajectory(task, sample, ok) for sample, ok in enumerate(outcomes)])
+    assert round_mechanism(warehouse, RUN, 0, 2)["informative_groups"] == 0.5
 
 
 def test_a_round_without_rollouts_has_no_informative_share(warehouse: Warehouse):
-    assert math.isnan(round_mechanism(warehouse, RUN, 0)["informative_groups"])
+    assert math.isnan(round_mechanism(warehouse, RUN, 0, 2)["informative_groups"])
 
 
 def test_coverage_is_the_share_of_heldout_patterns_found_in_the_training_pool(warehouse: Warehouse, make_task):
@@ -111,7 +121,7 @@ def test_round_mechanism_reads_all_three_in_one_session(warehouse: Warehouse, ma
     warehouse.set_pool(RUN, HELDOUT, [task.task_id])
     warehouse.set_pool(RUN, 0, [task.task_id])
     warehouse.write_trajectories([make_trajectory(task.task_id, 0, True), make_trajectory(task.task_id, 1, False)])
-    assert round_mechanism(warehouse, RUN, 0) == {
+    assert round_mechanism(warehouse, RUN, 0, 2) == {
         "informative_groups": 1.0,
         "heldout_coverage": 1.0,
         "accepted_by_kind": {},
