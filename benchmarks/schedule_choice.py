@@ -1,0 +1,125 @@
+"""The embedded default's training schedule, chosen on the dev split: F, batch size and updates per batch.
+
+Every candidate spends the same episodes per round (``--episodes``, the default's 24 tasks x 6
+samples) and runs ``--rounds`` rounds of the embedded default with ``coevolve evolve`` for each loop
+seed, in one state folder: checkpoint 0, the seed pool and the splits are built once (``pool.seed``
+is fixed) and shared, so candidates differ only in the schedule and seeds only in the loop. Every
+round's checkpoint is scored greedily on the first ``--dev-tasks`` dev tasks; the held-out split is
+scored by the rounds as always but not read here.
+
+    .venv/bin/python benchmarks/schedule_choice.py --out /tmp/schedule-choice
+    .venv/bin/python benchmarks/schedule_choice.py --candidates 1x24x4,3x8x1 --seeds 1 --rounds 2 --out /tmp/sc
+
+A candidate is ``FxBxU``: F training steps a round, B tasks a batch, U optimizer steps a batch.
+Writes ``choice.json`` and ``choice.md`` (one row per candidate: mean final dev success over seeds,
+its gain over checkpoint 0, mean wall time of a run) under ``--out``; the figures are recorded in
+docs/experiments.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import mean
+
+from coevolve.config import PipelineConfig, load_config
+from storage.warehouse import Warehouse
+
+REPO = Path(__file__).resolve().parents[1]
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "DO_NOT_TRACK": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true", "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_HOST_IP": "127.0.0.1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+}  # fmt: skip
+
+
+def parse_candidate(text: str) -> tuple[int, int, int]:
+    steps, batch, updates = (int(part) for part in text.lower().split("x"))
+    return steps, batch, updates
+
+
+def candidate_settings(candidate: tuple[int, int, int], seed: int, pool_seed: int, dev_tasks: int) -> list[str]:
+    steps, batch, updates = candidate
+    return [
+        f"run_id=schedule-{steps}x{batch}x{updates}-s{seed}",
+        f"seed={seed}",
+        f"pool.seed={pool_seed}",
+        f"training.batches_per_round={steps}",
+        f"rollout.tasks_per_batch={batch}",
+        f"training.updates_per_batch={updates}",
+        f"rollout.dev_eval_tasks={dev_tasks}",
+    ]
+
+
+def run_candidate(settings: list[str], state_dir: Path, rounds: int, log: Path) -> float:
+    """``coevolve evolve`` with ``settings`` in a process of its own; returns its wall time."""
+    command = [sys.executable, "-m", "flows.cli", "evolve", "--rounds", str(rounds)]
+    for setting in [f"state_dir={state_dir}", *settings]:
+        command += ["--set", setting]
+    started = time.perf_counter()
+    with log.open("a") as out:
+        subprocess.run(command, cwd=REPO, env={**os.environ, **OFFLINE}, stdout=out, stderr=out, check=True)
+    return time.perf_counter() - started
+
+
+def dev_curve(config: PipelineConfig) -> tuple[float | None, list[float | None]]:
+    """Checkpoint 0's dev success and every round's, read from the warehouse."""
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        prepared = wh.stage_output(config.run_id, 0, "prepare") or {}
+        return prepared.get("baseline_dev_success"), [s.dev_success for s in wh.rounds(config.run_id)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--candidates", default="1x24x4,2x12x2,3x8x1,3x8x2", help="FxBxU, comma-separated")
+    parser.add_argument("--seeds", default="1,2", help="loop seeds, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per run (make run's 3)")
+    parser.add_argument("--dev-tasks", type=int, default=100, help="dev tasks scored after every round")
+    parser.add_argument("--episodes", type=int, default=144, help="episodes a round (F x B x group size) to check")
+    parser.add_argument("--out", type=Path, required=True, help="state folder and report folder")
+    args = parser.parse_args()
+    defaults = load_config(environ={})
+    pool_seed = defaults.start_seed
+    candidates = [parse_candidate(c) for c in args.candidates.split(",")]
+    for steps, batch, _ in candidates:
+        if steps * batch * defaults.rollout.group_size != args.episodes:
+            parser.error(f"{steps}x{batch} plays {steps * batch * defaults.rollout.group_size} episodes a round, "
+                         f"not {args.episodes}: compare candidates at the same budget")  # fmt: skip
+    seeds = [int(s) for s in args.seeds.split(",")]
+    state_dir = args.out / "state"
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for candidate in candidates:
+        for seed in seeds:
+            settings = candidate_settings(candidate, seed, pool_seed, args.dev_tasks)
+            wall_s = run_candidate(settings, state_dir, args.rounds, args.out / "runs.log")
+            config = load_config(overrides=[f"state_dir={state_dir}", *settings], environ={})
+            baseline, curve = dev_curve(config)
+            rows.append({"candidate": "x".join(map(str, candidate)), "seed": seed, "wall_s": round(wall_s, 1),
+                         "dev_checkpoint0": baseline, "dev_by_round": curve})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+    (args.out / "choice.json").write_text(json.dumps(rows, indent=1))
+    lines = [
+        "| F x batch x updates | final dev success (mean over seeds) | gain over checkpoint 0 | per seed | run time |",
+        "|---|---|---|---|---|",
+    ]
+    for name in dict.fromkeys(r["candidate"] for r in rows):
+        mine = [r for r in rows if r["candidate"] == name]
+        finals = [r["dev_by_round"][-1] for r in mine]
+        gains = [f - r["dev_checkpoint0"] for f, r in zip(finals, mine, strict=True)]
+        lines.append(
+            f"| {name} | {mean(finals):.3f} | {mean(gains):+.3f} | {', '.join(f'{f:.2f}' for f in finals)} | "
+            f"{mean(r['wall_s'] for r in mine):.0f} s |"
+        )
+    (args.out / "choice.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
