@@ -164,4 +164,22 @@ SELECT run_id, round,
 FROM per_category
 GROUP BY run_id, round
 ORDER BY run_id, round;
+
+-- Purpose: a run as one GRPO run: every training step (the update of each of a round's
+-- training.batches_per_round batches) in order, the checkpoint it trained and the one it wrote.
+CREATE VIEW v_training_steps AS
+SELECT run_id, round,
+       coalesce(CAST(json_extract(output, '$.step') AS INTEGER), 0)        AS step,
+       json_extract_string(output, '$.trained_from')                       AS trained_from,
+       json_extract_string(output, '$.checkpoint')                         AS checkpoint,
+       CAST(json_extract(output, '$.stats.groups') AS INTEGER)             AS groups,
+       CAST(json_extract(output, '$.stats.steps') AS INTEGER)              AS optimizer_steps,
+       CAST(json_extract(output, '$.stats.global_step') AS INTEGER)        AS global_step,
+       CAST(json_extract(output, '$.stats.loss') AS DOUBLE)                AS loss,
+       coalesce(CAST(json_extract(output, '$.stats.skipped') AS BOOLEAN), false) AS skipped,
+       json_extract_string(output, '$.stats.optimizer_resumed_from')       AS optimizer_resumed_from,
+       finished_at
+FROM stage_runs
+WHERE stage = 'update' OR stage LIKE 'update@%'
+ORDER BY run_id, round, step;
 """

@@ -3,8 +3,10 @@
 Both runs go through the real CLI in their own processes and state folders. The interrupted one
 is killed with -9 in the middle of its rollout (as soon as its first batch of episodes is durable),
 then dies (os._exit, tests/crash_at.py) at one commit point of each kind: a table of a multi-table
-stage written without its stage record, the update's checkpoint without its record, the MLflow
-registration without the version record, the version record without the finished round record; each
+stage written without its stage record, the first training step's checkpoint without its record,
+inside the second step's rollout, the second step's checkpoint (trained with the optimizer state the
+first step saved) without its record, the MLflow registration without the version record, the version
+record without the finished round record; each
 time the same command runs again, and the last run completes. Warehouse content, the pool snapshot digest,
 the checkpoint digest and the MLflow registry must match the uninterrupted run's.
 
@@ -47,6 +49,8 @@ CRASH_OVERRIDES = {
     "rollout": {"group_size": 4},
     # One episode per durable batch, so the rollout can be killed between its writes.
     "warehouse": {"flush_every": 1},
+    # Two training steps, so a kill lands inside the second one, which resumes the first one's optimizer state.
+    "training": {"batches_per_round": 2},
 }
 
 # Deterministic content of each table (no timestamps or durations), in a fixed order.
@@ -88,6 +92,14 @@ def _wait_for_first_batch(config, process, timeout_s: float = 600) -> None:
     raise AssertionError(f"no episode was stored within {timeout_s:.0f} s")
 
 
+def _step_one_stored(config) -> tuple[int, bool]:
+    """Episodes of training step 1 stored (samples from group_size on), and whether its rollout is recorded."""
+    group = config.rollout.group_size
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        stored = [sample for _, sample in wh.stored_episodes(config.run_id, 0) if sample >= group]
+        return len(stored), wh.stage_output(config.run_id, 0, "rollout@1") is not None
+
+
 def _stored_episodes(config) -> tuple[int, bool]:
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         return len(wh.stored_episodes(config.run_id, 0)), wh.stage_output(config.run_id, 0, "rollout") is not None
@@ -97,8 +109,10 @@ def _stored_episodes(config) -> tuple[int, bool]:
 # rollout: one point of each kind of commit (tests/crash_at.py). Every process runs the same command,
 # ``coevolve evolve --rounds 1``, which resumes the run's first unfinished round.
 CRASH_POINTS = (
+    "before:stage_runs/run_id=e2e/round=0/update.json",  # step 0's checkpoint written, its update record not
+    "after:tables/trajectories/run_id=e2e/round=0/#2",  # inside step 1's rollout: two of its episodes durable
+    "before:stage_runs/run_id=e2e/round=0/update@1.json",  # checkpoint 1 (step 1's) written, its record not
     "after:tables/candidates/run_id=e2e/round=0/",  # a table of a multi-table stage (validate) written, its record not
-    "before:stage_runs/run_id=e2e/round=0/update.json",  # checkpoint 1 written, the update's stage record not
     "before:stage_runs/run_id=e2e/round=0/version.json",  # MLflow run and model version registered, the record not
     "before:rounds/run_id=e2e/0.json#2",  # the version record written, the round record not yet "finished"
 )
@@ -158,6 +172,8 @@ def both_runs(tiny_config, cli, tmp_path_factory):
                 cli.kill_group(process)  # the Prefect API it started dies with it
             if point.startswith("before:stage_runs") and point.endswith("version.json"):
                 crash_log["status_before_version_record"] = _round_status(crashed)
+            if point.startswith("after:tables/trajectories"):
+                crash_log["inside_step_one"] = _step_one_stored(crashed)
         crash_log["codes"] = codes
         last = _evolve(crashed_file, crashed.state_dir, logs["crashed"])
         assert last.wait(timeout=900) == 0, logs["crashed"].read_text()[-3000:]
@@ -175,6 +191,10 @@ def test_the_crashed_run_died_at_every_crash_point(both_runs) -> None:
 def test_the_first_kill_left_a_rollout_with_some_episodes_stored(both_runs) -> None:
     assert crashed_mid_rollout["marked"] is False
     assert 1 <= crashed_mid_rollout["stored"] < 16  # of 4 tasks x 4 samples
+
+
+def test_the_kill_inside_the_second_step_left_its_rollout_part_stored_and_unrecorded(both_runs) -> None:
+    assert crash_log["inside_step_one"] == (2, False)
 
 
 def test_a_round_is_not_finished_before_its_version_stage_is_recorded(both_runs) -> None:

@@ -40,6 +40,7 @@ from test_deployments import PREFECT, REPO, TERMINAL, _env, _flow_run_state, _fr
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import PipelineError
+from coevolve.stages import STEP_STAGES, record_name
 from storage.warehouse import Warehouse
 
 pytestmark = pytest.mark.slow
@@ -355,10 +356,14 @@ def test_the_placed_round_completes(cluster, rounds) -> None:
 @pytest.mark.parametrize("stage", GPU_STAGES + CPU_STAGES)
 def test_each_stage_runs_on_the_worker_of_its_pool(cluster, rounds, stage) -> None:
     pool = "coevolve-gpu" if stage in GPU_STAGES else "coevolve-cpu"
-    (run,) = _stage_runs(cluster.api_url, rounds.placed)[stage]
-    assert run["state"]["type"] == "COMPLETED"
-    assert run["work_pool_name"] == pool
-    assert run["labels"]["prefect.worker.name"] == ("gpu-worker" if stage in GPU_STAGES else "cpu-worker")
+    # Rollout and update run once per training step (CRASH_OVERRIDES: two), each named after its step.
+    steps = rounds.placed.training.batches_per_round if stage in STEP_STAGES else 1
+    runs = sorted(_stage_runs(cluster.api_url, rounds.placed)[stage], key=lambda run: run["name"])
+    assert [run["name"] for run in runs] == sorted(f"{record_name(stage, k)}-round-0" for k in range(steps))
+    for run in runs:
+        assert run["state"]["type"] == "COMPLETED"
+        assert run["work_pool_name"] == pool
+        assert run["labels"]["prefect.worker.name"] == ("gpu-worker" if stage in GPU_STAGES else "cpu-worker")
 
 
 @pytest.mark.parametrize("table", list(CONTENT))

@@ -50,6 +50,7 @@ def test_every_documented_view_exists(warehouse: Warehouse) -> None:
         "v_forgetting_events",
         "v_acceptance_rates",
         "v_bfcl_multi_turn",
+        "v_training_steps",
     }
 
 

@@ -203,3 +203,21 @@ def test_views_that_read_as_curves_list_rounds_in_order(warehouse: Warehouse, ma
         )
     rounds = warehouse.sql(f"SELECT round FROM {view}").to_series().to_list()
     assert rounds == [0, 1, 2]
+
+
+def test_training_steps_lists_every_update_step_in_order_and_older_records_as_step_zero(warehouse: Warehouse) -> None:
+    def update(step: int, checkpoint: str, trained_from: str | None, global_step: int) -> dict:
+        stats = {"groups": 2, "steps": 1, "global_step": global_step, "loss": 0.5, "skipped": False}
+        record = {"checkpoint": checkpoint, "stats": stats, "trained_on": {}, "step": step}
+        return record if trained_from is None else {**record, "trained_from": trained_from}
+
+    warehouse.mark_stage(RUN, 0, "update", update(0, "c0s1", None, 1))  # as an older version recorded it
+    warehouse.mark_stage(RUN, 1, "update@1", update(1, "c2", "c1s1", 3))
+    warehouse.mark_stage(RUN, 1, "update", update(0, "c1s1", "c1", 2))
+    warehouse.mark_stage(
+        RUN, 1, "rollout@1", {"trajectories": 4, "tasks": 2, "success_rate": 0.5, "finish_reasons": {}}
+    )
+    rows = warehouse.sql(
+        "SELECT round, step, trained_from, checkpoint, global_step FROM v_training_steps ORDER BY ALL"
+    ).rows()
+    assert rows == [(0, 0, None, "c0s1", 1), (1, 0, "c1", "c1s1", 2), (1, 1, "c1s1", "c2", 3)]

@@ -154,6 +154,17 @@ def test_clear_round_forgets_a_stage_and_later_ones_with_their_rows(warehouse, m
     assert warehouse.stage_output(RUN, 0, "mine") is None
 
 
+def test_clearing_a_step_stage_forgets_the_records_of_every_training_step(warehouse) -> None:
+    for name in ("rollout", "update", "rollout@1", "update@1", "rollout@2", "mine"):
+        warehouse.mark_stage(RUN, 0, name, {})
+    warehouse.mark_stage(RUN, 1, "rollout@1", {})
+    warehouse.clear_round(RUN, 0, "update")
+    left = {name: warehouse.stage_output(RUN, 0, name) for name in ("rollout", "rollout@1", "rollout@2")}
+    assert left == {"rollout": {}, "rollout@1": {}, "rollout@2": {}}
+    assert [warehouse.stage_output(RUN, 0, n) for n in ("update", "update@1", "mine")] == [None, None, None]
+    assert warehouse.stage_output(RUN, 1, "rollout@1") == {}
+
+
 def test_a_candidate_gets_its_verdict_by_being_written_again(warehouse, make_task) -> None:
     task = make_task(0, origin="boundary")
     warehouse.write_candidates(RUN, 0, [Candidate(task, "boundary:t")])
