@@ -88,7 +88,12 @@ def copy_round0(source: PipelineConfig, target: PipelineConfig) -> str | None:
     stage's commit: an interrupted copy leaves the stage unrecorded and is redone (rows replaced by
     key or file name) the next time. Trajectories and evaluation rows are stored under the target's
     run id, so mining and every query read them as the target's own.
+
+    Rounds of several training steps (``training.batches_per_round`` > 1) are not copied: the copy
+    holds one step's records and checkpoint, so each arm computes such a round 0 itself.
     """
+    if target.training.batches_per_round > 1:
+        return None
     with open_warehouse(target) as wh:
         done = {stage: wh.stage_output(target.run_id, 0, stage) for stage in SHARED_ROUND0_STAGES}
         finished = wh.round_status(source.run_id, 0) == "finished"
