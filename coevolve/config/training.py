@@ -53,6 +53,14 @@ class TrainingConfig(Section):
             "for comparison: its first update moves every weight by about the learning rate."
         ),
     )
+    keep_step_checkpoints: bool = Field(
+        False,
+        description=(
+            "Keep the checkpoint (and optimizer state) of every training step inside a round. Off, a step's folder "
+            "is deleted once the next step's update is recorded, since nothing reads it after that; round "
+            "checkpoints are always kept. At 4B parameters a full fine-tune's step folder holds about 40 GB."
+        ),
+    )
     epsilon_low: float = Field(0.20, ge=0, description="Lower clip range (paper: 0.20).")
     epsilon_high: float = Field(0.28, ge=0, description="Upper clip range (paper: 0.28).")
     beta: float = Field(1e-3, ge=0, description="KL coefficient (paper: 1e-3).")
