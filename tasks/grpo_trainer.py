@@ -32,9 +32,23 @@ How a round maps onto TRL (the groups themselves: tasks/grpo_groups.py):
   overrides a private TRL method, tested against TRL 1.16.0 (the version pyproject pins); a TRL
   that no longer hands the rollout's logprobs to it fails the stage instead of training on
   recomputed ones;
-- the KL penalty is taken against a reference checkpoint: TRL's own (the input checkpoint) or
-  another one loaded into TRL's reference model (`use_reference`);
+- the KL penalty is taken against a reference checkpoint: TRL's own (full weights: the input
+  checkpoint; LoRA: the adapter disabled, which is checkpoint 0) or another one loaded into TRL's
+  reference model (`use_reference`);
 - the reward function returns the stored reward.
+
+How the steps of a run make one TRL run: a round's F training steps, and the rounds after it, each
+build a trainer on the previous step's checkpoint and resume the trainer state that step saved
+beside it (``<checkpoint>/trainer_state``: transformers' own optimizer.pt, scheduler.pt,
+trainer_state.json and rng_state files, written with the Trainer's save methods and read by
+``trainer.train(resume_from_checkpoint=...)``), so the global step, the AdamW moments and the
+scheduler continue as in one ``train()`` call over the same batches. ``max_steps`` is the resumed
+global step plus this step's updates, and ``ignore_data_skip`` keeps transformers from skipping
+batches of the new step's data as if it were the old run's. The weights come from the checkpoint,
+not from the state folder (`ReplayGRPOTrainer._load_from_checkpoint`). With LoRA one adapter is
+trained across the whole run on checkpoint 0: each step loads checkpoint 0, puts the previous
+step's adapter weights into TRL's adapter, and saves the adapter (relative to checkpoint 0) and
+the merged weights.
 
 This module imports torch, trl and peft at its top; modules above it name it with
 ``optional_module("tasks.grpo_trainer")`` so that importing the flows stays cheap.
@@ -42,8 +56,11 @@ This module imports torch, trl and peft at its top; modules above it name it wit
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import os
+import shutil
 import tempfile
 import time
 import warnings
@@ -53,12 +70,13 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from peft import LoraConfig, get_peft_model
-from transformers.trainer_callback import PrinterCallback
+from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+from safetensors.torch import load_file
+from transformers.trainer_callback import PrinterCallback, TrainerState
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-from agent.checkpoints import ADAPTER_SUBDIR, save_atomically
+from agent.checkpoints import ADAPTER_SUBDIR, TRAINER_STATE_FILE, TRAINER_STATE_SUBDIR, save_atomically
 from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
@@ -69,6 +87,8 @@ TESTED_TRL = "1.16.0"
 # Where TRL 1.16 puts the rollout function's logprobs, and the "old" logprobs its importance ratio divides by.
 BEHAVIOUR_KEY = "sampling_per_token_logps"
 OLD_KEY = "old_per_token_logps"
+# Keys of transformers' logs that measure wall-clock time.
+_WALL_CLOCK_LOG_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
 # Keys of TRL's per-step logs that describe bookkeeping rather than training.
 _IGNORED_LOG_KEYS = {
     "epoch",
@@ -100,6 +120,31 @@ class ReplayGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         return use_behaviour_logprobs(super()._generate_and_score_completions(inputs))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        """Resuming takes the optimizer, scheduler, step and RNG from the state folder; the weights are the
+        input checkpoint's (LoRA: checkpoint 0 and the previous adapter), already loaded, so nothing is read here."""
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        try:
+            super()._load_optimizer_and_scheduler(checkpoint)
+        except Exception as exc:  # whatever torch.load or load_state_dict raise, the state is unusable
+            raise unusable_state(checkpoint, exc) from exc
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        try:
+            super()._load_rng_state(checkpoint)
+        except Exception as exc:  # as above
+            raise unusable_state(checkpoint, exc) from exc
+
+
+def unusable_state(folder: str | None, exc: Exception) -> DataError:
+    """The error of a trainer state that exists but cannot be resumed, naming the fix."""
+    return DataError(
+        f"The optimizer state {folder} could not be resumed ({type(exc).__name__}: {str(exc)[:300]}): it is damaged "
+        "or was written for another model or optimizer. Re-run the training step that wrote it, or set "
+        "training.carry_optimizer=false to train on with a fresh optimizer at every step."
+    )
 
 
 class StoredRollouts:
@@ -141,8 +186,13 @@ def lora_config(config: PipelineConfig) -> LoraConfig | None:
     return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
-def grpo_arguments(config: PipelineConfig, round_groups: RoundGroups, world: int, output_dir: str) -> GRPOConfig:
-    """TRL's settings for one update of the round: one generation batch of every group, reused for every step."""
+def grpo_arguments(
+    config: PipelineConfig, round_groups: RoundGroups, world: int, output_dir: str, start_step: int = 0
+) -> GRPOConfig:
+    """TRL's settings for one training step: one generation batch of every group, reused for every update.
+
+    ``start_step`` is the global step the resumed trainer state is at: the step's updates come after it.
+    """
     per_rank = len(round_groups.slots) // world
     return GRPOConfig(
         output_dir=output_dir,
@@ -154,7 +204,9 @@ def grpo_arguments(config: PipelineConfig, round_groups: RoundGroups, world: int
         steps_per_generation=per_rank,
         num_generations=config.rollout.group_size,
         num_iterations=config.training.updates_per_batch,
-        max_steps=config.training.updates_per_batch,
+        max_steps=start_step + config.training.updates_per_batch,
+        # A resumed state's global step counts earlier batches: none of this batch is to be skipped.
+        ignore_data_skip=True,
         learning_rate=config.training.learning_rate,
         lr_scheduler_type="constant",
         warmup_steps=0,
@@ -201,52 +253,131 @@ def use_reference(trainer: GRPOTrainer, reference_checkpoint: Path) -> None:
     trainer.ref_model = trainer.accelerator.prepare_model(reference, evaluation_mode=True)
 
 
-def write_trained(model: Any, tokenizer: Any, lora: bool, folder: Path) -> None:
-    """A checkpoint folder of the trained policy: merged weights and tokenizer, with LoRA its adapter too."""
+def lora_chain(checkpoint_in: Path) -> tuple[Path, Path | None]:
+    """The base a LoRA update trains on (checkpoint 0) and the adapter it continues (None at the first update).
+
+    An input with ``adapter/`` is checkpoint 0 plus that adapter; one without is checkpoint 0 itself.
+    An adapter whose base holds an adapter of its own comes from a run trained before one adapter was
+    carried across the run, which cannot be continued as one adapter: DataError.
+    """
+    adapter = checkpoint_in / ADAPTER_SUBDIR
+    if not (adapter / "adapter_config.json").is_file():
+        return checkpoint_in, None
+    base = Path(json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"])
+    if (base / ADAPTER_SUBDIR).is_dir():
+        raise DataError(
+            f"The adapter of {checkpoint_in} was trained on {base}, which holds an adapter itself: a chain of "
+            "adapters written by an older version, which trained a new adapter every round. The update now trains "
+            "one adapter on checkpoint 0 for the whole run; start a new run_id to train this run's way."
+        )
+    return base, adapter
+
+
+def continue_adapter(trainer: GRPOTrainer, adapter: Path, config: PipelineConfig) -> None:
+    """Put the previous step's adapter weights into the adapter TRL wrapped the base with (peft's own loader)."""
+    saved = json.loads((adapter / "adapter_config.json").read_text())
+    if int(saved["r"]) != config.training.lora_rank:
+        raise DataError(
+            f"The adapter {adapter} has rank {saved['r']} but training.lora_rank is {config.training.lora_rank}; one "
+            "adapter is trained across the run, so set lora_rank back to its rank or start a new run_id."
+        )
+    result: Any = set_peft_model_state_dict(trainer.model, load_file(str(adapter / "adapter_model.safetensors")))
+    if result.unexpected_keys or any("lora_" in key for key in result.missing_keys):
+        raise DataError(f"The adapter {adapter} does not fit the policy: {result}.")
+
+
+def save_trainer_state(trainer: GRPOTrainer, folder: Path) -> None:
+    """Write the trainer state the next step resumes, with transformers' own checkpoint files and methods.
+
+    Every rank calls it (DeepSpeed and FSDP write a shard each, every rank its RNG state); under DDP the
+    main process alone writes the optimizer, scheduler and trainer_state.json.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    trainer._save_optimizer_and_scheduler(str(folder))
+    trainer._save_scaler(str(folder))
+    trainer._save_rng_state(str(folder))
+    if trainer.args.should_save:
+        # Wall-clock figures would make two identical updates write different checkpoints, whose digests the
+        # version stage records; the stage's statistics keep them.
+        history = [{k: v for k, v in e.items() if k not in _WALL_CLOCK_LOG_KEYS} for e in trainer.state.log_history]
+        dataclasses.replace(trainer.state, log_history=history).save_to_json(str(folder / TRAINER_STATE_FILE))
+
+
+def carry_state(checkpoint_in: Path, staging: Path) -> None:
+    """A skipped update's trainer state: the input's, or one of no step yet (transformers' format) where it has none."""
+    if (staging / TRAINER_STATE_SUBDIR).is_dir():
+        return  # copied with the input's files
+    (staging / TRAINER_STATE_SUBDIR).mkdir()
+    TrainerState().save_to_json(str(staging / TRAINER_STATE_SUBDIR / TRAINER_STATE_FILE))
+
+
+def write_trained(model: Any, tokenizer: Any, lora: bool, state: Path | None, folder: Path) -> None:
+    """A checkpoint folder of the trained policy: merged weights and tokenizer, with LoRA its adapter too,
+    and the trainer state the next step resumes (moved in from ``state``) when the optimizer is carried."""
     if lora:
         model.save_pretrained(folder / ADAPTER_SUBDIR, safe_serialization=True)
         model = model.merge_and_unload()
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
+    if state is not None:
+        shutil.move(state, folder / TRAINER_STATE_SUBDIR)
 
 
 def save_from_ranks(
-    trainer: GRPOTrainer, checkpoint_in: Path, out_dir: Path, tokenizer: Any, lora: LoraConfig | None
+    trainer: GRPOTrainer, base: Path, out_dir: Path, tokenizer: Any, lora: LoraConfig | None, state: Path | None
 ) -> None:
     """Save a checkpoint trained by several ranks: every rank helps gather the weights, rank 0 alone writes them.
 
     Gathering is a collective (DeepSpeed ZeRO-3 and FSDP hold a shard per rank), so every rank calls it;
-    rank 0 then loads the gathered weights into a fresh copy of the input checkpoint and writes the
-    same files as a single-process update, atomically.
+    rank 0 then loads the gathered weights into a fresh copy of the model it trained (``base``, with
+    LoRA checkpoint 0) and writes the same files as a single-process update, atomically. The trainer
+    state (``state``, which every rank wrote before) moves into the checkpoint.
     """
     accelerator = trainer.accelerator
     state_dict = accelerator.get_state_dict(trainer.model_wrapped)
     if accelerator.is_main_process:
-        trained, _ = load_policy(checkpoint_in)
+        trained, _ = load_policy(base)
         if lora is not None:
             trained = get_peft_model(trained, lora)
         trained.load_state_dict({k: v.detach().cpu() for k, v in state_dict.items()})
-        save_atomically(out_dir, functools.partial(write_trained, trained, tokenizer, lora is not None))
+        save_atomically(out_dir, functools.partial(write_trained, trained, tokenizer, lora is not None, state))
     accelerator.wait_for_everyone()
 
 
-def summarize_logs(log_history: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean over optimizer steps of every numeric value TRL logged (loss, kl, clip ratios, rewards...)."""
+def summarize_logs(log_history: list[dict[str, Any]], after_step: int = 0) -> dict[str, float]:
+    """Mean over this update's optimizer steps (those after ``after_step``) of every numeric value TRL logged."""
     sums: dict[str, list[float]] = defaultdict(list)
     for entry in log_history:
+        if entry.get("step", after_step + 1) <= after_step:
+            continue  # logged by an earlier step of the run, carried in the resumed state
         for key, value in entry.items():
             if key not in _IGNORED_LOG_KEYS and isinstance(value, (int, float)):
                 sums[key].append(float(value))
     return {key: sum(values) / len(values) for key, values in sums.items()}
 
 
-def train(
-    checkpoint_in: Path, round_groups: RoundGroups, config: PipelineConfig, out_dir: Path, reference_checkpoint: Path
-) -> dict[str, Any]:
-    """Train the policy at checkpoint_in on this process's groups of the round; the checkpoint goes to out_dir.
+def resumed_global_step(resume_from: Path | None) -> int:
+    """The global step of the trainer state a step resumes (0 for a fresh optimizer)."""
+    if resume_from is None:
+        return 0
+    return int(json.loads((resume_from / TRAINER_STATE_FILE).read_text())["global_step"])
 
+
+def train(
+    checkpoint_in: Path,
+    round_groups: RoundGroups,
+    config: PipelineConfig,
+    out_dir: Path,
+    reference_checkpoint: Path,
+    resume_from: Path | None = None,
+) -> dict[str, Any]:
+    """Train the policy at checkpoint_in on this process's groups of the step; the checkpoint goes to out_dir.
+
+    ``resume_from`` is the trainer state to continue (`agent.checkpoints.trainer_state_to_resume`), None
+    for a fresh optimizer. With ``training.carry_optimizer`` the step's own state is saved into out_dir.
     Returns the update's statistics: the per-step means of what TRL logged (kl, clip_ratio/*, reward,
-    ...), the round's group counts, loss, steps, this process's rank and the task ids it trained.
+    ...), the step's group counts, loss, steps, global_step, the state resumed, this process's rank
+    and the task ids it trained.
     """
     started = time.perf_counter()
     world = world_size()
@@ -258,38 +389,56 @@ def train(
             "process count that divides the groups (tasks/launch.py does)."
         )
     torch.set_num_threads(config.policy.torch_threads)
-    model, tokenizer = load_policy(checkpoint_in)
+    lora = lora_config(config)
+    # With LoRA the model trained is checkpoint 0 with the run's one adapter; else the input checkpoint.
+    base, adapter = lora_chain(checkpoint_in) if lora is not None else (checkpoint_in, None)
+    model, tokenizer = load_policy(base)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rollouts = StoredRollouts(round_groups, pad_token_id)
-    lora = lora_config(config)
+    start_step = resumed_global_step(resume_from)
     with tempfile.TemporaryDirectory(prefix="grpo-") as scratch:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the rollout hook is flagged experimental on every construction
             trainer = ReplayGRPOTrainer(
                 model=model,
                 reward_funcs=[stored_reward],
-                args=grpo_arguments(config, round_groups, world, scratch),
+                args=grpo_arguments(config, round_groups, world, scratch, start_step),
                 train_dataset=Dataset.from_dict({"prompt": list(slots)}),
                 processing_class=tokenizer,
                 rollout_func=rollouts,
                 peft_config=lora,
             )
-        # TRL's own reference is the input checkpoint; another one is loaded only when the penalty is on.
-        if config.training.beta > 0 and reference_checkpoint.resolve() != checkpoint_in.resolve():
+        if adapter is not None:
+            continue_adapter(trainer, adapter, config)
+        # TRL's own reference is the model it was given: full weights, the input checkpoint; LoRA, the
+        # adapter disabled, which is checkpoint 0. Another one is loaded only when the penalty is on.
+        if config.training.beta > 0 and reference_checkpoint.resolve() != base.resolve():
             use_reference(trainer, reference_checkpoint)
         # The stage returns TRL's logs as statistics; printing every step would bury the round table.
         trainer.remove_callback(PrinterCallback)
-        result = trainer.train()
+        result = trainer.train(resume_from_checkpoint=None if resume_from is None else str(resume_from))
+        state = None
+        if config.training.carry_optimizer:
+            # Beside the checkpoint's staging folder, so that every rank can write its part before rank 0 publishes.
+            state = out_dir.with_name(out_dir.name + ".trainer-state")
+            if trainer.accelerator.is_main_process:
+                shutil.rmtree(state, ignore_errors=True)
+            trainer.accelerator.wait_for_everyone()
+            save_trainer_state(trainer, state)
+            trainer.accelerator.wait_for_everyone()
         if world == 1:
-            save_atomically(out_dir, functools.partial(write_trained, trainer.model, tokenizer, lora is not None))
+            write = functools.partial(write_trained, trainer.model, tokenizer, lora is not None, state)
+            save_atomically(out_dir, write)
         else:
-            save_from_ranks(trainer, checkpoint_in, out_dir, tokenizer, lora)
+            save_from_ranks(trainer, base, out_dir, tokenizer, lora, state)
     return {
-        **summarize_logs(trainer.state.log_history),
+        **summarize_logs(trainer.state.log_history, start_step),
         **round_groups.statistics(),
         "skipped": False,
         "loss": float(result.training_loss),
-        "steps": int(result.global_step),
+        "steps": int(result.global_step) - start_step,
+        "global_step": int(result.global_step),
+        "optimizer_resumed_from": None if resume_from is None else str(resume_from),
         "groups": round_groups.task_groups,
         "segment_groups": len(slots),
         "processes": world,
