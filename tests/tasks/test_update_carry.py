@@ -5,6 +5,7 @@ The real TRL trainer on the tiny builtin policy; batches are stored groups of th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import warnings
@@ -14,6 +15,7 @@ import pytest
 import torch
 from datasets import Dataset
 from peft import PeftModel
+from prefect.logging.loggers import disable_run_logger
 from safetensors.torch import load_file
 from transformers.trainer_callback import PrinterCallback
 
@@ -23,11 +25,13 @@ from agent.weights import adapter_chain
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from coevolve.records import Trajectory
-from tasks.grpo_groups import group_round
+from coevolve.stages import UpdateInput
+from tasks.common import open_warehouse
+from tasks.grpo_groups import group_round, step_trajectories
 from tasks.grpo_trainer import ReplayGRPOTrainer, StoredRollouts, grpo_arguments, stored_reward
-from tasks.update import grpo_update
+from tasks.update import grpo_update, update_stage
 from tests.tasks import test_update as single_step_tests
-from tests.tasks.test_update import GROUP_SIZE, _batch
+from tests.tasks.test_update import GROUP_SIZE, _batch, _first_step_kl
 
 policy_dir = single_step_tests.policy_dir
 
@@ -177,3 +181,38 @@ def test_lora_trains_one_adapter_on_checkpoint_zero_across_steps(policy_dir, bat
     assert _max_difference(previous, current) > 1e-4
     merged = PeftModel.from_pretrained(load_policy(policy_dir)[0], last / "adapter").merge_and_unload()
     assert _max_difference(_weights(last), merged.state_dict()) < 1e-6
+
+
+def test_with_lora_the_kl_against_checkpoint_zero_is_taken_with_the_adapter_disabled(policy_dir, batches, tmp_path):
+    # A large rate, so that after one step the policy is measurably away from checkpoint 0.
+    config = _config(tmp_path, use_lora=True, lora_rank=4, learning_rate=3e-2)
+    first = tmp_path / "round-000-step-01"
+    grpo_update(policy_dir, batches[0], config, first, reference_checkpoint=policy_dir)
+    played = _batch(first, 0.9, BATCH_REWARDS[1])  # played by the first step's policy
+    stats = grpo_update(first, played, config, tmp_path / "round-001", reference_checkpoint=policy_dir)
+    expected = _first_step_kl(first, policy_dir, played, 0.9)
+    assert expected > 1e-5
+    assert stats["kl"] == pytest.approx(expected, rel=1e-2)
+
+
+def test_the_update_stage_trains_its_steps_batch_only_and_writes_the_steps_checkpoint(policy_dir, batches, tmp_path):
+    config = _config(tmp_path, batches_per_round=2).with_overrides({"run_id": "test"})
+    # Step 1 draws task b0-a again: round 0 holds its episodes of both steps (samples 0-3 and 4-7).
+    step_one = [
+        dataclasses.replace(t, sample=t.sample + GROUP_SIZE)
+        for t in _batch(policy_dir, 0.9, {"b0-a": [0.0, 0.0, 1.0, 1.0], "b1-b": [1.0, 0.0, 0.0, 0.0]})
+    ]
+    with open_warehouse(config) as wh, disable_run_logger():
+        wh.write_trajectories(batches[0] + step_one)
+        wh.mark_stage(config.run_id, 0, "prepare", {"checkpoint": str(policy_dir)})
+        first = update_stage.function(config, wh, UpdateInput(round_=0, checkpoint=str(policy_dir), step=0))
+        second = update_stage.function(config, wh, UpdateInput(round_=0, checkpoint=first.checkpoint, step=1))
+    assert first.checkpoint == str(config.checkpoint_after(0, 0)) != str(config.checkpoint_dir(1))
+    assert second.checkpoint == str(config.checkpoint_dir(1))
+    assert (first.stats["step"], second.stats["step"]) == (0, 1)
+    assert second.stats["trajectories"] == 8 and second.trained_on["count"] == 8
+    assert second.stats["global_step"] == 2 and second.stats["optimizer_resumed_from"].startswith(first.checkpoint)
+    # The same as training the step's batch alone, its samples numbered from 0.
+    alone = tmp_path / "alone"
+    grpo_update(Path(first.checkpoint), step_trajectories(step_one, 1, GROUP_SIZE), config, alone, policy_dir)
+    assert _max_difference(_weights(config.checkpoint_dir(1)), _weights(alone)) == 0.0
