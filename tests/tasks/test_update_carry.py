@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -29,7 +30,7 @@ from coevolve.stages import UpdateInput
 from tasks.common import open_warehouse
 from tasks.grpo_groups import group_round, step_trajectories
 from tasks.grpo_trainer import ReplayGRPOTrainer, StoredRollouts, grpo_arguments, stored_reward
-from tasks.update import grpo_update, update_stage
+from tasks.update import grpo_update, kl_reference_checkpoint, update_stage
 from tests.tasks import test_update as single_step_tests
 from tests.tasks.test_update import GROUP_SIZE, _batch, _first_step_kl
 
@@ -216,3 +217,32 @@ def test_the_update_stage_trains_its_steps_batch_only_and_writes_the_steps_check
     alone = tmp_path / "alone"
     grpo_update(Path(first.checkpoint), step_trajectories(step_one, 1, GROUP_SIZE), config, alone, policy_dir)
     assert _max_difference(_weights(config.checkpoint_dir(1)), _weights(alone)) == 0.0
+
+
+def test_a_lora_checkpoint_of_an_older_run_with_a_chain_of_adapters_is_refused_naming_the_fix(
+    policy_dir, batches, tmp_path
+):
+    config = _config(tmp_path, use_lora=True, lora_rank=4)
+    first = tmp_path / "round-001"
+    grpo_update(policy_dir, batches[0], config, first)
+    # An older run trained round 2's adapter on round 1's merged checkpoint, which holds an adapter itself.
+    older = tmp_path / "round-002"
+    shutil.copytree(first, older)
+    adapter_config = older / "adapter" / "adapter_config.json"
+    adapter_config.write_text(
+        json.dumps({**json.loads(adapter_config.read_text()), "base_model_name_or_path": str(first)})
+    )
+    with pytest.raises(DataError, match="chain of adapters.*start a new run_id"):
+        grpo_update(older, batches[1], config, tmp_path / "round-003")
+
+
+def test_kl_reference_round_is_the_rounds_input_at_every_step(policy_dir, tmp_path):
+    config = _config(tmp_path, kl_reference="round")
+    step_input = tmp_path / "round-002-step-01"
+    with open_warehouse(config) as wh:
+        wh.mark_stage(config.run_id, 0, "prepare", {"checkpoint": str(policy_dir)})
+        assert kl_reference_checkpoint(config, wh, step_input, round_=2, step=0) == step_input
+        assert kl_reference_checkpoint(config, wh, step_input, round_=2, step=1) == config.checkpoint_dir(2)
+        assert kl_reference_checkpoint(config, wh, step_input, round_=0, step=1) == policy_dir
+        initial = _config(tmp_path)
+        assert kl_reference_checkpoint(initial, wh, step_input, round_=2, step=1) == policy_dir
