@@ -50,6 +50,7 @@ from tasks.grpo_groups import group_round
 from tasks.update import grpo_update
 
 grpo_trainer = optional_module("tasks.grpo_trainer")
+grpo_resume = optional_module("tasks.grpo_resume")
 datasets = optional_module("datasets")
 
 # Qwen3-4B: 36 layers, hidden 2560, 32 query and 8 key/value heads of 128, MLP 9728. (in, out) of each linear layer.
@@ -123,7 +124,7 @@ def measure_once(policy: Path, trajectories: list[Trajectory], config: PipelineC
         figures["trainer_build_s"], trainer = _timed(lambda: _build(policy, trajectories, config, scratch))
         figures["update_s"], _ = _timed(trainer.train)
         state = work / "state"
-        figures["state_save_s"], _ = _timed(lambda: grpo_trainer.save_trainer_state(trainer, state))
+        figures["state_save_s"], _ = _timed(lambda: grpo_resume.save_trainer_state(trainer, state))
         write = functools.partial(grpo_trainer.write_trained, trainer.model, trainer.processing_class, lora, None)
         figures["checkpoint_save_s"], _ = _timed(lambda: save_atomically(work / "checkpoint", write))
         fresh = _build(policy, trajectories, config, scratch)

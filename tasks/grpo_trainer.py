@@ -41,7 +41,7 @@ How the steps of a run make one TRL run: a round's F training steps, and the rou
 build a trainer on the previous step's checkpoint and resume the trainer state that step saved
 beside it (``<checkpoint>/trainer_state``: transformers' own optimizer.pt, scheduler.pt,
 trainer_state.json and rng_state files, written with the Trainer's save methods and read by
-``trainer.train(resume_from_checkpoint=...)``), so the global step, the AdamW moments and the
+``trainer.train(resume_from_checkpoint=...)``; tasks/grpo_resume.py), so the global step, the AdamW moments and the
 scheduler continue as in one ``train()`` call over the same batches. ``max_steps`` is the resumed
 global step plus this step's updates, and ``ignore_data_skip`` keeps transformers from skipping
 batches of the new step's data as if it were the old run's. The weights come from the checkpoint,
@@ -56,9 +56,7 @@ This module imports torch, trl and peft at its top; modules above it name it wit
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
 import os
 import shutil
 import tempfile
@@ -70,25 +68,29 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
-from safetensors.torch import load_file
-from transformers.trainer_callback import PrinterCallback, TrainerState
+from peft import LoraConfig, get_peft_model
+from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-from agent.checkpoints import ADAPTER_SUBDIR, TRAINER_STATE_FILE, TRAINER_STATE_SUBDIR, save_atomically
+from agent.checkpoints import ADAPTER_SUBDIR, TRAINER_STATE_SUBDIR, save_atomically
 from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from tasks.grpo_groups import RoundGroups, replay_rows
+from tasks.grpo_resume import (
+    continue_adapter,
+    lora_chain,
+    resumed_global_step,
+    save_trainer_state,
+    unusable_state,
+)
 
 # The TRL version whose GRPOTrainer internals (the batch keys below, the reference model) this module is tested against.
 TESTED_TRL = "1.16.0"
 # Where TRL 1.16 puts the rollout function's logprobs, and the "old" logprobs its importance ratio divides by.
 BEHAVIOUR_KEY = "sampling_per_token_logps"
 OLD_KEY = "old_per_token_logps"
-# Keys of transformers' logs that measure wall-clock time.
-_WALL_CLOCK_LOG_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
 # Keys of TRL's per-step logs that describe bookkeeping rather than training.
 _IGNORED_LOG_KEYS = {
     "epoch",
@@ -136,15 +138,6 @@ class ReplayGRPOTrainer(GRPOTrainer):
             super()._load_rng_state(checkpoint)
         except Exception as exc:  # as above
             raise unusable_state(checkpoint, exc) from exc
-
-
-def unusable_state(folder: str | None, exc: Exception) -> DataError:
-    """The error of a trainer state that exists but cannot be resumed, naming the fix."""
-    return DataError(
-        f"The optimizer state {folder} could not be resumed ({type(exc).__name__}: {str(exc)[:300]}): it is damaged "
-        "or was written for another model or optimizer. Re-run the training step that wrote it, or set "
-        "training.carry_optimizer=false to train on with a fresh optimizer at every step."
-    )
 
 
 class StoredRollouts:
@@ -253,64 +246,6 @@ def use_reference(trainer: GRPOTrainer, reference_checkpoint: Path) -> None:
     trainer.ref_model = trainer.accelerator.prepare_model(reference, evaluation_mode=True)
 
 
-def lora_chain(checkpoint_in: Path) -> tuple[Path, Path | None]:
-    """The base a LoRA update trains on (checkpoint 0) and the adapter it continues (None at the first update).
-
-    An input with ``adapter/`` is checkpoint 0 plus that adapter; one without is checkpoint 0 itself.
-    An adapter whose base holds an adapter of its own comes from a run trained before one adapter was
-    carried across the run, which cannot be continued as one adapter: DataError.
-    """
-    adapter = checkpoint_in / ADAPTER_SUBDIR
-    if not (adapter / "adapter_config.json").is_file():
-        return checkpoint_in, None
-    base = Path(json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"])
-    if (base / ADAPTER_SUBDIR).is_dir():
-        raise DataError(
-            f"The adapter of {checkpoint_in} was trained on {base}, which holds an adapter itself: a chain of "
-            "adapters written by an older version, which trained a new adapter every round. The update now trains "
-            "one adapter on checkpoint 0 for the whole run; start a new run_id to train this run's way."
-        )
-    return base, adapter
-
-
-def continue_adapter(trainer: GRPOTrainer, adapter: Path, config: PipelineConfig) -> None:
-    """Put the previous step's adapter weights into the adapter TRL wrapped the base with (peft's own loader)."""
-    saved = json.loads((adapter / "adapter_config.json").read_text())
-    if int(saved["r"]) != config.training.lora_rank:
-        raise DataError(
-            f"The adapter {adapter} has rank {saved['r']} but training.lora_rank is {config.training.lora_rank}; one "
-            "adapter is trained across the run, so set lora_rank back to its rank or start a new run_id."
-        )
-    result: Any = set_peft_model_state_dict(trainer.model, load_file(str(adapter / "adapter_model.safetensors")))
-    if result.unexpected_keys or any("lora_" in key for key in result.missing_keys):
-        raise DataError(f"The adapter {adapter} does not fit the policy: {result}.")
-
-
-def save_trainer_state(trainer: GRPOTrainer, folder: Path) -> None:
-    """Write the trainer state the next step resumes, with transformers' own checkpoint files and methods.
-
-    Every rank calls it (DeepSpeed and FSDP write a shard each, every rank its RNG state); under DDP the
-    main process alone writes the optimizer, scheduler and trainer_state.json.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    trainer._save_optimizer_and_scheduler(str(folder))
-    trainer._save_scaler(str(folder))
-    trainer._save_rng_state(str(folder))
-    if trainer.args.should_save:
-        # Wall-clock figures would make two identical updates write different checkpoints, whose digests the
-        # version stage records; the stage's statistics keep them.
-        history = [{k: v for k, v in e.items() if k not in _WALL_CLOCK_LOG_KEYS} for e in trainer.state.log_history]
-        dataclasses.replace(trainer.state, log_history=history).save_to_json(str(folder / TRAINER_STATE_FILE))
-
-
-def carry_state(checkpoint_in: Path, staging: Path) -> None:
-    """A skipped update's trainer state: the input's, or one of no step yet (transformers' format) where it has none."""
-    if (staging / TRAINER_STATE_SUBDIR).is_dir():
-        return  # copied with the input's files
-    (staging / TRAINER_STATE_SUBDIR).mkdir()
-    TrainerState().save_to_json(str(staging / TRAINER_STATE_SUBDIR / TRAINER_STATE_FILE))
-
-
 def write_trained(model: Any, tokenizer: Any, lora: bool, state: Path | None, folder: Path) -> None:
     """A checkpoint folder of the trained policy: merged weights and tokenizer, with LoRA its adapter too,
     and the trainer state the next step resumes (moved in from ``state``) when the optimizer is carried."""
@@ -354,13 +289,6 @@ def summarize_logs(log_history: list[dict[str, Any]], after_step: int = 0) -> di
             if key not in _IGNORED_LOG_KEYS and isinstance(value, (int, float)):
                 sums[key].append(float(value))
     return {key: sum(values) / len(values) for key, values in sums.items()}
-
-
-def resumed_global_step(resume_from: Path | None) -> int:
-    """The global step of the trainer state a step resumes (0 for a fresh optimizer)."""
-    if resume_from is None:
-        return 0
-    return int(json.loads((resume_from / TRAINER_STATE_FILE).read_text())["global_step"])
 
 
 def train(

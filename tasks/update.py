@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 # Torch, trl and peft are imported on first use, only where the stage trains.
 grpo_trainer = optional_module("tasks.grpo_trainer")
+grpo_resume = optional_module("tasks.grpo_resume")
 peft = optional_module("peft")
 
 
@@ -84,7 +85,7 @@ def copy_checkpoint(checkpoint_in: Path, config: PipelineConfig, staging: Path) 
     """
     shutil.copytree(checkpoint_in, staging)
     if config.training.carry_optimizer:
-        grpo_trainer.carry_state(checkpoint_in, staging)
+        grpo_resume.carry_state(checkpoint_in, staging)
     else:
         shutil.rmtree(staging / TRAINER_STATE_SUBDIR, ignore_errors=True)
     if config.training.use_lora and not (staging / ADAPTER_SUBDIR).is_dir():
@@ -107,7 +108,7 @@ def skip_update(
         "reason": "no group with reward variance",
         "loss": 0.0,
         "steps": 0,
-        "global_step": grpo_trainer.resumed_global_step(resume_from) if config.training.carry_optimizer else 0,
+        "global_step": grpo_resume.resumed_global_step(resume_from) if config.training.carry_optimizer else 0,
         "optimizer_resumed_from": None if resume_from is None else str(resume_from),
         "groups": 0,
         "duration_s": round(time.perf_counter() - started, 3),
