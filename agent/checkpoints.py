@@ -4,6 +4,10 @@ Everything the pipeline knows about a checkpoint as files lives here:
 
 - its layout: a LoRA round keeps its adapter under ``<checkpoint>/adapter`` (`ADAPTER_SUBDIR`), next
   to the merged weights;
+- the optimizer, scheduler and trainer state of the update that wrote it (transformers' own
+  checkpoint files: trainer_state.json, optimizer.pt, scheduler.pt, rng_state*.pth) under
+  ``<checkpoint>/trainer_state`` (`TRAINER_STATE_SUBDIR`), which the next update resumes
+  (`trainer_state_to_resume`); engines load the top level and never read it;
 - `save_atomically`: a checkpoint is filled in a staging folder beside its target and renamed onto
   it, so a retried or interrupted writer never leaves half a checkpoint;
 - `checkpoint_digest`: sha256 over its files, recorded by the version stage;
@@ -16,6 +20,7 @@ Everything the pipeline knows about a checkpoint as files lives here:
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +32,10 @@ huggingface_hub = optional_module("huggingface_hub")
 
 # Where a LoRA round's adapter lives inside its checkpoint (its base_model_name_or_path names the round before).
 ADAPTER_SUBDIR = "adapter"
+# Where an update keeps the trainer state (optimizer, scheduler, global step, RNG) the next update resumes.
+TRAINER_STATE_SUBDIR = "trainer_state"
+# transformers' name for the trainer state file of a checkpoint (transformers.trainer.TRAINER_STATE_NAME).
+TRAINER_STATE_FILE = "trainer_state.json"
 # Suffix of the folder a checkpoint is written into before it is renamed onto its target.
 STAGING_SUFFIX = ".partial"
 # The builtin tiny policy's build report (agent/tiny.py): it holds wall-clock timings, so two
@@ -104,3 +113,38 @@ def verify_checkpoint(checkpoint: str, expected: str | None, what: str, local_on
             f"{what} at {folder} has digest {actual[:16]}, but {expected[:16]} was recorded: the files changed after "
             "they were recorded. Restore them from MLflow (coevolve lineage shows the version) or re-run the round."
         )
+
+
+def trainer_state_to_resume(checkpoint: Path, expected: bool) -> Path | None:
+    """The trainer state folder the update of ``checkpoint`` resumes, or None to start a fresh optimizer.
+
+    None when the checkpoint holds no state and none is ``expected`` (checkpoint 0), or when its state
+    records no optimizer step yet (a skipped first update). Raises DataError naming the fix when a state
+    is expected but missing, or is there but damaged or incomplete: training on with a fresh optimizer
+    would silently change the run.
+    """
+    folder = Path(checkpoint) / TRAINER_STATE_SUBDIR
+    fix = (
+        "re-run the training step that wrote this checkpoint (coevolve round --round R), or set "
+        "training.carry_optimizer=false to train on with a fresh optimizer at every step"
+    )
+    if not folder.is_dir():
+        if expected:
+            raise DataError(
+                f"Checkpoint {checkpoint} has no optimizer state ({TRAINER_STATE_SUBDIR}/) to resume: it was written "
+                f"with training.carry_optimizer=false or by an older version. To continue this run, {fix}."
+            )
+        return None
+    try:
+        global_step = int(json.loads((folder / TRAINER_STATE_FILE).read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(
+            f"The optimizer state {folder} has no readable {TRAINER_STATE_FILE} ({type(exc).__name__}: {exc}); {fix}."
+        ) from None
+    if global_step == 0:
+        return None
+    # optimizer.pt and scheduler.pt under DDP; DeepSpeed and FSDP keep their optimizer in folders of their own.
+    sharded = any(p.is_dir() for p in folder.iterdir())
+    if not sharded and not all((folder / name).is_file() for name in ("optimizer.pt", "scheduler.pt")):
+        raise DataError(f"The optimizer state {folder} lacks optimizer.pt or scheduler.pt; {fix}.")
+    return folder

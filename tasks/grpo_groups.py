@@ -130,6 +130,16 @@ class RoundGroups:
         return cls(**{**plan, "slots": slots, "groups": groups})
 
 
+def step_trajectories(trajectories: list[Trajectory], step: int, group_size: int) -> list[Trajectory]:
+    """The trajectories of training step ``step`` of a round, their samples numbered from 0 within the step.
+
+    Step k of a round stores a task's episodes as samples k*group_size .. k*group_size+group_size-1 (a
+    task can be drawn by several steps of a round), so a step's groups are found by ``sample // group_size``.
+    """
+    first = step * group_size
+    return [dataclasses.replace(t, sample=t.sample - first) for t in trajectories if t.sample // group_size == step]
+
+
 def group_round(trajectories: list[Trajectory], group_size: int) -> RoundGroups:
     """The round's trajectories grouped once, for the whole update: its groups, TRL's groups, its lineage."""
     groups, dropped = group_trajectories(trajectories, group_size)

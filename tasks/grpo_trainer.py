@@ -32,9 +32,23 @@ How a round maps onto TRL (the groups themselves: tasks/grpo_groups.py):
   overrides a private TRL method, tested against TRL 1.16.0 (the version pyproject pins); a TRL
   that no longer hands the rollout's logprobs to it fails the stage instead of training on
   recomputed ones;
-- the KL penalty is taken against a reference checkpoint: TRL's own (the input checkpoint) or
-  another one loaded into TRL's reference model (`use_reference`);
+- the KL penalty is taken against a reference checkpoint: TRL's own (full weights: the input
+  checkpoint; LoRA: the adapter disabled, which is checkpoint 0) or another one loaded into TRL's
+  reference model (`use_reference`);
 - the reward function returns the stored reward.
+
+How the steps of a run make one TRL run: a round's F training steps, and the rounds after it, each
+build a trainer on the previous step's checkpoint and resume the trainer state that step saved
+beside it (``<checkpoint>/trainer_state``: transformers' own optimizer.pt, scheduler.pt,
+trainer_state.json and rng_state files, written with the Trainer's save methods and read by
+``trainer.train(resume_from_checkpoint=...)``; tasks/grpo_resume.py), so the global step, the AdamW moments and the
+scheduler continue as in one ``train()`` call over the same batches. ``max_steps`` is the resumed
+global step plus this step's updates, and ``ignore_data_skip`` keeps transformers from skipping
+batches of the new step's data as if it were the old run's. The weights come from the checkpoint,
+not from the state folder (`ReplayGRPOTrainer._load_from_checkpoint`). With LoRA one adapter is
+trained across the whole run on checkpoint 0: each step loads checkpoint 0, puts the previous
+step's adapter weights into TRL's adapter, and saves the adapter (relative to checkpoint 0) and
+the merged weights.
 
 This module imports torch, trl and peft at its top; modules above it name it with
 ``optional_module("tasks.grpo_trainer")`` so that importing the flows stays cheap.
@@ -44,6 +58,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import tempfile
 import time
 import warnings
@@ -58,11 +73,18 @@ from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-from agent.checkpoints import ADAPTER_SUBDIR, save_atomically
+from agent.checkpoints import ADAPTER_SUBDIR, TRAINER_STATE_SUBDIR, save_atomically
 from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from tasks.grpo_groups import RoundGroups, replay_rows
+from tasks.grpo_resume import (
+    continue_adapter,
+    lora_chain,
+    resumed_global_step,
+    save_trainer_state,
+    unusable_state,
+)
 
 # The TRL version whose GRPOTrainer internals (the batch keys below, the reference model) this module is tested against.
 TESTED_TRL = "1.16.0"
@@ -100,6 +122,22 @@ class ReplayGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         return use_behaviour_logprobs(super()._generate_and_score_completions(inputs))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        """Resuming takes the optimizer, scheduler, step and RNG from the state folder; the weights are the
+        input checkpoint's (LoRA: checkpoint 0 and the previous adapter), already loaded, so nothing is read here."""
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        try:
+            super()._load_optimizer_and_scheduler(checkpoint)
+        except Exception as exc:  # whatever torch.load or load_state_dict raise, the state is unusable
+            raise unusable_state(checkpoint, exc) from exc
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        try:
+            super()._load_rng_state(checkpoint)
+        except Exception as exc:  # as above
+            raise unusable_state(checkpoint, exc) from exc
 
 
 class StoredRollouts:
@@ -141,8 +179,13 @@ def lora_config(config: PipelineConfig) -> LoraConfig | None:
     return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
-def grpo_arguments(config: PipelineConfig, round_groups: RoundGroups, world: int, output_dir: str) -> GRPOConfig:
-    """TRL's settings for one update of the round: one generation batch of every group, reused for every step."""
+def grpo_arguments(
+    config: PipelineConfig, round_groups: RoundGroups, world: int, output_dir: str, start_step: int = 0
+) -> GRPOConfig:
+    """TRL's settings for one training step: one generation batch of every group, reused for every update.
+
+    ``start_step`` is the global step the resumed trainer state is at: the step's updates come after it.
+    """
     per_rank = len(round_groups.slots) // world
     return GRPOConfig(
         output_dir=output_dir,
@@ -154,7 +197,9 @@ def grpo_arguments(config: PipelineConfig, round_groups: RoundGroups, world: int
         steps_per_generation=per_rank,
         num_generations=config.rollout.group_size,
         num_iterations=config.training.updates_per_batch,
-        max_steps=config.training.updates_per_batch,
+        max_steps=start_step + config.training.updates_per_batch,
+        # A resumed state's global step counts earlier batches: none of this batch is to be skipped.
+        ignore_data_skip=True,
         learning_rate=config.training.learning_rate,
         lr_scheduler_type="constant",
         warmup_steps=0,
@@ -201,39 +246,45 @@ def use_reference(trainer: GRPOTrainer, reference_checkpoint: Path) -> None:
     trainer.ref_model = trainer.accelerator.prepare_model(reference, evaluation_mode=True)
 
 
-def write_trained(model: Any, tokenizer: Any, lora: bool, folder: Path) -> None:
-    """A checkpoint folder of the trained policy: merged weights and tokenizer, with LoRA its adapter too."""
+def write_trained(model: Any, tokenizer: Any, lora: bool, state: Path | None, folder: Path) -> None:
+    """A checkpoint folder of the trained policy: merged weights and tokenizer, with LoRA its adapter too,
+    and the trainer state the next step resumes (moved in from ``state``) when the optimizer is carried."""
     if lora:
         model.save_pretrained(folder / ADAPTER_SUBDIR, safe_serialization=True)
         model = model.merge_and_unload()
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
+    if state is not None:
+        shutil.move(state, folder / TRAINER_STATE_SUBDIR)
 
 
 def save_from_ranks(
-    trainer: GRPOTrainer, checkpoint_in: Path, out_dir: Path, tokenizer: Any, lora: LoraConfig | None
+    trainer: GRPOTrainer, base: Path, out_dir: Path, tokenizer: Any, lora: LoraConfig | None, state: Path | None
 ) -> None:
     """Save a checkpoint trained by several ranks: every rank helps gather the weights, rank 0 alone writes them.
 
     Gathering is a collective (DeepSpeed ZeRO-3 and FSDP hold a shard per rank), so every rank calls it;
-    rank 0 then loads the gathered weights into a fresh copy of the input checkpoint and writes the
-    same files as a single-process update, atomically.
+    rank 0 then loads the gathered weights into a fresh copy of the model it trained (``base``, with
+    LoRA checkpoint 0) and writes the same files as a single-process update, atomically. The trainer
+    state (``state``, which every rank wrote before) moves into the checkpoint.
     """
     accelerator = trainer.accelerator
     state_dict = accelerator.get_state_dict(trainer.model_wrapped)
     if accelerator.is_main_process:
-        trained, _ = load_policy(checkpoint_in)
+        trained, _ = load_policy(base)
         if lora is not None:
             trained = get_peft_model(trained, lora)
         trained.load_state_dict({k: v.detach().cpu() for k, v in state_dict.items()})
-        save_atomically(out_dir, functools.partial(write_trained, trained, tokenizer, lora is not None))
+        save_atomically(out_dir, functools.partial(write_trained, trained, tokenizer, lora is not None, state))
     accelerator.wait_for_everyone()
 
 
-def summarize_logs(log_history: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean over optimizer steps of every numeric value TRL logged (loss, kl, clip ratios, rewards...)."""
+def summarize_logs(log_history: list[dict[str, Any]], after_step: int = 0) -> dict[str, float]:
+    """Mean over this update's optimizer steps (those after ``after_step``) of every numeric value TRL logged."""
     sums: dict[str, list[float]] = defaultdict(list)
     for entry in log_history:
+        if entry.get("step", after_step + 1) <= after_step:
+            continue  # logged by an earlier step of the run, carried in the resumed state
         for key, value in entry.items():
             if key not in _IGNORED_LOG_KEYS and isinstance(value, (int, float)):
                 sums[key].append(float(value))
@@ -241,12 +292,20 @@ def summarize_logs(log_history: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def train(
-    checkpoint_in: Path, round_groups: RoundGroups, config: PipelineConfig, out_dir: Path, reference_checkpoint: Path
+    checkpoint_in: Path,
+    round_groups: RoundGroups,
+    config: PipelineConfig,
+    out_dir: Path,
+    reference_checkpoint: Path,
+    resume_from: Path | None = None,
 ) -> dict[str, Any]:
-    """Train the policy at checkpoint_in on this process's groups of the round; the checkpoint goes to out_dir.
+    """Train the policy at checkpoint_in on this process's groups of the step; the checkpoint goes to out_dir.
 
+    ``resume_from`` is the trainer state to continue (`agent.checkpoints.trainer_state_to_resume`), None
+    for a fresh optimizer. With ``training.carry_optimizer`` the step's own state is saved into out_dir.
     Returns the update's statistics: the per-step means of what TRL logged (kl, clip_ratio/*, reward,
-    ...), the round's group counts, loss, steps, this process's rank and the task ids it trained.
+    ...), the step's group counts, loss, steps, global_step, the state resumed, this process's rank
+    and the task ids it trained.
     """
     started = time.perf_counter()
     world = world_size()
@@ -258,38 +317,56 @@ def train(
             "process count that divides the groups (tasks/launch.py does)."
         )
     torch.set_num_threads(config.policy.torch_threads)
-    model, tokenizer = load_policy(checkpoint_in)
+    lora = lora_config(config)
+    # With LoRA the model trained is checkpoint 0 with the run's one adapter; else the input checkpoint.
+    base, adapter = lora_chain(checkpoint_in) if lora is not None else (checkpoint_in, None)
+    model, tokenizer = load_policy(base)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rollouts = StoredRollouts(round_groups, pad_token_id)
-    lora = lora_config(config)
+    start_step = resumed_global_step(resume_from)
     with tempfile.TemporaryDirectory(prefix="grpo-") as scratch:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the rollout hook is flagged experimental on every construction
             trainer = ReplayGRPOTrainer(
                 model=model,
                 reward_funcs=[stored_reward],
-                args=grpo_arguments(config, round_groups, world, scratch),
+                args=grpo_arguments(config, round_groups, world, scratch, start_step),
                 train_dataset=Dataset.from_dict({"prompt": list(slots)}),
                 processing_class=tokenizer,
                 rollout_func=rollouts,
                 peft_config=lora,
             )
-        # TRL's own reference is the input checkpoint; another one is loaded only when the penalty is on.
-        if config.training.beta > 0 and reference_checkpoint.resolve() != checkpoint_in.resolve():
+        if adapter is not None:
+            continue_adapter(trainer, adapter, config)
+        # TRL's own reference is the model it was given: full weights, the input checkpoint; LoRA, the
+        # adapter disabled, which is checkpoint 0. Another one is loaded only when the penalty is on.
+        if config.training.beta > 0 and reference_checkpoint.resolve() != base.resolve():
             use_reference(trainer, reference_checkpoint)
         # The stage returns TRL's logs as statistics; printing every step would bury the round table.
         trainer.remove_callback(PrinterCallback)
-        result = trainer.train()
+        result = trainer.train(resume_from_checkpoint=None if resume_from is None else str(resume_from))
+        state = None
+        if config.training.carry_optimizer:
+            # Beside the checkpoint's staging folder, so that every rank can write its part before rank 0 publishes.
+            state = out_dir.with_name(out_dir.name + ".trainer-state")
+            if trainer.accelerator.is_main_process:
+                shutil.rmtree(state, ignore_errors=True)
+            trainer.accelerator.wait_for_everyone()
+            save_trainer_state(trainer, state)
+            trainer.accelerator.wait_for_everyone()
         if world == 1:
-            save_atomically(out_dir, functools.partial(write_trained, trainer.model, tokenizer, lora is not None))
+            write = functools.partial(write_trained, trainer.model, tokenizer, lora is not None, state)
+            save_atomically(out_dir, write)
         else:
-            save_from_ranks(trainer, checkpoint_in, out_dir, tokenizer, lora)
+            save_from_ranks(trainer, base, out_dir, tokenizer, lora, state)
     return {
-        **summarize_logs(trainer.state.log_history),
+        **summarize_logs(trainer.state.log_history, start_step),
         **round_groups.statistics(),
         "skipped": False,
         "loss": float(result.training_loss),
-        "steps": int(result.global_step),
+        "steps": int(result.global_step) - start_step,
+        "global_step": int(result.global_step),
+        "optimizer_resumed_from": None if resume_from is None else str(resume_from),
         "groups": round_groups.task_groups,
         "segment_groups": len(slots),
         "processes": world,

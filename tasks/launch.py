@@ -56,9 +56,9 @@ def processes_for(groups: int, wanted: int) -> int:
     return max(p for p in range(1, max(1, min(groups, wanted)) + 1) if groups % p == 0)
 
 
-def launch_dir(config: PipelineConfig, round_: int) -> Path:
-    """Where a round's launched update keeps its spec, per-rank logs and per-rank statistics."""
-    return config.run_dir() / "update" / f"round-{round_:03d}"
+def launch_dir(config: PipelineConfig, round_: int, step: int = 0) -> Path:
+    """Where a training step's launched update keeps its spec, per-rank logs and per-rank statistics."""
+    return config.run_dir() / "update" / f"round-{round_:03d}-step-{step:02d}"
 
 
 def launch_command(config: PipelineConfig, processes: int, spec: Path) -> list[str]:
@@ -113,11 +113,15 @@ def launch_update(
     round_: int,
     out_dir: Path,
     reference_checkpoint: Path | None = None,
+    step: int = 0,
+    resume_from: Path | None = None,
 ) -> dict[str, Any]:
-    """Train round ``round_``'s groups on several ranks; return rank 0's statistics plus every rank's task ids.
+    """Train step ``step`` of round ``round_``'s groups on several ranks; return rank 0's statistics plus every
+    rank's task ids.
 
-    ``round_groups`` is the round as the update stage grouped it (`group_round`); each rank reads the
-    trajectories of its share from the warehouse. Raises RankFailedError when a rank fails.
+    ``round_groups`` is the step's batch as the update stage grouped it (`group_round`); each rank reads
+    the trajectories of its share of that step from the warehouse, and every rank resumes the trainer
+    state ``resume_from`` (None: a fresh optimizer). Raises RankFailedError when a rank fails.
     """
     if not round_groups.groups:
         raise DataError(
@@ -127,11 +131,12 @@ def launch_update(
     # TRL's groups are the segment slots of the informative task groups (one per task in the compact style).
     slots = len(round_groups.slots)
     processes = processes_for(slots, wanted)
-    ranks_line = f"round {round_}: update on {processes} of {wanted} requested ranks ({slots} informative groups"
+    ranks_line = f"round {round_} step {step}: update on {processes} of {wanted} requested ranks"
+    ranks_line += f" ({slots} informative groups"
     ranks_line += ")" if processes == wanted else " cannot be shared evenly by more; the ranks take whole groups)"
     if processes < wanted:
         logger.warning(ranks_line)
-    work = launch_dir(config, round_)
+    work = launch_dir(config, round_, step)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     spec = work / "spec.json"
@@ -140,6 +145,8 @@ def launch_update(
             {
                 "config": config.model_dump(mode="json"),
                 "round": round_,
+                "step": step,
+                "resume_from": None if resume_from is None else str(resume_from),
                 "checkpoint": str(checkpoint_in),
                 "out_dir": str(out_dir),
                 "reference_checkpoint": str(checkpoint_in if reference_checkpoint is None else reference_checkpoint),

@@ -1,16 +1,20 @@
-"""The update stage: one GRPO update of the policy on a round's trajectory groups, through TRL.
+"""The update stage: one training step's GRPO update of the policy on the step's trajectory groups, through TRL.
 
-Read top to bottom, the stage (`update_stage`) is:
+Read top to bottom, the stage (`update_stage`) for step k of round r is:
 
-1. read round r's trajectories and group them, once (tasks/grpo_groups.py): a task's group_size
-   episodes are one group; groups whose rewards are all equal have zero advantage and are dropped;
+1. read round r's trajectories of step k (samples k*group_size ..) and group them, once
+   (tasks/grpo_groups.py): a task's group_size episodes are one group; groups whose rewards are all
+   equal have zero advantage and are dropped;
 2. pick the checkpoint the KL penalty is taken against (`kl_reference_checkpoint`):
    checkpoint 0 of the run ('initial') or the round's input checkpoint ('round');
-3. train, or skip: with no group left the input checkpoint is copied and the stage reports itself
-   skipped (`skip_update`); otherwise TRL's GRPOTrainer trains on the stored rollouts, in this
-   process (tasks/grpo_trainer.py) or on several ranks (tasks/launch.py) when
+3. find the trainer state the previous step saved beside the input checkpoint (with
+   ``training.carry_optimizer``), so optimizer, scheduler and global step continue across steps and rounds;
+4. train, or skip: with no group left the input checkpoint is copied, its trainer state too, and the
+   stage reports itself skipped (`skip_update`); otherwise TRL's GRPOTrainer trains on the stored
+   rollouts, in this process (tasks/grpo_trainer.py) or on several ranks (tasks/launch.py) when
    ``training.num_processes > 1`` or a launcher is configured;
-4. record checkpoint r+1, the statistics and the lineage (which stored trajectories it trained on).
+5. record the step's checkpoint (`PipelineConfig.checkpoint_after`: checkpoint r+1 at the last step),
+   the statistics and the lineage (which stored trajectories it trained on).
 
 How the round maps onto TRL's groups, losses and ranks is told in tasks/grpo_trainer.py, which
 imports torch and trl; it is named here with `optional_module` so that importing the flows stays cheap.
@@ -26,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger
 
-from agent.checkpoints import ADAPTER_SUBDIR, save_atomically
+from agent.checkpoints import ADAPTER_SUBDIR, TRAINER_STATE_SUBDIR, save_atomically, trainer_state_to_resume
 from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from coevolve.optional import optional_module
 from coevolve.records import Trajectory
 from coevolve.stages import UpdateInput, UpdateOutput
-from tasks.grpo_groups import RoundGroups, check_segments, group_round
+from tasks.grpo_groups import RoundGroups, check_segments, group_round, step_trajectories
 from tasks.launch import launch_update
 from tasks.registry import stage
 
@@ -42,13 +46,22 @@ if TYPE_CHECKING:
 
 # Torch, trl and peft are imported on first use, only where the stage trains.
 grpo_trainer = optional_module("tasks.grpo_trainer")
+grpo_resume = optional_module("tasks.grpo_resume")
 peft = optional_module("peft")
 
 
-def kl_reference_checkpoint(config: PipelineConfig, wh: Warehouse, checkpoint: str | Path) -> Path:
-    """The checkpoint the round's KL penalty is taken against: checkpoint 0 ('initial') or ``checkpoint`` ('round')."""
-    if config.training.kl_reference == "round" or config.training.beta == 0:
+def kl_reference_checkpoint(
+    config: PipelineConfig, wh: Warehouse, checkpoint: str | Path, round_: int = 0, step: int = 0
+) -> Path:
+    """The checkpoint step ``step`` of round ``round_``'s KL penalty is taken against.
+
+    'initial': checkpoint 0 of the run. 'round': the round's input checkpoint, which is ``checkpoint``
+    (the step's input) at step 0 and checkpoint ``round_`` after (checkpoint 0 in round 0).
+    """
+    if config.training.beta == 0 or (config.training.kl_reference == "round" and step == 0):
         return Path(checkpoint)
+    if config.training.kl_reference == "round" and round_ > 0:
+        return config.checkpoint_dir(round_)
     prepared = wh.stage_output(config.run_id, 0, "prepare") or {}
     if not prepared.get("checkpoint"):
         raise DataError(
@@ -64,13 +77,17 @@ def uses_launcher(config: PipelineConfig) -> bool:
 
 
 def copy_checkpoint(checkpoint_in: Path, config: PipelineConfig, staging: Path) -> None:
-    """A skipped update's checkpoint: the input's files, and with LoRA an adapter chain that reaches its base.
+    """A skipped update's checkpoint: the input's files and trainer state, with LoRA an adapter on checkpoint 0.
 
     An input with an ``adapter/`` folder carries its chain in the copy. An input without one (the
     served base itself) gets a LoRA adapter on it whose B matrices are zero (peft's initialisation),
     so the copy loads as the same weights and LoRA weight sync (agent/weights.py) finds its chain.
     """
     shutil.copytree(checkpoint_in, staging)
+    if config.training.carry_optimizer:
+        grpo_resume.carry_state(checkpoint_in, staging)
+    else:
+        shutil.rmtree(staging / TRAINER_STATE_SUBDIR, ignore_errors=True)
     if config.training.use_lora and not (staging / ADAPTER_SUBDIR).is_dir():
         model, _ = load_policy(checkpoint_in)
         rank = config.training.lora_rank
@@ -79,9 +96,10 @@ def copy_checkpoint(checkpoint_in: Path, config: PipelineConfig, staging: Path) 
 
 
 def skip_update(
-    checkpoint_in: Path, round_groups: RoundGroups, config: PipelineConfig, out_dir: Path
+    checkpoint_in: Path, round_groups: RoundGroups, config: PipelineConfig, out_dir: Path, resume_from: Path | None
 ) -> dict[str, Any]:
-    """No group can teach anything: checkpoint r+1 is a copy of the input, and the statistics say why."""
+    """No group can teach anything: the step's checkpoint is a copy of the input (trainer state included, so the
+    next step resumes it), and the statistics say why."""
     started = time.perf_counter()
     save_atomically(out_dir, functools.partial(copy_checkpoint, checkpoint_in, config))
     return {
@@ -90,6 +108,8 @@ def skip_update(
         "reason": "no group with reward variance",
         "loss": 0.0,
         "steps": 0,
+        "global_step": grpo_resume.resumed_global_step(resume_from) if config.training.carry_optimizer else 0,
+        "optimizer_resumed_from": None if resume_from is None else str(resume_from),
         "groups": 0,
         "duration_s": round(time.perf_counter() - started, 3),
     }
@@ -101,22 +121,29 @@ def update_policy(
     config: PipelineConfig,
     out_dir: Path,
     reference: Path,
-    launched_round: int | None = None,
+    launched: tuple[int, int] | None = None,
+    state_expected: bool = False,
 ) -> dict[str, Any]:
-    """Checkpoint r+1 from the grouped round: a copy when nothing can be learned, else trained.
+    """The step's checkpoint from its grouped batch: a copy when nothing can be learned, else trained.
 
-    Training runs in this process, or on ranks launched for round ``launched_round`` when one is given.
+    Training runs in this process, or on ranks launched for (round, step) ``launched`` when one is given.
+    With ``training.carry_optimizer`` it resumes the trainer state saved beside ``checkpoint_in``; one
+    that is ``state_expected`` (every input but checkpoint 0) and missing, or damaged, is a DataError.
     """
+    resume_from = None
+    if config.training.carry_optimizer:
+        resume_from = trainer_state_to_resume(checkpoint_in, state_expected)
     if not round_groups.groups:
-        return skip_update(checkpoint_in, round_groups, config, out_dir)
+        return skip_update(checkpoint_in, round_groups, config, out_dir, resume_from)
     for group in round_groups.groups.values():
         for trajectory in group:
             check_segments(trajectory)
-    if launched_round is not None:
+    if launched is not None:
+        round_, step = launched
         return launch_update(
-            checkpoint_in, round_groups, config, launched_round, out_dir, reference_checkpoint=reference
+            checkpoint_in, round_groups, config, round_, out_dir, reference, step=step, resume_from=resume_from
         )
-    return grpo_trainer.train(checkpoint_in, round_groups, config, out_dir, reference)
+    return grpo_trainer.train(checkpoint_in, round_groups, config, out_dir, reference, resume_from)
 
 
 def grpo_update(
@@ -125,33 +152,43 @@ def grpo_update(
     config: PipelineConfig,
     out_dir: Path,
     reference_checkpoint: Path | None = None,
+    state_expected: bool = False,
 ) -> dict:
-    """Train the policy at checkpoint_in on the round's groups with TRL's GRPOTrainer, in this process; save to out_dir.
+    """Train the policy at checkpoint_in on one batch's groups with TRL's GRPOTrainer, in this process; save to out_dir.
 
     ``reference_checkpoint`` holds the weights the KL penalty (beta > 0) is taken against, e.g.
     checkpoint 0 of the run (`kl_reference_checkpoint`); None takes checkpoint_in.
     Returns statistics: loss, steps, groups, duration_s, skipped, dropped group counts, and the
-    per-step means of what TRL logs (kl, clip_ratio/*, reward, reward_std, ...).
+    per-step means of what TRL logs (kl, clip_ratio/*, reward, reward_std, ...). With
+    ``training.carry_optimizer`` the trainer state saved beside checkpoint_in is resumed (DataError when
+    ``state_expected`` and it is missing) and out_dir gets its own.
     """
     checkpoint_in, out_dir = Path(checkpoint_in), Path(out_dir)
     reference = checkpoint_in if reference_checkpoint is None else Path(reference_checkpoint)
     round_groups = group_round(trajectories, config.rollout.group_size)
-    return update_policy(checkpoint_in, round_groups, config, out_dir, reference)
+    return update_policy(checkpoint_in, round_groups, config, out_dir, reference, state_expected=state_expected)
 
 
 @stage("update", retries=1)
 def update_stage(config: PipelineConfig, wh: Warehouse, inputs: UpdateInput) -> UpdateOutput:
-    """Train checkpoint ``round_`` on the round's stored groups; checkpoint ``round_ + 1`` goes to the run folder."""
-    round_, checkpoint = inputs.round_, inputs.checkpoint
-    round_groups = group_round(
-        wh.trajectories(config.run_id, round_), config.rollout.group_size
-    )  # the round's only grouping
-    out_dir = config.checkpoint_dir(round_ + 1)
-    reference = kl_reference_checkpoint(config, wh, checkpoint)
-    # The line that decides where training runs: ranks launched for this round, or this process.
-    launched_round = round_ if uses_launcher(config) else None
-    stats = update_policy(Path(checkpoint), round_groups, config, out_dir, reference, launched_round)
+    """Train ``inputs.checkpoint`` on the groups of batch ``inputs.step`` of the round; the step's checkpoint
+    (`PipelineConfig.checkpoint_after`) goes to the run folder."""
+    round_, step, checkpoint = inputs.round_, inputs.step, inputs.checkpoint
+    group_size = config.rollout.group_size
+    # The step's only grouping.
+    round_groups = group_round(step_trajectories(wh.trajectories(config.run_id, round_), step, group_size), group_size)
+    out_dir = config.checkpoint_after(round_, step)
+    reference = kl_reference_checkpoint(config, wh, checkpoint, round_, step)
+    # The line that decides where training runs: ranks launched for this step, or this process.
+    launched = (round_, step) if uses_launcher(config) else None
+    # Every update after the run's first resumes the state the previous one saved.
+    state_expected = (round_, step) != (0, 0)
+    stats = update_policy(Path(checkpoint), round_groups, config, out_dir, reference, launched, state_expected)
+    stats["step"] = step
     get_run_logger().info(
-        "round %d: GRPO %s", round_, {k: stats[k] for k in ("groups", "steps", "loss", "skipped") if k in stats}
+        "round %d step %d: GRPO %s",
+        round_,
+        step,
+        {k: stats[k] for k in ("groups", "steps", "global_step", "loss", "skipped") if k in stats},
     )
     return UpdateOutput(checkpoint=str(out_dir), stats=stats, trained_on=round_groups.trained_on)

@@ -21,17 +21,19 @@ from typing import Any
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from storage.warehouse import Warehouse
-from tasks.grpo_groups import RoundGroups, group_trajectories
+from tasks.grpo_groups import RoundGroups, group_trajectories, step_trajectories
 from tasks.grpo_trainer import train
 
 
-def read_share(config: PipelineConfig, round_: int, task_ids: list[str]) -> list:
-    """The stored trajectories of ``task_ids`` in round ``round_``, read from the warehouse without a writer's lock."""
+def read_share(config: PipelineConfig, round_: int, task_ids: list[str], step: int = 0) -> list:
+    """The stored trajectories of ``task_ids`` in step ``step`` of round ``round_``, read from the warehouse without
+    a writer's lock (a task drawn by several steps of the round has episodes in each; only this step's count)."""
     warehouse = Warehouse(config.warehouse_path, read_only=True, storage_options=config.warehouse.storage_options)
     try:
-        return warehouse.trajectories(config.run_id, round_, task_ids=task_ids)
+        stored = warehouse.trajectories(config.run_id, round_, task_ids=task_ids)
     finally:
         warehouse.close()
+    return step_trajectories(stored, step, config.rollout.group_size)
 
 
 def run_rank(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
@@ -41,7 +43,8 @@ def run_rank(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     if len(shares) != world:
         raise DataError(f"The launch spec shares the round among {len(shares)} ranks, but {world} were started.")
     share = shares[rank]
-    groups, _ = group_trajectories(read_share(config, spec["round"], share), config.rollout.group_size)
+    step = int(spec.get("step", 0))
+    groups, _ = group_trajectories(read_share(config, spec["round"], share, step), config.rollout.group_size)
     # The stage planned these groups from the same stored rows; a difference means the round changed since.
     if sorted(groups) != sorted(share):
         raise DataError(
@@ -49,8 +52,14 @@ def run_rank(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             f"round {spec['round']}'s trajectories changed while it was training. Run the round again."
         )
     round_groups = RoundGroups.from_plan(spec["round_groups"], groups)
+    resume_from = Path(spec["resume_from"]) if spec.get("resume_from") else None
     return train(
-        Path(spec["checkpoint"]), round_groups, config, Path(spec["out_dir"]), Path(spec["reference_checkpoint"])
+        Path(spec["checkpoint"]),
+        round_groups,
+        config,
+        Path(spec["out_dir"]),
+        Path(spec["reference_checkpoint"]),
+        resume_from,
     )
 
 

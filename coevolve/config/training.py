@@ -67,12 +67,12 @@ class TrainingConfig(Section):
     kl_reference: Literal["initial", "round"] = Field(
         "initial",
         description=(
-            "Policy the KL penalty (beta) is taken against. 'initial' is checkpoint 0 for every round: the paper "
-            "penalizes KL (1e-3) to the initial policy over a whole run of 120 steps. 'round' is the round's input "
-            "checkpoint, which makes beta a per-round trust region that no longer bounds the drift from checkpoint 0. "
-            "With use_lora, 'initial' keeps checkpoint 0 as a separate reference model in memory (one more copy of the "
-            "weights), while 'round' uses the adapter-disabled model, which is the round's input because every "
-            "round's adapter is merged into the next checkpoint."
+            "Policy the KL penalty (beta) is taken against. 'initial' is checkpoint 0 for every step of every round: "
+            "the paper penalizes KL (1e-3) to the initial policy over a whole run of 120 steps. 'round' is the round's "
+            "input checkpoint for all of the round's steps, which makes beta a per-round trust region that no longer "
+            "bounds the drift from checkpoint 0. With use_lora one adapter is trained on checkpoint 0 across the run, "
+            "so 'initial' is the adapter-disabled model (no extra copy of the weights), while 'round' after round 0 "
+            "keeps the round's input checkpoint as a separate reference model in memory (one more copy)."
         ),
     )
     use_lora: bool = Field(False, description="Train a LoRA adapter (large models) instead of full weights.")

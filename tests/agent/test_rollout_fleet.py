@@ -9,6 +9,7 @@ stored rollouts are alternated so that every group has reward variance and the u
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -103,7 +104,8 @@ def _update(config: PipelineConfig, checkpoint, trajectories, round_: int) -> Pa
 
 @pytest.fixture(scope="module")
 def rounds(config, tasks, served_policy_dir, fleet, prompts):
-    """Round 0 on checkpoint 0, update, round 1 on the pushed adapter, update, round 2 on the pushed stack.
+    """Round 0 on checkpoint 0, update, round 1 on the pushed adapter, update (resuming it), round 2 on the pushed
+    adapter again: one adapter on checkpoint 0, trained across both updates.
 
     While a round's weights are served, every server's seeded samples are recorded with their served
     logprobs and the local logprobs of the round's checkpoint (``samples[round][server]``).
@@ -154,8 +156,12 @@ def test_round_one_logprobs_from_every_server_match_checkpoint_one(rounds, promp
         assert _max_difference(before, local) > 5 * LOGPROB_MATCH
 
 
-def test_round_two_is_served_as_the_stack_of_both_rounds_adapters(rounds):
-    assert rounds["names"][2].startswith(rounds["checkpoints"][2].name + "-")
+def test_round_two_is_served_as_one_adapter_on_checkpoint_zero_whose_rank_stays_lora_rank(rounds, config):
+    checkpoint = rounds["checkpoints"][2]
+    assert rounds["names"][2].startswith(checkpoint.name + "-")
+    adapter = json.loads((checkpoint / "adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == config.training.lora_rank
+    assert adapter["base_model_name_or_path"] == str(rounds["checkpoints"][0])
     for _, served, local in rounds["samples"][2]:
         assert _max_difference(served, local) < LOGPROB_MATCH
 

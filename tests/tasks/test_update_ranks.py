@@ -14,6 +14,7 @@ from prefect import flow
 from prefect.testing.utilities import prefect_test_harness
 
 from agent.chat import ChatFormat
+from agent.checkpoints import TRAINER_STATE_SUBDIR
 from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import ConfigError
@@ -21,7 +22,7 @@ from coevolve.optional import optional_module
 from coevolve.records import Message, Trajectory
 from coevolve.stages import UpdateInput
 from tasks.common import open_warehouse
-from tasks.grpo_groups import group_round
+from tasks.grpo_groups import group_round, step_trajectories
 from tasks.launch import RankFailedError, launch_command, launch_dir, launch_update, processes_for
 from tasks.update import grpo_update, update_stage
 from tests.tasks import test_update as single_rank_tests
@@ -70,13 +71,13 @@ def _config(state_dir: Path, **training) -> PipelineConfig:
     )
 
 
-def _groups(policy_dir: Path) -> list[Trajectory]:
-    """One group per task of REWARDS: the good message where the reward is 1, the bad one elsewhere."""
+def _groups(policy_dir: Path, rewards_by_task: dict[str, list[float]] = REWARDS, step: int = 0) -> list[Trajectory]:
+    """One group per task: the good message where the reward is 1, the bad one elsewhere; samples of step ``step``."""
     chat = ChatFormat(load_policy(policy_dir)[1])
     out = []
-    for task_id, rewards in REWARDS.items():
+    for task_id, rewards in rewards_by_task.items():
         prompt = chat.prompt_ids([Message("user", QUERIES[task_id])])
-        for sample, reward in enumerate(rewards):
+        for sample, reward in enumerate(rewards, start=step * GROUP_SIZE):
             message = chat.generated_ids(GOOD if reward > 0 else BAD)
             out.append(
                 Trajectory(
@@ -165,8 +166,46 @@ def test_two_ranks_leave_one_complete_checkpoint_and_a_log_per_rank_in_the_run_f
     assert (work / "rank-0.log").is_file() and (work / "rank-1.log").is_file()
     assert not list(work.glob("*.error.json"))
     launcher_log = (work / "launcher.log").read_text().splitlines()
-    assert launcher_log[0] == "round 0: update on 2 of 2 requested ranks (4 informative groups)"
+    assert launcher_log[0] == "round 0 step 0: update on 2 of 2 requested ranks (4 informative groups)"
     assert launcher_log[1].startswith("$ ") and "--nproc_per_node 2" in launcher_log[1]
+
+
+# Step 1 of round 0 draws the same four tasks again, with other rewards.
+STEP_ONE_REWARDS = {
+    "t-a": [0.0, 1.0, 1.0, 1.0],
+    "t-b": [1.0, 0.0, 0.0, 1.0],
+    "t-c": [0.0, 1.0, 0.0, 0.0],
+    "t-d": [1.0, 1.0, 0.0, 0.0],
+}
+
+
+@pytest.mark.slow
+def test_a_second_step_on_two_ranks_resumes_the_first_steps_state_and_reads_only_its_own_batch(
+    two_ranks, one_rank, policy_dir, stored, tmp_path
+):
+    config, _ = stored
+    (first_stats, two_first), (_, one_first) = two_ranks, one_rank
+    assert first_stats["global_step"] == STEPS and first_stats["optimizer_resumed_from"] is None
+    state = two_first / TRAINER_STATE_SUBDIR
+    assert sorted(p.name for p in state.iterdir()) == [
+        "optimizer.pt",
+        "rng_state_0.pth",
+        "rng_state_1.pth",
+        "scheduler.pt",
+        "trainer_state.json",
+    ]
+    step_one = _groups(policy_dir, STEP_ONE_REWARDS, step=1)
+    _store(config, step_one)  # round 0 now holds each task's episodes of steps 0 and 1
+    batch = group_round(step_trajectories(step_one, 1, GROUP_SIZE), GROUP_SIZE)
+    two = launch_update(
+        two_first, batch, config, 0, tmp_path / "two", reference_checkpoint=policy_dir, step=1, resume_from=state
+    )
+    assert two["global_step"] == 2 * STEPS and two["optimizer_resumed_from"] == str(state)
+    one_config = config.with_overrides({"training": {"num_processes": 1}})
+    one = grpo_update(one_first, step_one, one_config, tmp_path / "one", reference_checkpoint=policy_dir)
+    assert one["global_step"] == 2 * STEPS
+    two_weights, one_weights = _weights(tmp_path / "two"), _weights(tmp_path / "one")
+    assert max((two_weights[k] - one_weights[k]).abs().max().item() for k in one_weights) <= WEIGHT_TOLERANCE
 
 
 @pytest.mark.slow
