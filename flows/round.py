@@ -41,6 +41,7 @@ from coevolve.stages import (
 )
 from flows.stage import run_slot, run_stage
 from tasks.common import open_warehouse, round_lock
+from tasks.update import release_step_checkpoint
 from tasks.version import finish_round, round_settings
 
 
@@ -62,6 +63,8 @@ def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dic
         for step in range(cfg.training.batches_per_round):
             rollouts.append(run_stage(cfg, RolloutInput(round_=round_, step=step, checkpoint=checkpoint)))
             updates.append(run_stage(cfg, UpdateInput(round_=round_, step=step, checkpoint=checkpoint)))
+            if step > 0:
+                release_step_checkpoint(cfg, round_, step - 1)  # step - 1's folder: read by nothing from here on
             checkpoint = updates[-1].checkpoint
         rollout, updated = RolloutOutput.of_steps(rollouts), UpdateOutput.of_steps(updates)
         mined = run_stage(cfg, MineInput(round_=round_))

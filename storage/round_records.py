@@ -95,6 +95,8 @@ class RoundRecords(WarehouseViews):
                     "checkpoint": output.get("checkpoint"),
                     "trained_from": output.get("trained_from"),
                     "trained_on": output.get("trained_on"),
+                    "optimizer_resumed_from": (output.get("stats") or {}).get("optimizer_resumed_from"),
+                    "global_step": (output.get("stats") or {}).get("global_step"),
                 }
             )
         return sorted(steps, key=lambda s: (s["round"], s["step"]))

@@ -158,8 +158,13 @@ class Tracker:
         training_pool_path: Path | None = None,
         training_pool_digest: str | None = None,
         checkpoint_uri: str | None = None,
+        checkpoint_exclude: tuple[str, ...] = (),
     ) -> dict[str, str]:
         """Logs one round in one MLflow run and registers its checkpoint as a new model version.
+
+        ``checkpoint_exclude`` names top-level entries of the checkpoint folder that are not copied into
+        the artifacts (the optimizer state, as large as the weights several times over, serves only a
+        resume, which reads it from the checkpoint folder).
 
         ``training_pool_*`` is the pool the checkpoint was trained from (pool r), ``pool_*`` the pool
         the round produced (pool r+1); both are logged as dataset inputs and artifacts. Without a
@@ -221,7 +226,13 @@ class Tracker:
             else:
                 self._log_pool(run_id, Path(pool_path), pool_digest, "training")
             if checkpoint_uri is None:
-                self.client.log_artifacts(run_id, str(checkpoint_dir), "checkpoint")
+                for entry in sorted(Path(checkpoint_dir).iterdir()):
+                    if entry.name in checkpoint_exclude:
+                        continue
+                    if entry.is_dir():
+                        self.client.log_artifacts(run_id, str(entry), f"checkpoint/{entry.name}")
+                    else:
+                        self.client.log_artifact(run_id, str(entry), "checkpoint")
                 source = f"{run.info.artifact_uri}/checkpoint"
             else:
                 source = checkpoint_uri

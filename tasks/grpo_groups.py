@@ -131,13 +131,12 @@ class RoundGroups:
 
 
 def step_trajectories(trajectories: list[Trajectory], step: int, group_size: int) -> list[Trajectory]:
-    """The trajectories of training step ``step`` of a round, their samples numbered from 0 within the step.
+    """The trajectories of training step ``step`` of a round, as stored (their ids are the lineage's).
 
     Step k of a round stores a task's episodes as samples k*group_size .. k*group_size+group_size-1 (a
     task can be drawn by several steps of a round), so a step's groups are found by ``sample // group_size``.
     """
-    first = step * group_size
-    return [dataclasses.replace(t, sample=t.sample - first) for t in trajectories if t.sample // group_size == step]
+    return [t for t in trajectories if t.sample // group_size == step]
 
 
 def group_round(trajectories: list[Trajectory], group_size: int) -> RoundGroups:

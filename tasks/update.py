@@ -169,6 +169,19 @@ def grpo_update(
     return update_policy(checkpoint_in, round_groups, config, out_dir, reference, state_expected=state_expected)
 
 
+def release_step_checkpoint(config: PipelineConfig, round_: int, step: int) -> None:
+    """Delete the folder training step ``step`` of round ``round_`` wrote, once the next step's update is recorded.
+
+    Nothing reads it after that (the next step trained from it and saved its own optimizer state), so
+    unless ``training.keep_step_checkpoints`` only round checkpoints stay: at 4B parameters a full
+    fine-tune's step folder holds about 40 GB. Its record keeps the path for the lineage. Safe to call
+    again after a crash: a folder already gone is left alone.
+    """
+    if config.training.keep_step_checkpoints or step >= config.training.batches_per_round - 1:
+        return
+    shutil.rmtree(config.checkpoint_after(round_, step), ignore_errors=True)
+
+
 @stage("update", retries=1)
 def update_stage(config: PipelineConfig, wh: Warehouse, inputs: UpdateInput) -> UpdateOutput:
     """Train ``inputs.checkpoint`` on the groups of batch ``inputs.step`` of the round; the step's checkpoint
@@ -191,4 +204,6 @@ def update_stage(config: PipelineConfig, wh: Warehouse, inputs: UpdateInput) -> 
         step,
         {k: stats[k] for k in ("groups", "steps", "global_step", "loss", "skipped") if k in stats},
     )
-    return UpdateOutput(checkpoint=str(out_dir), stats=stats, trained_on=round_groups.trained_on)
+    return UpdateOutput(
+        checkpoint=str(out_dir), stats=stats, trained_on=round_groups.trained_on, step=step, trained_from=checkpoint
+    )

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from prefect import get_run_logger
 from prefect.runtime import flow_run
 
-from agent.checkpoints import checkpoint_digest
+from agent.checkpoints import TRAINER_STATE_SUBDIR, checkpoint_digest
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from coevolve.optional import optional_module
@@ -225,6 +225,7 @@ def version_stage(config: PipelineConfig, wh: Warehouse, inputs: VersionInput) -
         training_pool_path=config.pool_path(round_),
         training_pool_digest=parent["pool_digest"],
         # 'uri': the version points at the checkpoint on shared storage instead of a copy in artifacts.
+        checkpoint_exclude=(TRAINER_STATE_SUBDIR,),
         checkpoint_uri=Path(summary.checkpoint).resolve().as_uri()
         if config.tracking.register_checkpoints == "uri"
         else None,

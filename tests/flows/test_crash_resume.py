@@ -229,6 +229,12 @@ def test_the_warehouse_holds_the_same_rows(both_runs, table) -> None:
     assert_same_rows(table, _content(crashed)[table], _content(plain)[table])
 
 
+def test_the_first_steps_folder_is_deleted_once_the_second_step_is_recorded(both_runs) -> None:
+    plain, crashed = both_runs
+    assert not plain.checkpoint_after(0, 0).exists() and not crashed.checkpoint_after(0, 0).exists()
+    assert crashed.checkpoint_after(0, 1) == crashed.checkpoint_dir(1) and crashed.checkpoint_dir(1).is_dir()
+
+
 def test_pool_snapshot_and_checkpoint_digests_match(both_runs) -> None:
     plain, crashed = both_runs
     a, b = _version_output(plain), _version_output(crashed)

@@ -17,9 +17,9 @@ ROUNDS, STEPS = 2, 3
 
 @pytest.fixture(scope="module")
 def two_rounds(prefect_api, tiny_config, tmp_path_factory):
-    config = tiny_config(
-        tmp_path_factory.mktemp("state"), training={"batches_per_round": STEPS, "updates_per_batch": 1}
-    )
+    # Every step's folder kept, so each one can be digested (crash test: the default deletes them).
+    training = {"batches_per_round": STEPS, "updates_per_batch": 1, "keep_step_checkpoints": True}
+    config = tiny_config(tmp_path_factory.mktemp("state"), training=training)
     summaries = [coevolve_round(round_=r, config=config.model_dump(mode="json")) for r in range(ROUNDS)]
     return config, summaries
 
@@ -72,6 +72,16 @@ def test_six_updates_each_train_the_previous_ones_checkpoint(two_rounds):
         stats = records[(s["round"], "update" if s["step"] == 0 else f"update@{s['step']}")]["output"]["stats"]
         if not stats["skipped"]:  # a step without an informative group copies its input
             assert checkpoint_digest(s["checkpoint"]) != checkpoint_digest(s["trained_from"])
+
+
+def test_the_optimizer_state_carries_across_steps_and_rounds(two_rounds):
+    config, _ = two_rounds
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        steps = wh.training_steps(config.run_id)
+    assert steps[0]["optimizer_resumed_from"] is None
+    for previous, step in zip(steps, steps[1:], strict=False):
+        assert step["optimizer_resumed_from"].startswith(previous["checkpoint"])
+    assert [s["global_step"] for s in steps] == sorted(s["global_step"] for s in steps)
 
 
 def test_each_step_trains_on_the_informative_groups_of_its_own_batch(two_rounds):

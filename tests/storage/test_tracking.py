@@ -67,6 +67,20 @@ def test_a_round_is_one_run_with_params_metrics_pool_and_a_model_version(tracker
     assert copied == {"checkpoint/config.json", "checkpoint/model.safetensors"}
 
 
+def test_excluded_entries_of_the_checkpoint_stay_out_of_the_artifacts(tracker, tmp_path, make_task) -> None:
+    pool, digest, ckpt = _round(tmp_path, make_task, 0, 3)
+    (ckpt / "adapter").mkdir()
+    (ckpt / "adapter" / "adapter_config.json").write_text("{}")
+    (ckpt / "trainer_state").mkdir()
+    (ckpt / "trainer_state" / "optimizer.pt").write_bytes(b"\0" * 64)
+    info = tracker.log_round(
+        run_name="run-x/round-0", params={}, metrics={}, pool_path=pool, pool_digest=digest, checkpoint_dir=ckpt,
+        registered_model="policy-x", flow_run_id="flow-0", tags={}, checkpoint_exclude=("trainer_state",),
+    )  # fmt: skip
+    copied = {a.path for a in tracker.client.list_artifacts(info["mlflow_run_id"], "checkpoint")}
+    assert copied == {"checkpoint/adapter", "checkpoint/config.json", "checkpoint/model.safetensors"}
+
+
 def test_lineage_links_pool_digests_and_versions_both_ways(tracker, tmp_path, make_task) -> None:
     logged = [(_round(tmp_path, make_task, r, 2 + r)) for r in range(2)]
     infos = [_log(tracker, f"run-b/round-{r}", "policy-two", *logged[r], r) for r in range(2)]
