@@ -74,7 +74,7 @@ class ServeOptions:
         rollout, training = config.rollout, config.training
         lora_rank = None
         if training.use_lora:
-            # Rounds' adapters are stacked (agent.weights), so the server needs room for several ranks.
+            # One adapter of lora_rank across the run (agent.weights); the setting may leave room for older stacks.
             lora_rank = rollout.server_max_lora_rank
         values = {
             "model": str(model),

@@ -261,6 +261,7 @@ def part_server(model: Path, job: dict[str, Any], python: Path, work: Path, cuda
 def part_update(
     model: Path, batch: list[list[int]], samples: int, generations: list[dict], rounds: int, work: Path
 ) -> dict[str, Any]:
+    from agent.checkpoints import trainer_state_to_resume
     from coevolve.config import PipelineConfig
     from coevolve.records import Trajectory
     from tasks.common import open_warehouse
@@ -290,7 +291,11 @@ def part_update(
             wh.write_trajectories(trajectories)
         out = work / "checkpoints" / f"round-{round_ + 1:03d}"
         started = time.perf_counter()
-        stats = launch_update(Path(checkpoint), group_round(trajectories, samples), config, round_, out)
+        # One optimizer across the rounds, as the update stage carries it (training.carry_optimizer).
+        resume = trainer_state_to_resume(Path(checkpoint), expected=round_ > 0)
+        stats = launch_update(
+            Path(checkpoint), group_round(trajectories, samples), config, round_, out, resume_from=resume
+        )
         wall = time.perf_counter() - started
         if stats.get("skipped"):
             raise SystemExit(f"The update of round {round_} was skipped: {stats.get('reason')}")

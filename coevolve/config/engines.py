@@ -140,8 +140,9 @@ class ServerSettings(Section):
         64,
         ge=1,
         description=(
-            "--max-lora-rank of `coevolve serve` with use_lora: each round's adapter is trained on the previous merged "
-            "checkpoint, so a server on checkpoint 0 serves round r as the stack of r adapters (rank r x lora_rank)."
+            "--max-lora-rank of `coevolve serve` with use_lora: one adapter of rank lora_rank is trained on "
+            "checkpoint 0 across the run, so lora_rank is what a server needs; more leaves room for state folders of "
+            "earlier versions, whose rounds were served as a stack of one adapter per round (rank rounds x lora_rank)."
         ),
     )
     server_max_loras: int = Field(
