@@ -111,16 +111,17 @@ def verify_round_inputs(config: PipelineConfig, wh: Warehouse, round_: int) -> s
     """The checkpoint and pool round ``round_`` starts from, checked against their recorded digests.
 
     Round 0 starts from checkpoint 0 and D_0 (digests recorded by the prepare stage); round r > 0 from
-    what round r-1's update and version stages recorded. Returns the checkpoint. Raises DataError
-    naming the file when the previous round did not finish, or when a checkpoint or pool is missing,
-    has no recorded digest, or no longer matches it.
+    what round r-1's version stage recorded (its last training step's checkpoint). Returns the
+    checkpoint. Raises DataError naming the file when the previous round did not finish, or when a
+    checkpoint or pool is missing, has no recorded digest, or no longer matches it.
     """
     if round_ == 0:
         prepared = wh.stage_output(config.run_id, 0, "prepare")
         updated = versioned = prepared
     else:
-        updated = wh.stage_output(config.run_id, round_ - 1, "update")
+        # The version record names checkpoint r: the one round r-1's last training step wrote.
         versioned = wh.stage_output(config.run_id, round_ - 1, "version")
+        updated = versioned
     if updated is None or versioned is None:
         missing = "prepare stage of round 0" if round_ == 0 else f"round {round_ - 1}"
         raise DataError(f"The {missing} of run {config.run_id!r} has not finished; run it before round {round_}.")

@@ -78,9 +78,13 @@ def test_the_optimizer_state_carries_across_steps_and_rounds(two_rounds):
     config, _ = two_rounds
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         steps = wh.training_steps(config.run_id)
-    assert steps[0]["optimizer_resumed_from"] is None
+    # The tiny policy seldom earns a reward, so a step may skip (no group with reward variance): it then
+    # passes its input's state on. tests/tasks/test_update_carry.py trains real groups across steps.
     for previous, step in zip(steps, steps[1:], strict=False):
-        assert step["optimizer_resumed_from"].startswith(previous["checkpoint"])
+        # Every step after the first one that trained resumes the state its predecessor saved.
+        assert step["optimizer_resumed_from"] == (
+            f"{previous['checkpoint']}/trainer_state" if previous["global_step"] > 0 else None
+        )
     assert [s["global_step"] for s in steps] == sorted(s["global_step"] for s in steps)
 
 
