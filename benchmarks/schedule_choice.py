@@ -57,7 +57,8 @@ def candidate_settings(candidate: tuple[int, int, int], seed: int, pool_seed: in
 
 
 def run_candidate(settings: list[str], state_dir: Path, rounds: int, log: Path) -> float:
-    """``coevolve evolve`` with ``settings`` in a process of its own; returns its wall time."""
+    """``coevolve evolve`` with ``settings`` for ``rounds`` more rounds, in a process of its own; returns its wall
+    time."""
     command = [sys.executable, "-m", "flows.cli", "evolve", "--rounds", str(rounds)]
     for setting in [f"state_dir={state_dir}", *settings]:
         command += ["--set", setting]
@@ -65,6 +66,14 @@ def run_candidate(settings: list[str], state_dir: Path, rounds: int, log: Path) 
     with log.open("a") as out:
         subprocess.run(command, cwd=REPO, env={**os.environ, **OFFLINE}, stdout=out, stderr=out, check=True)
     return time.perf_counter() - started
+
+
+def finished_rounds(config: PipelineConfig) -> int:
+    """Rounds of the run already finished in the state folder (an interrupted choice resumes its runs)."""
+    if not Path(config.warehouse_path).exists():
+        return 0
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        return len(wh.rounds(config.run_id))
 
 
 def dev_curve(config: PipelineConfig) -> tuple[float | None, list[float | None]]:
@@ -93,17 +102,24 @@ def main() -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     state_dir = args.out / "state"
     args.out.mkdir(parents=True, exist_ok=True)
+    # Rows of an earlier, interrupted invocation are kept; its unfinished runs continue where they stopped.
+    done_file = args.out / "choice.json"
+    earlier = {(r["candidate"], r["seed"]): r for r in json.loads(done_file.read_text())} if done_file.exists() else {}
     rows = []
     for candidate in candidates:
         for seed in seeds:
+            name = "x".join(map(str, candidate))
+            if (name, seed) in earlier:
+                rows.append(earlier[(name, seed)])
+                continue
             settings = candidate_settings(candidate, seed, pool_seed, args.dev_tasks)
-            wall_s = run_candidate(settings, state_dir, args.rounds, args.out / "runs.log")
             config = load_config(overrides=[f"state_dir={state_dir}", *settings], environ={})
+            wall_s = run_candidate(settings, state_dir, args.rounds - finished_rounds(config), args.out / "runs.log")
             baseline, curve = dev_curve(config)
             rows.append({"candidate": "x".join(map(str, candidate)), "seed": seed, "wall_s": round(wall_s, 1),
                          "dev_checkpoint0": baseline, "dev_by_round": curve})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
-    (args.out / "choice.json").write_text(json.dumps(rows, indent=1))
+            done_file.write_text(json.dumps(rows, indent=1))
     lines = [
         "| F x batch x updates | final dev success (mean over seeds) | gain over checkpoint 0 | per seed | run time |",
         "|---|---|---|---|---|",
