@@ -25,11 +25,12 @@ class SamplingSettings(Section):
         )
     }
     tasks_per_batch: int = Field(
-        24,
+        8,
         ge=1,
         description=(
-            "Tasks drawn from the pool for each training step's batch (paper: 32); with 24, 6-7 groups a batch have "
-            "reward variance."
+            "Tasks drawn from the pool for each training step's batch (paper: 32); 3 steps x 8 tasks x 6 samples "
+            "keep the 144 episodes a round the embedded default always played (chosen on dev with "
+            "training.batches_per_round)."
         ),
     )
     group_size: int = Field(
