@@ -232,14 +232,16 @@ def test_a_full_round_of_seeded_concurrent_multi_turn_requests_completes(fleet, 
             "vllm_dtype": "float32",
         },
     )  # fmt: skip
-    batch = build_tasks(round_config.rollout.tasks_per_batch, seed=5)
+    # A round's tasks: all of its training steps' batches.
+    tasks = round_config.training.batches_per_round * round_config.rollout.tasks_per_batch
+    batch = build_tasks(tasks, seed=5)
     with make_engine(served_policy_dir, round_config) as engine:
         trajectories = play_episodes(
             engine, batch, samples=round_config.rollout.group_size, temperature=round_config.rollout.temperature,
             max_new_tokens=round_config.rollout.max_new_tokens, env_config=round_config.environment, run_id="full",
             round_=0, max_context_tokens=context_length(engine), progress=False, seed=0,
         )  # fmt: skip
-    assert len(trajectories) == 24 * 6
+    assert len(trajectories) == tasks * round_config.rollout.group_size == 24 * 6
     # The served policy, trained on four exchanges under another system prompt, mostly ends these tasks at
     # once; every episode must still come back whole, with its own seeded sample.
     assert all(t.steps and t.completion_ids for t in trajectories)

@@ -52,7 +52,7 @@ def smollm2_config(state_dir, model_dir, run_id: str, **rollout):
         "signals": {"rare_min_total": 1, "rare_theta": 60, "max_signals_per_round": 2},
         "synthesis": {"explorations_per_signal": 1},
         # A rate for a pretrained model (the builtin tiny one needs 5e-4).
-        "training": {"updates_per_batch": 1, "learning_rate": 1e-5},
+        "training": {"batches_per_round": 1, "updates_per_batch": 1, "learning_rate": 1e-5},
     }
     return load_config(data=values, environ={})
 

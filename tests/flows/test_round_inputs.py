@@ -60,7 +60,12 @@ def finished_round_zero(tmp_path: Path):
             "r",
             0,
             "version",
-            {"pool_digest": digest, "checkpoint_digest": checkpoint_digest(checkpoint), "model_version": "1"},
+            {
+                "checkpoint": str(checkpoint),
+                "pool_digest": digest,
+                "checkpoint_digest": checkpoint_digest(checkpoint),
+                "model_version": "1",
+            },
         )
     return config, checkpoint
 
@@ -141,6 +146,7 @@ def test_a_deleted_checkpoint_under_a_relative_state_dir_stops_the_round(tmp_pat
             0,
             "version",
             {
+                "checkpoint": "state/runs/r/checkpoints/round-001",
                 "pool_digest": write_pool_snapshot(tasks, config.pool_path(1)),
                 "checkpoint_digest": checkpoint_digest(checkpoint),
             },

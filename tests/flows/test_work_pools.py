@@ -123,12 +123,13 @@ def _flow_runs(api_url: str) -> list[dict]:
 
 
 def _stage_runs(api_url: str, config) -> dict[str, list[dict]]:
-    """The coevolve-stage flow runs started for ``config``'s state folder, by stage."""
+    """The coevolve-stage flow runs started for ``config``'s state folder, by the record they are for
+    (``rollout``, ``update``, ``rollout@1``, ...: a training step's stages run once per step)."""
     runs: dict[str, list[dict]] = {}
     for run in _flow_runs(api_url):
         params = run.get("parameters") or {}
         if "stage" in params and (params.get("config") or {}).get("state_dir") == str(config.state_dir):
-            runs.setdefault(params["stage"], []).append(run)
+            runs.setdefault(run["name"].rsplit("-round-", 1)[0], []).append(run)
     return runs
 
 
@@ -358,9 +359,9 @@ def test_each_stage_runs_on_the_worker_of_its_pool(cluster, rounds, stage) -> No
     pool = "coevolve-gpu" if stage in GPU_STAGES else "coevolve-cpu"
     # Rollout and update run once per training step (CRASH_OVERRIDES: two), each named after its step.
     steps = rounds.placed.training.batches_per_round if stage in STEP_STAGES else 1
-    runs = sorted(_stage_runs(cluster.api_url, rounds.placed)[stage], key=lambda run: run["name"])
-    assert [run["name"] for run in runs] == sorted(f"{record_name(stage, k)}-round-0" for k in range(steps))
-    for run in runs:
+    placed = _stage_runs(cluster.api_url, rounds.placed)
+    for k in range(steps):
+        (run,) = placed[record_name(stage, k)]
         assert run["state"]["type"] == "COMPLETED"
         assert run["work_pool_name"] == pool
         assert run["labels"]["prefect.worker.name"] == ("gpu-worker" if stage in GPU_STAGES else "cpu-worker")

@@ -67,7 +67,7 @@ def _config(state_dir: Path, **training) -> PipelineConfig:
         state_dir=state_dir,
         seed=3,
         rollout={"group_size": GROUP_SIZE, "temperature": 0.9},
-        training={"learning_rate": 3e-3, "updates_per_batch": STEPS, **training},
+        training={"learning_rate": 3e-3, "batches_per_round": 1, "updates_per_batch": STEPS, **training},
     )
 
 
