@@ -41,6 +41,17 @@ STAGING_SUFFIX = ".partial"
 # The builtin tiny policy's build report (agent/tiny.py): it holds wall-clock timings, so two
 # identical builds differ there; the weights, config and tokenizer are what the digest covers.
 _NOT_DIGESTED = frozenset({"tiny_policy.json"})
+# transformers' RNG snapshot in a trainer state (rng_state.pth, rng_state_<rank>.pth): the generators of the
+# whole process at save time, which other threads (Prefect's, MLflow's) draw from too, so two identical
+# updates in one process can save different bytes. The update draws no random numbers that change its
+# result (no dropout, no shuffling, stored rollouts), so it is not part of what the digest vouches for.
+_RNG_STATE_PREFIX = "rng_state"
+
+
+def _digested(file: Path) -> bool:
+    if file.name in _NOT_DIGESTED:
+        return False
+    return not (file.parent.name == TRAINER_STATE_SUBDIR and file.name.startswith(_RNG_STATE_PREFIX))
 
 
 def save_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
@@ -64,7 +75,7 @@ def checkpoint_digest(directory: str | Path) -> str:
     if not root.is_dir():
         raise DataError(f"Checkpoint {root} does not exist; it cannot be digested.")
     outer = hashlib.sha256()
-    for file in sorted(p for p in root.rglob("*") if p.is_file() and p.name not in _NOT_DIGESTED):
+    for file in sorted(p for p in root.rglob("*") if p.is_file() and _digested(p)):
         inner = hashlib.sha256()
         with file.open("rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):

@@ -53,6 +53,19 @@ def test_the_digest_covers_names_and_contents_but_not_the_tiny_policys_build_rep
     assert checkpoint_digest(tmp_path / "a") == checkpoint_digest(tmp_path / "b") != checkpoint_digest(tmp_path / "c")
 
 
+def test_the_digest_covers_the_optimizer_state_but_not_the_process_rng_snapshot(tmp_path):
+    state = tmp_path / "trainer_state"
+    state.mkdir()
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    (state / "optimizer.pt").write_bytes(b"moments")
+    (state / "rng_state.pth").write_bytes(b"generators at save time")
+    before = checkpoint_digest(tmp_path)
+    (state / "rng_state.pth").write_bytes(b"another thread drew a number")
+    assert checkpoint_digest(tmp_path) == before
+    (state / "optimizer.pt").write_bytes(b"other moments")
+    assert checkpoint_digest(tmp_path) != before
+
+
 def test_a_checkpoint_whose_files_changed_after_recording_is_refused_naming_it(tmp_path):
     folder = tmp_path / "round-002"
     save_atomically(folder, _write({"config.json": b"{}", "model.safetensors": b"w"}))
