@@ -216,6 +216,14 @@ def record_name(stage: str, step: int = 0) -> str:
     return stage if not step else f"{stage}@{step}"
 
 
+def step_samples(step: int, group_size: int) -> range:
+    """The sample numbers of training step ``step``'s episodes of a task: step k plays k x group_size onwards.
+
+    A round stores every step's episodes in its own partition, so this range is what tells them apart.
+    """
+    return range(step * group_size, (step + 1) * group_size)
+
+
 def step_of(inputs: StageInput) -> int:
     """The training step a stage's inputs belong to (0 for the stages a round runs once)."""
     return inputs.step if isinstance(inputs, StepInput) else 0

@@ -83,15 +83,25 @@ class TrajectoryRows(WarehouseViews):
             zip(table.column("trajectory_id").to_pylist(), table.column("tool_sequence").to_pylist(), strict=True)
         )
 
-    def trajectories(self, run_id: str, round: int, task_ids: Iterable[str] | None = None) -> list[Trajectory]:
-        """Full trajectories of a round, steps included, ordered by task then sample;
-        of ``task_ids`` only when given."""
+    def trajectories(
+        self, run_id: str, round: int, task_ids: Iterable[str] | None = None, samples: range | None = None
+    ) -> list[Trajectory]:
+        """Full trajectories of a round, steps included, ordered by task then sample; of ``task_ids`` only and
+        with a sample number in ``samples`` only (one training step's episodes) when given."""
         head_table, step_table = self._partition("trajectories", run_id, round), self._partition("steps", run_id, round)
-        if task_ids is not None:
+        if task_ids is not None or samples is not None:
             # Filtered as Arrow columns: only the wanted rows become Python objects.
-            head_table = head_table.filter(
-                pc.is_in(head_table["task_id"], pa.array(sorted(set(task_ids)), pa.string()))
-            )
+            if task_ids is not None:
+                head_table = head_table.filter(
+                    pc.is_in(head_table["task_id"], pa.array(sorted(set(task_ids)), pa.string()))
+                )
+            if samples is not None:
+                head_table = head_table.filter(
+                    pc.and_(
+                        pc.greater_equal(head_table["sample"], samples.start),
+                        pc.less(head_table["sample"], samples.stop),
+                    )
+                )
             step_table = step_table.filter(
                 pc.is_in(step_table["trajectory_id"], head_table["trajectory_id"].combine_chunks())
             )

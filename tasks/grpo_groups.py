@@ -22,6 +22,7 @@ from typing import Any
 
 from coevolve.errors import DataError
 from coevolve.records import Segment, Trajectory, digest
+from coevolve.stages import step_samples
 
 # Task id -> the task's trajectories, ordered by sample.
 Groups = dict[str, list[Trajectory]]
@@ -133,10 +134,11 @@ class RoundGroups:
 def step_trajectories(trajectories: list[Trajectory], step: int, group_size: int) -> list[Trajectory]:
     """The trajectories of training step ``step`` of a round, as stored (their ids are the lineage's).
 
-    Step k of a round stores a task's episodes as samples k*group_size .. k*group_size+group_size-1 (a
-    task can be drawn by several steps of a round), so a step's groups are found by ``sample // group_size``.
+    Step k of a round stores a task's episodes as samples k*group_size .. k*group_size+group_size-1
+    (`coevolve.stages.step_samples`; a task can be drawn by several steps of a round).
     """
-    return [t for t in trajectories if t.sample // group_size == step]
+    samples = step_samples(step, group_size)
+    return [t for t in trajectories if t.sample in samples]
 
 
 def group_round(trajectories: list[Trajectory], group_size: int) -> RoundGroups:

@@ -48,7 +48,7 @@ from coevolve.config import EnvironmentConfig, PipelineConfig, RolloutConfig
 from coevolve.errors import ConfigError, DataError
 from coevolve.optional import optional_module
 from coevolve.records import Task, Trajectory
-from coevolve.stages import RolloutInput, RolloutOutput
+from coevolve.stages import RolloutInput, RolloutOutput, step_samples
 from tasks.common import make_environment
 from tasks.episode import Engine, Episode, advance_episode, to_trajectory
 from tasks.registry import stage
@@ -99,7 +99,7 @@ def play_episodes(
     """Play ``samples`` episodes of every task and return one Trajectory per episode.
 
     The episodes of a task are numbered ``first_sample`` .. ``first_sample + samples - 1``: training
-    step k of a round numbers its episodes from k x group_size (`step_samples`), so every episode of a
+    step k of a round numbers its episodes from k x group_size (`coevolve.stages.step_samples`), so every episode of a
     round has its own (task_id, sample) and its own seed, however often the round's steps draw a task.
 
     With ``seed`` (the run's), every message is sampled from its own `message_seed`, so the same
@@ -207,11 +207,6 @@ def draw_batch(pool: list[Task], size: int, seed: int, round_: int, step: int = 
     if len(pool) <= size:
         return list(pool)
     return rng.sample(pool, size)
-
-
-def step_samples(step: int, group_size: int) -> range:
-    """The sample numbers of training step ``step``'s episodes of a task: step k plays k x group_size onwards."""
-    return range(step * group_size, (step + 1) * group_size)
 
 
 def success_rate(trajectories: list[Trajectory]) -> float:

@@ -36,8 +36,8 @@ from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from coevolve.optional import optional_module
 from coevolve.records import Trajectory
-from coevolve.stages import UpdateInput, UpdateOutput
-from tasks.grpo_groups import RoundGroups, check_segments, group_round, step_trajectories
+from coevolve.stages import UpdateInput, UpdateOutput, step_samples
+from tasks.grpo_groups import RoundGroups, check_segments, group_round
 from tasks.launch import launch_update
 from tasks.registry import stage
 
@@ -188,8 +188,10 @@ def update_stage(config: PipelineConfig, wh: Warehouse, inputs: UpdateInput) -> 
     (`PipelineConfig.checkpoint_after`) goes to the run folder."""
     round_, step, checkpoint = inputs.round_, inputs.step, inputs.checkpoint
     group_size = config.rollout.group_size
-    # The step's only grouping.
-    round_groups = group_round(step_trajectories(wh.trajectories(config.run_id, round_), step, group_size), group_size)
+    # The step's only grouping, of its own episodes only (read as such from the warehouse).
+    round_groups = group_round(
+        wh.trajectories(config.run_id, round_, samples=step_samples(step, group_size)), group_size
+    )
     out_dir = config.checkpoint_after(round_, step)
     reference = kl_reference_checkpoint(config, wh, checkpoint, round_, step)
     # The line that decides where training runs: ranks launched for this step, or this process.

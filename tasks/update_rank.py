@@ -20,8 +20,9 @@ from typing import Any
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
+from coevolve.stages import step_samples
 from storage.warehouse import Warehouse
-from tasks.grpo_groups import RoundGroups, group_trajectories, step_trajectories
+from tasks.grpo_groups import RoundGroups, group_trajectories
 from tasks.grpo_trainer import train
 
 
@@ -30,10 +31,11 @@ def read_share(config: PipelineConfig, round_: int, task_ids: list[str], step: i
     a writer's lock (a task drawn by several steps of the round has episodes in each; only this step's count)."""
     warehouse = Warehouse(config.warehouse_path, read_only=True, storage_options=config.warehouse.storage_options)
     try:
-        stored = warehouse.trajectories(config.run_id, round_, task_ids=task_ids)
+        return warehouse.trajectories(
+            config.run_id, round_, task_ids=task_ids, samples=step_samples(step, config.rollout.group_size)
+        )
     finally:
         warehouse.close()
-    return step_trajectories(stored, step, config.rollout.group_size)
 
 
 def run_rank(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:

@@ -81,6 +81,20 @@ def test_trajectories_round_trip_with_steps_tokens_and_logprobs(warehouse, make_
     assert warehouse.trajectories(RUN, 0) == sorted(trajs, key=lambda t: (t.task_id, t.sample))
 
 
+def test_one_training_steps_trajectories_are_read_by_their_sample_range(warehouse, make_task, make_trajectory) -> None:
+    trajs = [make_trajectory(make_task(i).task_id, s, s == 1) for i in range(2) for s in range(6)]
+    warehouse.write_trajectories(trajs)
+    second_step = [t for t in trajs if 2 <= t.sample < 4]
+    assert warehouse.trajectories(RUN, 0, samples=range(2, 4)) == sorted(
+        second_step, key=lambda t: (t.task_id, t.sample)
+    )
+    task = trajs[0].task_id
+    assert [(t.task_id, t.sample) for t in warehouse.trajectories(RUN, 0, [task], range(4, 6))] == [
+        (task, 4),
+        (task, 5),
+    ]
+
+
 def test_the_pool_reads_back_in_the_order_it_was_set(warehouse, make_task) -> None:
     tasks = [make_task(i) for i in range(5)]
     warehouse.write_tasks(tasks)
