@@ -126,6 +126,13 @@ def verify_checkpoint(checkpoint: str, expected: str | None, what: str, local_on
         )
 
 
+def trainer_state_global_step(folder: Path | None) -> int:
+    """The global step a trainer state folder records: optimizer steps since checkpoint 0 (0 for None, a fresh one)."""
+    if folder is None:
+        return 0
+    return int(json.loads((Path(folder) / TRAINER_STATE_FILE).read_text())["global_step"])
+
+
 def trainer_state_to_resume(checkpoint: Path, expected: bool) -> Path | None:
     """The trainer state folder the update of ``checkpoint`` resumes, or None to start a fresh optimizer.
 
@@ -147,7 +154,7 @@ def trainer_state_to_resume(checkpoint: Path, expected: bool) -> Path | None:
             )
         return None
     try:
-        global_step = int(json.loads((folder / TRAINER_STATE_FILE).read_text())["global_step"])
+        global_step = trainer_state_global_step(folder)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataError(
             f"The optimizer state {folder} has no readable {TRAINER_STATE_FILE} ({type(exc).__name__}: {exc}); {fix}."

@@ -127,9 +127,8 @@ class UpdateInput(StepInput):
 
 
 class UpdateOutput(Contract):
-    checkpoint: (
-        str  # the step's trained policy (`PipelineConfig.checkpoint_after`): checkpoint ``round_ + 1`` at the last step
-    )
+    # The step's trained policy (`PipelineConfig.checkpoint_after`): checkpoint ``round_ + 1`` at the last step.
+    checkpoint: str
     stats: dict[str, Any]
     trained_on: dict[str, Any]
     step: int = 0
@@ -138,7 +137,10 @@ class UpdateOutput(Contract):
     @classmethod
     def of_steps(cls, steps: list[UpdateOutput]) -> UpdateOutput:
         """The round's update: the last step's checkpoint, the steps' statistics summed (counts) or averaged (the
-        rest), every step's own statistics under ``per_step``, and the lineage of all of them."""
+        rest), every step's own statistics under ``per_step``, and the lineage of all of them. A round of one
+        step is that step's output, as a round of one batch recorded it."""
+        if len(steps) == 1:
+            return steps[0]
         numbers: dict[str, list[float]] = {}
         for s in steps:
             for key, value in s.stats.items():
@@ -156,9 +158,6 @@ class UpdateOutput(Contract):
             "ids_digest": digest([s.trained_on.get("ids_digest") for s in steps]),
             "steps": len(steps),
         }
-        if len(steps) == 1:  # one step: its own lineage, as a round of one batch recorded it
-            trained_on = dict(steps[0].trained_on)
-            stats = dict(steps[0].stats)
         return cls(
             checkpoint=steps[-1].checkpoint,
             stats=stats,

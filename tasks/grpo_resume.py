@@ -94,10 +94,3 @@ def carry_state(checkpoint_in: Path, staging: Path) -> None:
         return  # copied with the input's files
     (staging / TRAINER_STATE_SUBDIR).mkdir()
     TrainerState().save_to_json(str(staging / TRAINER_STATE_SUBDIR / TRAINER_STATE_FILE))
-
-
-def resumed_global_step(resume_from: Path | None) -> int:
-    """The global step of the trainer state a step resumes (0 for a fresh optimizer)."""
-    if resume_from is None:
-        return 0
-    return int(json.loads((resume_from / TRAINER_STATE_FILE).read_text())["global_step"])

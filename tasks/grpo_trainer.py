@@ -73,7 +73,7 @@ from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-from agent.checkpoints import ADAPTER_SUBDIR, TRAINER_STATE_SUBDIR, save_atomically
+from agent.checkpoints import ADAPTER_SUBDIR, TRAINER_STATE_SUBDIR, save_atomically, trainer_state_global_step
 from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
@@ -81,7 +81,6 @@ from tasks.grpo_groups import RoundGroups, replay_rows
 from tasks.grpo_resume import (
     continue_adapter,
     lora_chain,
-    resumed_global_step,
     save_trainer_state,
     unusable_state,
 )
@@ -323,7 +322,7 @@ def train(
     model, tokenizer = load_policy(base)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rollouts = StoredRollouts(round_groups, pad_token_id)
-    start_step = resumed_global_step(resume_from)
+    start_step = trainer_state_global_step(resume_from)
     with tempfile.TemporaryDirectory(prefix="grpo-") as scratch:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the rollout hook is flagged experimental on every construction

@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger
 
-from agent.checkpoints import ADAPTER_SUBDIR, TRAINER_STATE_SUBDIR, save_atomically, trainer_state_to_resume
+from agent.checkpoints import (
+    ADAPTER_SUBDIR,
+    TRAINER_STATE_SUBDIR,
+    save_atomically,
+    trainer_state_global_step,
+    trainer_state_to_resume,
+)
 from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
@@ -108,7 +114,7 @@ def skip_update(
         "reason": "no group with reward variance",
         "loss": 0.0,
         "steps": 0,
-        "global_step": grpo_resume.resumed_global_step(resume_from) if config.training.carry_optimizer else 0,
+        "global_step": trainer_state_global_step(resume_from),  # 0 when no state is resumed (or carried)
         "optimizer_resumed_from": None if resume_from is None else str(resume_from),
         "groups": 0,
         "duration_s": round(time.perf_counter() - started, 3),
