@@ -178,6 +178,7 @@ SELECT run_id, round,
        CAST(json_extract(output, '$.stats.loss') AS DOUBLE)                AS loss,
        coalesce(CAST(json_extract(output, '$.stats.skipped') AS BOOLEAN), false) AS skipped,
        json_extract_string(output, '$.stats.optimizer_resumed_from')       AS optimizer_resumed_from,
+       json_extract(output, '$.trained_on')                                AS trained_on,
        finished_at
 FROM stage_runs
 WHERE stage = 'update' OR stage LIKE 'update@%'

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from coevolve.errors import DataError
 from coevolve.records import RoundSummary
 from storage.catalog import record_time
 from storage.views import WarehouseViews
+
+_TRAINING_STEPS = """
+SELECT round, step, checkpoint, trained_from, trained_on, optimizer_resumed_from, global_step
+FROM v_training_steps WHERE run_id = ? ORDER BY round, step
+"""
 
 
 class RoundRecords(WarehouseViews):
@@ -80,26 +86,17 @@ class RoundRecords(WarehouseViews):
         return None if record is None else record["output"]
 
     def training_steps(self, run_id: str) -> list[dict[str, Any]]:
-        """Every recorded training step of a run in the order it trained: round, step, the checkpoint it wrote,
-        the one it trained (``trained_from``) and which stored trajectories it trained on (``trained_on``)."""
-        steps = []
-        for record in self.catalog.records("stage_runs", run_id):
-            name = str(record.get("stage", ""))
-            if name != "update" and not name.startswith("update@"):
-                continue
-            output = record.get("output") or {}
-            steps.append(
-                {
-                    "round": int(record["round"]),
-                    "step": int(output.get("step", 0)),
-                    "checkpoint": output.get("checkpoint"),
-                    "trained_from": output.get("trained_from"),
-                    "trained_on": output.get("trained_on"),
-                    "optimizer_resumed_from": (output.get("stats") or {}).get("optimizer_resumed_from"),
-                    "global_step": (output.get("stats") or {}).get("global_step"),
-                }
-            )
-        return sorted(steps, key=lambda s: (s["round"], s["step"]))
+        """Every recorded training step of a run in the order it trained (the rows of ``v_training_steps``):
+        round, step, the checkpoint it wrote, the one it trained (``trained_from``), which stored
+        trajectories it trained on (``trained_on``), the optimizer state it resumed and its global step."""
+        con = self.connect()
+        try:
+            cursor = con.execute(_TRAINING_STEPS, [run_id])
+            names = [column[0] for column in cursor.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        finally:
+            con.close()
+        return [{**row, "trained_on": json.loads(row["trained_on"]) if row["trained_on"] else None} for row in rows]
 
     def rounds(self, run_id: str) -> list[RoundSummary]:
         """Summaries of the finished rounds of a run, in round order."""
