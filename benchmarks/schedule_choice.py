@@ -28,14 +28,10 @@ from pathlib import Path
 from statistics import mean
 
 from coevolve.config import PipelineConfig, load_config
+from coevolve.settings import OFFLINE_ENV
 from storage.warehouse import Warehouse
 
 REPO = Path(__file__).resolve().parents[1]
-OFFLINE = {
-    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "DO_NOT_TRACK": "true",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true", "VLLM_NO_USAGE_STATS": "1",
-    "VLLM_HOST_IP": "127.0.0.1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
-}  # fmt: skip
 
 
 def parse_candidate(text: str) -> tuple[int, int, int]:
@@ -64,7 +60,14 @@ def run_candidate(settings: list[str], state_dir: Path, rounds: int, log: Path) 
         command += ["--set", setting]
     started = time.perf_counter()
     with log.open("a") as out:
-        subprocess.run(command, cwd=REPO, env={**os.environ, **OFFLINE}, stdout=out, stderr=out, check=True)
+        subprocess.run(
+            command,
+            cwd=REPO,
+            env={**os.environ, **OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
+            stdout=out,
+            stderr=out,
+            check=True,
+        )
     return time.perf_counter() - started
 
 
