@@ -58,6 +58,12 @@ SCHEMAS: dict[str, pa.Schema] = {
     ]),
     "tool_call_counts": pa.schema([("tool_name", pa.string()), ("calls", pa.int64()), ("failed_calls", pa.int64())]),
     "pool_membership": pa.schema([("position", pa.int32()), ("task_id", pa.string())]),
+    # Added within layout 3 (a warehouse made before it gets its empty file when next opened for writing).
+    "task_difficulty": pa.schema([
+        ("task_id", pa.string()), ("origin", pa.string()), ("played", pa.int32()), ("recent_played", pa.int32()),
+        ("recent_successes", pa.int32()), ("last_round", pa.int32()), ("prior_mean", pa.float64()),
+        ("alpha", pa.float64()), ("beta", pa.float64()), ("estimate", pa.float64()),
+    ]),
     "tasks": pa.schema([
         ("task_id", pa.string()), ("environment", pa.string()), ("origin", pa.string()), ("round", pa.int32()),
         ("parent_trajectory_id", pa.string()), ("signal_id", pa.string()), ("content_hash", pa.string()),
@@ -66,6 +72,10 @@ SCHEMAS: dict[str, pa.Schema] = {
 }  # fmt: skip
 # Columns added to a table within a layout version, and the value a file without them holds.
 _ADDED_COLUMNS: dict[str, dict[str, Any]] = {"trajectories": {"later_segments": []}}
+
+
+# Tables added within layout 3, newest last: a warehouse opened for writing gets any it lacks.
+ADDED_TABLES: tuple[str, ...] = ("task_difficulty",)
 
 
 def conform(table: str, rows: pa.Table, schema: pa.Schema | None = None) -> pa.Table:

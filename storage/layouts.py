@@ -183,4 +183,21 @@ SELECT run_id, round,
 FROM stage_runs
 WHERE stage = 'update' OR stage LIKE 'update@%'
 ORDER BY run_id, round, step;
+
+-- Purpose: the curriculum. Each pool task's statistics as round r's sampler saw them (storage/task_stats.py):
+-- episodes played before r, recent successes, the Beta posterior of its success and its learnability p(1-p),
+-- with the success it then had in round r (NULL when round r did not draw it).
+CREATE VIEW v_task_difficulty AS
+WITH observed AS (
+    SELECT run_id, round, task_id, count(*) AS episodes_in_round, avg(success::DOUBLE) AS success_in_round
+    FROM trajectories GROUP BY ALL
+)
+SELECT d.run_id, d.round, d.task_id, d.origin, d.played, d.recent_played, d.recent_successes, d.last_round,
+       d.prior_mean, d.alpha, d.beta, d.estimate,
+       d.estimate * (1 - d.estimate)            AS learnability,
+       coalesce(o.episodes_in_round, 0)         AS episodes_in_round,
+       o.success_in_round
+FROM task_difficulty AS d
+LEFT JOIN observed AS o USING (run_id, round, task_id)
+ORDER BY d.run_id, d.round, d.task_id;
 """

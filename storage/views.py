@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from coevolve.errors import DataError
 from storage.catalog import PLACEHOLDER_RUN, Catalog
-from storage.columns import SCHEMAS, conform
+from storage.columns import ADDED_TABLES, SCHEMAS, conform
 from storage.layouts import VIEWS
 from storage.tables import TableFiles
 
@@ -104,6 +104,12 @@ class WarehouseViews:
         if not self.files.is_local:
             con.register_filesystem(self.files.fs)
         for table in SCHEMAS:
+            if table in ADDED_TABLES and not self.files.exists(self._empty_file(table)):
+                # A warehouse made before the table, opened read-only: the table is empty there.
+                con.register(f"_{table}_empty", SCHEMAS[table].empty_table())
+                con.execute(f"CREATE VIEW {table} AS SELECT *, NULL::VARCHAR AS run_id, NULL::INTEGER AS round "
+                            f"FROM _{table}_empty")
+                continue
             con.execute(f"CREATE VIEW {table} AS {self.scan(table)}")
         for kind in ("runs", "rounds", "stage_runs"):
             con.execute(f"CREATE VIEW {kind} AS {self._catalog_scan(kind)}")

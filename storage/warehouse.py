@@ -34,11 +34,12 @@ from typing import Any
 from coevolve.errors import DataError
 from coevolve.stages import CLEARING_ORDER
 from storage.catalog import PLACEHOLDER_RUN, Catalog, record_time
-from storage.columns import SCHEMAS
+from storage.columns import ADDED_TABLES, SCHEMAS
 from storage.layouts import LATEST_VERSION
 from storage.round_records import RoundRecords
 from storage.small_tables import SmallTables
 from storage.tables import TableFiles
+from storage.task_stats import TaskStats
 from storage.trajectory_rows import TrajectoryRows
 from storage.views import CATALOG_COLUMNS
 
@@ -57,7 +58,7 @@ _STAGE_TABLES: dict[str, tuple[str, ...]] = {
 }
 
 
-class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
+class Warehouse(RoundRecords, TrajectoryRows, SmallTables, TaskStats):
     """The warehouse under one root: table files, bookkeeping records, and DuckDB views over them.
 
     Its parts, by concern: `storage.views` (sessions, views, partition reads), `storage.round_records`
@@ -96,6 +97,8 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
                 self._create()
         else:
             self._check_version(int(layout.get("version", 0)))
+            if not read_only:
+                self._add_new_tables()
 
     # -- layout ----------------------------------------------------------------------------------
 
@@ -181,6 +184,14 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables):
         for kind in CATALOG_COLUMNS:
             self.catalog.put_placeholder(kind)
         self.catalog.put(self.catalog.layout_path(), {"version": LATEST_VERSION, "created_at": record_time()})
+
+    def _add_new_tables(self) -> None:
+        # A table added within the layout version (storage/columns.py) has no empty file in a warehouse
+        # made before it: writing it now lets every view match before the table's first row.
+        for table in ADDED_TABLES:
+            target = self._empty_file(table)
+            if not self.files.exists(target):
+                self.files.write(target, SCHEMAS[table].empty_table())
 
     def publish_layout(self) -> None:
         """Write the placeholders and, last, the layout record: from then on the root opens as a warehouse."""

@@ -39,6 +39,23 @@ class SamplingSettings(Section):
     temperature: float = Field(0.9, ge=0, description="Sampling temperature of training rollouts (paper: 0.9).")
     eval_temperature: float = Field(0.0, ge=0, description="Evaluation decoding; 0 is greedy (paper: greedy).")
     max_new_tokens: int = Field(96, ge=8, description="Tokens per model message (paper: 4096 per response).")
+    dynamic_sampling: bool = Field(
+        False,
+        description=(
+            "After a batch is played, groups whose rewards are all equal stay in the warehouse (the miner reads "
+            "them) but do not count toward the update; replacement tasks drawn by pool.sampler are played until the "
+            "step has tasks_per_batch groups with reward variance or has played max_rollout_factor x its episodes "
+            "(DAPO's dynamic sampling). Off: the paper trains on whatever groups the batch gives."
+        ),
+    )
+    max_rollout_factor: float = Field(
+        2.0,
+        ge=1,
+        description=(
+            "With dynamic_sampling, the most episodes a step plays, in multiples of tasks_per_batch x group_size: "
+            "bounds what a step costs when few groups carry reward variance."
+        ),
+    )
 
 
 class RolloutConfig(EvaluationSettings, SamplingSettings, ServerSettings, EngineSettings):

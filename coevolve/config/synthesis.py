@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from coevolve.config.base import Section
 
@@ -116,3 +116,55 @@ class PoolConfig(Section):
             "fixes it so every arm and every loop seed starts from the same pool and checkpoint 0."
         ),
     )
+    sampler: Literal["uniform", "learnability", "band"] = Field(
+        "uniform",
+        description=(
+            "How a training step draws its batch from the pool (tasks/samplers.py): 'uniform' (the paper: every task "
+            "equally likely), 'learnability' (weight p(1-p) of the task's estimated success p, so tasks the policy "
+            "sometimes solves come first), or 'band' (tasks whose estimate lies in band_low..band_high)."
+        ),
+    )
+    prior_strength: float = Field(
+        2.0,
+        gt=0,
+        description=(
+            "Pseudo-episodes of the Beta prior of a task's success (its mean: the success of the pool's tasks of the "
+            "same origin). 2 lets one group of 6 episodes outweigh the prior threefold while a task never played "
+            "still gets the prior of its kind (v_task_difficulty)."
+        ),
+    )
+    history_episodes: int = Field(
+        24,
+        ge=1,
+        description=(
+            "A task's most recent episodes its estimate counts (4 groups of 6): the policy changes every step, so "
+            "older outcomes say less about how it does now."
+        ),
+    )
+    weight_floor: float = Field(
+        0.02,
+        ge=0,
+        le=0.25,
+        description=(
+            "The least weight a task gets under 'learnability' and 'band' (the largest p(1-p) is 0.25): every task "
+            "keeps a chance, so a task estimated as always failed or always solved is still drawn now and then and "
+            "its estimate can move."
+        ),
+    )
+    explore_unplayed: bool = Field(
+        True,
+        description=(
+            "Give a task never played the largest weight (0.25) instead of its prior's p(1-p), so new tasks are "
+            "explored before the estimate decides."
+        ),
+    )
+    band_low: float = Field(0.2, ge=0, le=1, description="Lowest estimate 'band' keeps at full weight.")
+    band_high: float = Field(0.8, ge=0, le=1, description="Highest estimate 'band' keeps at full weight.")
+
+    @model_validator(mode="after")
+    def _check_band(self) -> PoolConfig:
+        if self.band_low > self.band_high:
+            raise ValueError(
+                f"pool.band_low ({self.band_low}) is above pool.band_high ({self.band_high}); set band_low <= band_high."
+            )
+        return self
