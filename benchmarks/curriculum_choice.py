@@ -37,7 +37,7 @@ SCHEDULE = ["training.batches_per_round=1", "training.updates_per_batch=4"]
 CURRICULUM = ["rollout.tasks_per_batch=12", "rollout.dynamic_sampling=true", "rollout.max_rollout_factor=2"]
 CANDIDATES: dict[str, list[str]] = {
     "uniform": ["pool.sampler=uniform", "rollout.tasks_per_batch=24"],
-    "uniform+dynamic": ["pool.sampler=uniform", *CURRICULUM],
+    "uniform-dynamic": ["pool.sampler=uniform", *CURRICULUM],
     "learnability": ["pool.sampler=learnability", "pool.explore_unplayed=true", *CURRICULUM],
     "learnability-prior": ["pool.sampler=learnability", "pool.explore_unplayed=false", *CURRICULUM],
     "band": ["pool.sampler=band", "pool.explore_unplayed=false", *CURRICULUM],

@@ -20,12 +20,15 @@ import pyarrow as pa
 from storage.columns import SCHEMAS
 from storage.views import WarehouseViews
 
-# $run, $round, $history (most recent episodes per task), $strength (prior pseudo-episodes).
+# $run, $round, $history (most recent episodes per task), $strength (prior pseudo-episodes of a task),
+# $kind_strength (pseudo-episodes of a kind's rate).
 _TASK_DIFFICULTY = """
 WITH pool AS (
     SELECT DISTINCT task_id FROM pool_membership WHERE run_id = $run AND round = $round
-), origins AS (
-    SELECT task_id, any_value(origin) AS origin FROM tasks GROUP BY task_id
+), kinds AS (
+    -- A task's kind: the tools its reference calls. Tasks that need the same tools succeed alike.
+    SELECT task_id, any_value(origin) AS origin, any_value(list_sort(list_distinct(tools))::VARCHAR) AS kind
+    FROM tasks GROUP BY task_id
 ), ranked AS (
     SELECT t.task_id, t.round, t.success,
            row_number() OVER (PARTITION BY t.task_id ORDER BY t.round DESC, t.sample DESC) AS age
@@ -33,23 +36,27 @@ WITH pool AS (
     WHERE t.run_id = $run AND t.round < $round
 ), played AS (
     SELECT task_id,
-           count(*)                                        AS played,
-           count(*) FILTER (WHERE age <= $history)         AS recent_played,
+           count(*)                                            AS played,
+           count(*) FILTER (WHERE age <= $history)             AS recent_played,
            count(*) FILTER (WHERE age <= $history AND success) AS recent_successes,
-           max(round)                                      AS last_round
+           max(round)                                          AS last_round
     FROM ranked GROUP BY task_id
 ), stats AS (
-    SELECT p.task_id, coalesce(o.origin, 'unknown') AS origin,
+    SELECT p.task_id, coalesce(k.origin, 'unknown') AS origin, coalesce(k.kind, '') AS kind,
            coalesce(s.played, 0) AS played, coalesce(s.recent_played, 0) AS recent_played,
            coalesce(s.recent_successes, 0) AS recent_successes, s.last_round
-    FROM pool AS p LEFT JOIN played AS s USING (task_id) LEFT JOIN origins AS o USING (task_id)
+    FROM pool AS p LEFT JOIN played AS s USING (task_id) LEFT JOIN kinds AS k USING (task_id)
 ), overall AS (
     SELECT coalesce(sum(recent_successes) / nullif(sum(recent_played), 0), 0.5) AS rate FROM stats
-), kinds AS (
-    SELECT origin,
-           (sum(recent_successes) + $strength * any_value(overall.rate))
-               / (sum(recent_played) + $strength) AS prior_mean
-    FROM stats, overall GROUP BY origin
+), by_kind AS (
+    SELECT *,
+           sum(recent_successes) OVER (PARTITION BY kind) - recent_successes AS kind_successes,
+           sum(recent_played) OVER (PARTITION BY kind) - recent_played       AS kind_played
+    FROM stats
+), priors AS (
+    -- The other tasks of its kind, shrunk toward the pool's rate: the task's own episodes are its evidence.
+    SELECT b.*, (kind_successes + $kind_strength * o.rate) / (kind_played + $kind_strength) AS prior_mean
+    FROM by_kind AS b, overall AS o
 )
 SELECT task_id, origin,
        CAST(played AS INTEGER) AS played, CAST(recent_played AS INTEGER) AS recent_played,
@@ -58,7 +65,7 @@ SELECT task_id, origin,
        $strength * prior_mean + recent_successes                       AS alpha,
        $strength * (1 - prior_mean) + recent_played - recent_successes AS beta,
        ($strength * prior_mean + recent_successes) / ($strength + recent_played) AS estimate
-FROM stats JOIN kinds USING (origin)
+FROM priors
 ORDER BY task_id
 """
 
@@ -66,7 +73,9 @@ ORDER BY task_id
 class TaskStats(WarehouseViews):
     """Computes, stores and reads the per-task statistics of a round's pool."""
 
-    def task_difficulty(self, run_id: str, round_: int, history_episodes: int, prior_strength: float) -> pa.Table:
+    def task_difficulty(
+        self, run_id: str, round_: int, history_episodes: int, prior_strength: float, kind_strength: float
+    ) -> pa.Table:
         """Pool ``round_``'s statistics as stored; computed from the trajectories of earlier rounds and stored
         first when the round has none yet. Earlier rounds never change once finished, so computing again gives
         the same rows: a resumed round draws from the same estimates."""
@@ -77,7 +86,13 @@ class TaskStats(WarehouseViews):
         try:
             rows = con.sql(
                 _TASK_DIFFICULTY,
-                params={"run": run_id, "round": round_, "history": history_episodes, "strength": prior_strength},
+                params={
+                    "run": run_id,
+                    "round": round_,
+                    "history": history_episodes,
+                    "strength": prior_strength,
+                    "kind_strength": kind_strength,
+                },
             ).to_arrow_table()
         finally:
             con.close()

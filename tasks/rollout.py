@@ -238,7 +238,13 @@ def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -
     if not pool:
         raise DataError(f"Pool {round_} of run {config.run_id!r} is empty; round {round_ - 1} must finish first.")
     estimates = estimates_of(
-        wh.task_difficulty(config.run_id, round_, config.pool.history_episodes, config.pool.prior_strength)
+        wh.task_difficulty(
+            config.run_id,
+            round_,
+            history_episodes=config.pool.history_episodes,
+            prior_strength=config.pool.prior_strength,
+            kind_strength=config.pool.kind_strength,
+        )
     )
     sampler = pool_sampler(config.pool)
     group_size, target = config.rollout.group_size, config.rollout.tasks_per_batch

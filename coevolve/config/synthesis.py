@@ -128,9 +128,17 @@ class PoolConfig(Section):
         2.0,
         gt=0,
         description=(
-            "Pseudo-episodes of the Beta prior of a task's success (its mean: the success of the pool's tasks of the "
-            "same origin). 2 lets one group of 6 episodes outweigh the prior threefold while a task never played "
-            "still gets the prior of its kind (v_task_difficulty)."
+            "Pseudo-episodes of the Beta prior of a task's success (its mean: the success of the pool's other tasks of "
+            "its kind, those calling the same tools). 2 lets one group of 6 episodes outweigh the prior threefold "
+            "while a task never played still gets the prior of its kind (v_task_difficulty)."
+        ),
+    )
+    kind_strength: float = Field(
+        6.0,
+        gt=0,
+        description=(
+            "Pseudo-episodes of the pool's success rate in a kind's prior: a kind whose tasks have one group of 6 "
+            "episodes between them is weighed half by them and half by the pool."
         ),
     )
     history_episodes: int = Field(

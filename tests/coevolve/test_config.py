@@ -89,6 +89,23 @@ def test_the_papers_preset_is_the_papers_schedule():
     assert (config.training.updates_per_batch, config.training.carry_optimizer) == (1, True)
 
 
+def test_the_papers_method_keeps_the_uniform_pool_and_the_curriculum_preset_differs_only_by_the_curriculum():
+    configs = Path(__file__).parents[2] / "configs"
+    paper = load_config(configs / "paper.yaml", environ={}).model_dump(mode="json")
+    curriculum = load_config(configs / "curriculum.yaml", environ={}).model_dump(mode="json")
+    assert (paper["pool"]["sampler"], paper["rollout"]["dynamic_sampling"]) == ("uniform", False)
+    assert (curriculum["pool"]["sampler"], curriculum["rollout"]["dynamic_sampling"]) == ("learnability", True)
+    differ = {
+        (section, key)
+        for section, values in paper.items()
+        if isinstance(values, dict)
+        for key, value in values.items()
+        if curriculum[section][key] != value
+    }
+    assert differ == {("pool", "sampler"), ("rollout", "dynamic_sampling")}  # max_rollout_factor: the default 2
+    assert {k for k, v in paper.items() if not isinstance(v, dict) and curriculum[k] != v} == {"run_id"}
+
+
 @pytest.mark.parametrize(
     ("setting", "named"),
     [("training.steps_per_round=4", "training.batches_per_round"), ("rollout.tasks_per_round=8", "tasks_per_batch")],

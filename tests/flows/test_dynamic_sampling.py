@@ -30,7 +30,7 @@ def round0(prefect_api, tiny_config, tmp_path_factory):
     run_stage(config, PrepareInput(round_=0))
     with Warehouse(config.warehouse_path) as wh:
         pool = wh.pool(config.run_id, 0)
-        rows = wh.task_difficulty(config.run_id, 0, config.pool.history_episodes, config.pool.prior_strength)
+        rows = wh.task_difficulty(config.run_id, 0, config.pool.history_episodes, config.pool.prior_strength, 6.0)
         first = pool_sampler(config.pool).draw(pool, estimates_of(rows), TASKS, draw_key(config.seed, 0, 0, 0))
         mixed, flat = first[0].task_id, first[1].task_id
         wh.write_trajectories(

@@ -8,9 +8,10 @@ from tests.storage.conftest import RUN
 
 @pytest.fixture
 def played(warehouse, make_task, make_trajectory):
-    """Pool 2 of three seed tasks and a boundary task: one task won 3 of 4 episodes over rounds 0 and 1, one lost
-    its 2, and two were never played; a trajectory of round 2 itself (not before it) is there too."""
-    tasks = [make_task(0), make_task(1), make_task(2), make_task(3, origin="boundary")]
+    """Pool 2 of three seed tasks of one kind (same tools) and a boundary task of another: one task won 3 of 4
+    episodes over rounds 0 and 1, one lost its 2, and two were never played; a trajectory of round 2 itself (not
+    before it) is there too."""
+    tasks = [make_task(0), make_task(1), make_task(2), make_task(3, origin="boundary", tools=("ls",))]
     warehouse.write_tasks(tasks)
     warehouse.set_pool(RUN, 2, [t.task_id for t in tasks])
     won, lost = tasks[0].task_id, tasks[1].task_id
@@ -23,8 +24,8 @@ def played(warehouse, make_task, make_trajectory):
     return warehouse, tasks
 
 
-def _rows(wh: Warehouse, history: int = 24, strength: float = 2.0) -> dict[str, dict]:
-    return {r["task_id"]: r for r in wh.task_difficulty(RUN, 2, history, strength).to_pylist()}
+def _rows(wh: Warehouse, history: int = 24, strength: float = 2.0, kind_strength: float = 6.0) -> dict[str, dict]:
+    return {r["task_id"]: r for r in wh.task_difficulty(RUN, 2, history, strength, kind_strength).to_pylist()}
 
 
 def test_every_pool_task_has_a_row_with_its_episodes_before_the_round(played):
@@ -37,17 +38,18 @@ def test_every_pool_task_has_a_row_with_its_episodes_before_the_round(played):
     assert [rows[t.task_id]["last_round"] for t in tasks] == [1, 1, None, None]
 
 
-def test_the_estimate_is_the_beta_posterior_mean_around_the_prior_of_the_tasks_kind(played):
+def test_the_estimate_is_the_beta_posterior_mean_around_the_prior_of_the_other_tasks_of_its_kind(played):
     wh, tasks = played
-    rows = _rows(wh, strength=2.0)
-    # Seed tasks won 3 of 6 recent episodes; shrunk toward the pool's 3/6 with 2 pseudo-episodes: 0.5.
-    seed_prior = (3 + 2 * 0.5) / (6 + 2)
+    rows = _rows(wh, strength=2.0, kind_strength=6.0)
+    pool_rate = 3 / 6  # 3 of the pool's 6 recent episodes succeeded
+    # The won task's kind-mates lost 2 of 2: its prior is (0 + 6 x 0.5) / (2 + 6), its own 3 of 4 the evidence.
     won = rows[tasks[0].task_id]
-    assert won["prior_mean"] == pytest.approx(seed_prior)
-    assert (won["alpha"], won["beta"]) == pytest.approx((2 * seed_prior + 3, 2 * (1 - seed_prior) + 1))
-    assert won["estimate"] == pytest.approx((2 * seed_prior + 3) / 6)
-    assert rows[tasks[2].task_id]["estimate"] == pytest.approx(seed_prior)  # never played: its kind's prior
-    assert rows[tasks[3].task_id]["prior_mean"] == pytest.approx(0.5)  # no boundary episode: the pool's rate
+    assert won["prior_mean"] == pytest.approx(3 / 8)
+    assert (won["alpha"], won["beta"]) == pytest.approx((2 * 3 / 8 + 3, 2 * 5 / 8 + 1))
+    assert won["estimate"] == pytest.approx((2 * 3 / 8 + 3) / 6)
+    assert rows[tasks[1].task_id]["prior_mean"] == pytest.approx((3 + 6 * pool_rate) / (4 + 6))
+    assert rows[tasks[2].task_id]["estimate"] == pytest.approx((3 + 6 * pool_rate) / (6 + 6))  # never played
+    assert rows[tasks[3].task_id]["prior_mean"] == pytest.approx(pool_rate)  # no episode of its kind: the pool's
 
 
 def test_only_the_most_recent_episodes_count_toward_the_estimate(played):
