@@ -72,6 +72,13 @@ class RolloutOutput(Contract):
     finish_reasons: dict[str, int]
     step: int = 0
     checkpoint: str | None = None  # the policy that played the step's batch; None in older records
+    # Groups (tasks) the step played and those with reward variance; None in records of older versions.
+    groups_played: int | None = None
+    informative_groups: int | None = None
+    draws: int = 1  # the batch and, with rollout.dynamic_sampling, each round of replacement tasks
+    # With rollout.dynamic_sampling: the groups the update trains on (the first tasks_per_batch with reward
+    # variance, in the order they were drawn); None: every group of the step with reward variance.
+    train_tasks: list[str] | None = None
 
     @classmethod
     def of_steps(cls, steps: list[RolloutOutput]) -> RolloutOutput:
@@ -89,8 +96,16 @@ class RolloutOutput(Contract):
                 "finish_reasons": dict(sorted(reasons.items())),
                 "checkpoint": steps[0].checkpoint,
                 "steps": len(steps),
+                "groups_played": _total([s.groups_played for s in steps]),
+                "informative_groups": _total([s.informative_groups for s in steps]),
+                "draws": sum(s.draws for s in steps),
             }
         )
+
+
+def _total(counts: list[int | None]) -> int | None:
+    """The sum of the steps' counts; None when a step's record (of an older version) lacks it."""
+    return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
 
 
 class MineInput(StageInput):
@@ -124,6 +139,8 @@ class ValidateOutput(Contract):
 
 class UpdateInput(StepInput):
     checkpoint: str  # the policy step ``step``'s batch was played with
+    # The groups to train on (`RolloutOutput.train_tasks`); None: every group of the step with reward variance.
+    tasks: list[str] | None = None
 
 
 class UpdateOutput(Contract):

@@ -62,7 +62,12 @@ def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dic
         updates: list[UpdateOutput] = []
         for step in range(cfg.training.batches_per_round):
             rollouts.append(run_stage(cfg, RolloutInput(round_=round_, step=step, checkpoint=checkpoint)))
-            updates.append(run_stage(cfg, UpdateInput(round_=round_, step=step, checkpoint=checkpoint)))
+            updates.append(
+                run_stage(
+                    cfg,
+                    UpdateInput(round_=round_, step=step, checkpoint=checkpoint, tasks=rollouts[-1].train_tasks),
+                )
+            )
             if step > 0:
                 release_step_checkpoint(cfg, round_, step - 1)  # step - 1's folder: read by nothing from here on
             checkpoint = updates[-1].checkpoint

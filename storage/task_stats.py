@@ -47,7 +47,8 @@ WITH pool AS (
     SELECT coalesce(sum(recent_successes) / nullif(sum(recent_played), 0), 0.5) AS rate FROM stats
 ), kinds AS (
     SELECT origin,
-           (sum(recent_successes) + $strength * any_value(overall.rate)) / (sum(recent_played) + $strength) AS prior_mean
+           (sum(recent_successes) + $strength * any_value(overall.rate))
+               / (sum(recent_played) + $strength) AS prior_mean
     FROM stats, overall GROUP BY origin
 )
 SELECT task_id, origin,

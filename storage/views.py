@@ -107,8 +107,10 @@ class WarehouseViews:
             if table in ADDED_TABLES and not self.files.exists(self._empty_file(table)):
                 # A warehouse made before the table, opened read-only: the table is empty there.
                 con.register(f"_{table}_empty", SCHEMAS[table].empty_table())
-                con.execute(f"CREATE VIEW {table} AS SELECT *, NULL::VARCHAR AS run_id, NULL::INTEGER AS round "
-                            f"FROM _{table}_empty")
+                con.execute(
+                    f"CREATE VIEW {table} AS SELECT *, NULL::VARCHAR AS run_id, NULL::INTEGER AS round "
+                    f"FROM _{table}_empty"
+                )
                 continue
             con.execute(f"CREATE VIEW {table} AS {self.scan(table)}")
         for kind in ("runs", "rounds", "stage_runs"):

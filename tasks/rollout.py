@@ -34,7 +34,6 @@ Run alone: ``coevolve round --round R`` runs it as the first task of a round.
 from __future__ import annotations
 
 import hashlib
-import random
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +51,7 @@ from coevolve.stages import RolloutInput, RolloutOutput, step_samples
 from tasks.common import make_environment
 from tasks.episode import Engine, Episode, advance_episode, to_trajectory
 from tasks.registry import stage
+from tasks.samplers import draw_key, estimates_of, pool_sampler
 
 # The BFCL prompt handlers load bfcl-eval's model handlers (and openai's types): seconds, needed only
 # when a rollout plays with prompt_style 'bfcl'.
@@ -197,18 +197,6 @@ def _handler(env_config: EnvironmentConfig) -> str:
     return env_config.bfcl_handler
 
 
-def draw_batch(pool: list[Task], size: int, seed: int, round_: int, step: int = 0) -> list[Task]:
-    """Training step ``step``'s batch: a seeded sample without replacement (the whole pool if it is smaller).
-
-    Each step draws from the whole pool on its own (a task may be in several steps of a round), as
-    every step of one long run samples its batch; step 0 draws what a round of one batch always drew.
-    """
-    rng = random.Random(f"{seed}:{round_}:batch" if step == 0 else f"{seed}:{round_}:{step}:batch")
-    if len(pool) <= size:
-        return list(pool)
-    return rng.sample(pool, size)
-
-
 def success_rate(trajectories: list[Trajectory]) -> float:
     return sum(t.success for t in trajectories) / len(trajectories) if trajectories else 0.0
 
@@ -216,53 +204,113 @@ def success_rate(trajectories: list[Trajectory]) -> float:
 # --- Prefect task -------------------------------------------------------------------------------
 
 
+def informative_tasks(outcomes: dict[str, list], samples: range, group_size: int) -> set[str]:
+    """Tasks whose episodes numbered ``samples`` (one training step's) form a whole group with reward variance:
+    the groups GRPO learns from (tasks/grpo_groups.group_trajectories applies the same rule)."""
+    rewards: dict[str, list[float]] = {}
+    for task_id, sample, reward in zip(outcomes["task_id"], outcomes["sample"], outcomes["reward"], strict=True):
+        if sample in samples:
+            rewards.setdefault(task_id, []).append(reward)
+    return {task_id for task_id, r in rewards.items() if len(r) == group_size and len(set(r)) > 1}
+
+
+def episode_budget(config: RolloutConfig) -> int:
+    """The most episodes one training step plays: its batch, times rollout.max_rollout_factor with dynamic sampling."""
+    base = config.tasks_per_batch * config.group_size
+    return int(base * config.max_rollout_factor) if config.dynamic_sampling else base
+
+
+# --- Prefect task -------------------------------------------------------------------------------
+
+
 @stage("rollout", retries=2, retry_delay_seconds=5)
 def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -> RolloutOutput:
-    """Play training step ``step``'s batch with the policy the previous step produced and store the trajectories."""
+    """Play training step ``step``'s batch with the policy the previous step produced and store the trajectories.
+
+    The batch is drawn by ``pool.sampler`` from the round's task statistics (`Warehouse.task_difficulty`). With
+    ``rollout.dynamic_sampling``, replacement tasks not yet played in the step are drawn and played until the step
+    has ``tasks_per_batch`` groups with reward variance or has spent its episode budget (`episode_budget`). Every
+    draw is seeded by (seed, round, step, draw) and decided by stored outcomes only, so a resumed stage draws and
+    plays exactly the same tasks.
+    """
     round_, step = inputs.round_, inputs.step
     pool = wh.pool(config.run_id, round_)
     if not pool:
         raise DataError(f"Pool {round_} of run {config.run_id!r} is empty; round {round_ - 1} must finish first.")
-    batch = draw_batch(pool, config.rollout.tasks_per_batch, config.seed, round_, step)
-    samples = step_samples(step, config.rollout.group_size)
+    estimates = estimates_of(
+        wh.task_difficulty(config.run_id, round_, config.pool.history_episodes, config.pool.prior_strength)
+    )
+    sampler = pool_sampler(config.pool)
+    group_size, target = config.rollout.group_size, config.rollout.tasks_per_batch
+    samples = step_samples(step, group_size)
     # Episodes stored by an earlier, interrupted attempt are kept; only the missing ones are played.
     stored = {(task_id, sample) for task_id, sample in wh.stored_episodes(config.run_id, round_) if sample in samples}
     if stored:
         get_run_logger().info(
             "round %d step %d: %d episodes already stored, playing the rest", round_, step, len(stored)
         )
+    played: list[Task] = []
+    informative: set[str] = set()
+    batch = sampler.draw(pool, estimates, target, draw_key(config.seed, round_, step, 0))
+    draws = 0
     # Released when the block ends, before the update stage trains: vLLM shut down, GPU memory and connections freed.
     with open_engine(inputs.checkpoint, config) as engine:
-        play_episodes(
-            engine,
-            batch,
-            samples=config.rollout.group_size,
-            temperature=config.rollout.temperature,
-            max_new_tokens=config.rollout.max_new_tokens,
-            env_config=config.environment,
-            run_id=config.run_id,
-            round_=round_,
-            max_context_tokens=context_length(engine),
-            batch_size=config.rollout.generate_batch,
-            seed=config.seed,  # same seed and round, same samples on a re-run
-            skip=stored,
-            on_finished=wh.write_trajectories,  # durable in batches as episodes end
-            flush_every=config.warehouse.flush_every,
-            first_sample=samples.start,
-        )
+        while batch:
+            draws += 1
+            play_episodes(
+                engine,
+                batch,
+                samples=group_size,
+                temperature=config.rollout.temperature,
+                max_new_tokens=config.rollout.max_new_tokens,
+                env_config=config.environment,
+                run_id=config.run_id,
+                round_=round_,
+                max_context_tokens=context_length(engine),
+                batch_size=config.rollout.generate_batch,
+                seed=config.seed,  # same seed and round, same samples on a re-run
+                skip=stored,
+                on_finished=wh.write_trajectories,  # durable in batches as episodes end
+                flush_every=config.warehouse.flush_every,
+                first_sample=samples.start,
+                desc="rollout" if draws == 1 else f"rollout (replacements {draws - 1})",
+            )
+            played += batch
+            if not config.rollout.dynamic_sampling:
+                break
+            informative = informative_tasks(wh.outcomes(config.run_id, round_), samples, group_size)
+            room = (episode_budget(config.rollout) - len(played) * group_size) // group_size
+            wanted = min(target - len(informative), room)
+            if wanted <= 0:
+                break
+            drawn = {t.task_id for t in played}
+            batch = sampler.draw(
+                [t for t in pool if t.task_id not in drawn], estimates, wanted,
+                draw_key(config.seed, round_, step, draws),
+            )  # fmt: skip
     outcomes = wh.outcomes(config.run_id, round_)
+    informative = informative_tasks(outcomes, samples, group_size)
     mine = [i for i, sample in enumerate(outcomes["sample"]) if sample in samples]  # this step's episodes
     successes = [outcomes["success"][i] for i in mine]
     reasons = dict(sorted(Counter(outcomes["finish_reason"][i] for i in mine).items()))
     rate = sum(successes) / len(successes) if successes else 0.0
-    get_run_logger().info(
-        "round %d step %d: %d episodes, success %.3f, finish reasons %s", round_, step, len(successes), rate, reasons
+    train_tasks = (
+        [t.task_id for t in played if t.task_id in informative][:target] if config.rollout.dynamic_sampling else None
     )
+    get_run_logger().info(
+        "round %d step %d: %d episodes of %d tasks in %d draw(s), %d groups with reward variance, success %.3f, "
+        "finish reasons %s",
+        round_, step, len(successes), len(played), draws, len(informative), rate, reasons,
+    )  # fmt: skip
     return RolloutOutput(
         trajectories=len(successes),
-        tasks=len(batch),
+        tasks=len(played),
         success_rate=rate,
         finish_reasons=reasons,
         step=step,
         checkpoint=inputs.checkpoint,
+        groups_played=len(played),
+        informative_groups=len(informative),
+        draws=draws,
+        train_tasks=train_tasks,
     )

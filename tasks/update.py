@@ -195,8 +195,11 @@ def update_stage(config: PipelineConfig, wh: Warehouse, inputs: UpdateInput) -> 
     round_, step, checkpoint = inputs.round_, inputs.step, inputs.checkpoint
     group_size = config.rollout.group_size
     # The step's only grouping, of its own episodes only (read as such from the warehouse).
+    # With dynamic sampling, only the groups the rollout counted (inputs.tasks): the first tasks_per_batch with reward
+    # variance, so every step trains on a batch of the same size.
     round_groups = group_round(
-        wh.trajectories(config.run_id, round_, samples=step_samples(step, group_size)), group_size
+        wh.trajectories(config.run_id, round_, task_ids=inputs.tasks, samples=step_samples(step, group_size)),
+        group_size,
     )
     out_dir = config.checkpoint_after(round_, step)
     reference = kl_reference_checkpoint(config, wh, checkpoint, round_, step)

@@ -165,6 +165,7 @@ class PoolConfig(Section):
     def _check_band(self) -> PoolConfig:
         if self.band_low > self.band_high:
             raise ValueError(
-                f"pool.band_low ({self.band_low}) is above pool.band_high ({self.band_high}); set band_low <= band_high."
+                f"pool.band_low ({self.band_low}) is above pool.band_high ({self.band_high}); "
+                "set band_low <= band_high."
             )
         return self

@@ -12,7 +12,7 @@ from coevolve.config import EnvironmentConfig, PolicyConfig
 from envs.bfcl import official_tasks
 from envs.explorer import build_tasks, demonstration
 from tasks.common import make_environment
-from tasks.rollout import draw_batch, play_episodes
+from tasks.rollout import play_episodes
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +92,6 @@ def test_a_round_replays_its_samples_whatever_the_batching(untrained_engine, tas
     whole = play(untrained_engine, tasks, seed=5, round_=3, batch_size=64)
     chunked = play(untrained_engine, tasks, seed=5, round_=3, batch_size=2)
     assert [t.completion_ids for t in whole] == [t.completion_ids for t in chunked]
-
-
-def test_the_batch_is_a_seeded_sample_of_the_pool(tasks):
-    assert draw_batch(tasks, 2, seed=1, round_=0) == draw_batch(tasks, 2, seed=1, round_=0)
-    assert draw_batch(tasks, 10, seed=1, round_=0) == tasks
 
 
 class _Handshake:
