@@ -309,6 +309,19 @@ class RoundSummary:
     accepted_by_kind: dict[str, int] = field(default_factory=dict)
     # Greedy success of the round's checkpoint on the first rollout.dev_eval_tasks dev tasks; None when not scored.
     dev_success: float | None = None
+    # What the round played and trained (equal compute across ablation arms is read from these); None where
+    # not recorded. Episodes (trajectories) and GRPO groups the round's rollouts played.
+    episodes_played: int | None = None
+    groups_played: int | None = None
+    # Episodes played per informative group: the rollout cost of one group the update learns from.
+    episodes_per_informative_group: float | None = None
+    # Optimizer steps the round's update took (the sum of its training steps' "steps" statistics).
+    optimizer_steps: int | None = None
+    # Curriculum: episode-weighted mean |estimate - observed success| of the tasks the round played, the
+    # estimates being the sampler's (task_difficulty of the round); None where the round has no estimates.
+    calibration: float | None = None
+    # Pool r's tasks by estimated success, storage.mechanism.DIFFICULTY_BINS -> count; empty without estimates.
+    difficulty_histogram: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,9 +1,21 @@
 """The built-in ablation: does signal-guided co-evolution beat a static pool and random synthesis?
 
-Every arm runs the same rounds with the same batch size, group size and update steps (equal
-compute), from the same seed pool and checkpoint 0 (``pool.seed``); the random arm explores as many
-targets as the signal arms select (equal task volume). Each (arm, seed) pair is its own run in the
-warehouse, so everything is queryable afterwards; the report compares arms paired by seed and task.
+Every arm runs the same rounds with the same group size and update steps, from the same seed pool and
+checkpoint 0 (``pool.seed``); the random arm explores as many targets as the signal arms select (equal
+task volume). Each (arm, seed) pair is its own run in the warehouse, so everything is queryable
+afterwards; the report compares arms paired by seed and task.
+
+The ``+learnability`` arms (``static+learnability``, ``random+learnability``, ``full+learnability``)
+are their base arm with the curriculum on: the batch is drawn by estimated learnability
+(``pool.sampler: learnability``) and groups whose rewards are all equal are replaced by new tasks until
+the step has ``rollout.tasks_per_batch`` informative groups (``rollout.dynamic_sampling``). Compute stays
+equal: such an arm's batch is the base batch divided by ``CURRICULUM_ROLLOUT_FACTOR``
+(``curriculum_batch``), so the most episodes it may play per step, tasks_per_batch x group_size x
+max_rollout_factor, is what a base arm plays (configs/ablation.yaml: 12 x 6 x 2 = 24 x 6 = 144), and the
+optimizer steps per round are the same. The report prints each arm's episodes played and optimizer steps,
+so a reader sees both. A curriculum arm plays another rollout in round 0 than its base arm, so it
+computes its own round 0 instead of copying it. Run ids spell ``+`` as ``_`` (``arm_run_label``): run ids,
+MLflow metric names and model names take letters, digits, ``_``, ``.`` and ``-`` only.
 
 With ``rollout.final_heldout_tasks`` > 0 (configs/ablation.yaml: 500), checkpoint 0 is scored on the
 final held-out split once per ablation (rows under run ``<name>-checkpoint-0``) and every run's final
@@ -52,6 +64,23 @@ from tasks.report import FINAL_SPLIT
 from tasks.report_task import report_task
 from tasks.splits import FINAL_HELDOUT_ROUND, HELDOUT_ROUND
 
+# The most episodes a curriculum arm's step may play, in multiples of its batch (rollout.max_rollout_factor):
+# 2 lets a step replace every group of its batch once; its batch is the base batch / 2, so it plays at most
+# what a base arm plays.
+CURRICULUM_ROLLOUT_FACTOR = 2.0
+# What an arm adds to its base arm to turn the curriculum on (the batch size is set by arm_config).
+CURRICULUM: dict[str, Any] = {
+    "pool": {"sampler": "learnability"},
+    "rollout": {"dynamic_sampling": True, "max_rollout_factor": CURRICULUM_ROLLOUT_FACTOR},
+}
+# The suffix of a curriculum arm's name: "<base arm>+learnability".
+CURRICULUM_SUFFIX = "+learnability"
+
+
+def _with_curriculum(overrides: dict[str, Any]) -> dict[str, Any]:
+    return {**copy.deepcopy(overrides), **copy.deepcopy(CURRICULUM)}
+
+
 # Arm name -> configuration overrides. "full" is the configuration as given.
 ARMS: dict[str, dict[str, Any]] = {
     "static": {"synthesis": {"mode": "off"}},
@@ -61,6 +90,21 @@ ARMS: dict[str, dict[str, Any]] = {
     "no-boundary": {"synthesis": {"mode": "signal"}, "signals": {"enabled": ["forgetting", "rare"]}},
     "no-rare": {"synthesis": {"mode": "signal"}, "signals": {"enabled": ["forgetting", "boundary"]}},
 }
+ARMS |= {f"{arm}{CURRICULUM_SUFFIX}": _with_curriculum(ARMS[arm]) for arm in ("static", "random", "full")}
+
+
+def curriculum_batch(tasks_per_batch: int, max_rollout_factor: float) -> int:
+    """The batch of a dynamic-sampling arm with the episode budget of a base arm's ``tasks_per_batch``.
+
+    Its step plays at most batch x group_size x max_rollout_factor episodes; a base arm's plays
+    tasks_per_batch x group_size. Rounded down (at least 1), so a curriculum arm never plays more.
+    """
+    return max(1, int(tasks_per_batch // max_rollout_factor))
+
+
+def arm_run_label(arm: str) -> str:
+    """An arm's name as it appears in run ids: ``+`` spelled ``_`` (run ids take letters, digits, _ . -)."""
+    return arm.replace("+", "_")
 
 
 def arm_config(
@@ -73,7 +117,10 @@ def arm_config(
     if arm not in ARMS:
         raise ValueError(f"unknown ablation arm {arm!r}; choose from {', '.join(ARMS)}")
     overrides = copy.deepcopy(ARMS[arm])
-    overrides.update({"run_id": f"{name}-{arm}-s{seed}", "seed": seed})
+    rollout = overrides.get("rollout", {})
+    if rollout.get("dynamic_sampling"):
+        rollout["tasks_per_batch"] = curriculum_batch(base.rollout.tasks_per_batch, rollout["max_rollout_factor"])
+    overrides.update({"run_id": f"{name}-{arm_run_label(arm)}-s{seed}", "seed": seed})
     overrides.setdefault("pool", {})["seed"] = base.start_seed
     if checkpoint0_scores_from:
         overrides.setdefault("rollout", {})["checkpoint0_scores_from"] = checkpoint0_scores_from
@@ -91,7 +138,7 @@ def arm_configs(
     removes), which would make the comparison empty.
     """
     # Every run shares checkpoint 0 (pool.seed) and its evaluation settings: the first run scores it, the others copy.
-    first = f"{name}-{arms[0]}-s{seeds[0]}" if arms and seeds else None
+    first = f"{name}-{arm_run_label(arms[0])}-s{seeds[0]}" if arms and seeds else None
     runs = [
         (arm, seed, arm_config(base, arm, seed, name, None if (arm, seed) == (arms[0], seeds[0]) else first))
         for seed in seeds

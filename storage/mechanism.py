@@ -4,6 +4,16 @@
   step of a round of one run: a step's samples are k x group_size onwards), the share whose rewards
   are not all equal; a group with one reward, or one trajectory, has
   no advantage to learn from;
+- what the round played: its episodes (trajectories), its groups, and episodes per informative group,
+  the rollout cost of one group the update learns from (with dynamic sampling a step plays replacement
+  tasks until it has enough informative groups, so this is what the curriculum saves or spends);
+- calibration of the curriculum's estimates: for the tasks round r played, the mean absolute difference
+  between the estimate of their success the sampler drew with (``task_difficulty`` of round r, written
+  before the round's first rollout) and the success they then had in round r, weighted by their episodes
+  in round r; nan for a round without ``task_difficulty`` rows (runs made before the table, or whose
+  sampler never wrote it);
+- difficulty histogram: pool r's tasks counted by that estimate in five bins of width 0.2 (the last
+  one closed: an estimate of 1.0 counts in 0.8-1.0); empty without ``task_difficulty`` rows;
 - held-out tool-pattern coverage: the share of the held-out split's distinct tool bigrams that some
   task of the pool the round trained on (pool r) also has. A task's bigrams are its consecutive call
   names over the whole reference (turns flattened); a one-call task contributes its single tool name.
@@ -31,13 +41,30 @@ from storage.warehouse import Warehouse
 HELDOUT_POOL_ROUND = -1
 # Kind of an accepted candidate that answers no stored signal: the random-synthesis control.
 RANDOM_KIND = "random"
+# Bins of the difficulty histogram, by estimated success: [0, 0.2), [0.2, 0.4), ..., [0.8, 1.0].
+DIFFICULTY_BINS: tuple[str, ...] = ("0.0-0.2", "0.2-0.4", "0.4-0.6", "0.6-0.8", "0.8-1.0")
 
-_INFORMATIVE = """
-SELECT count(*) AS groups, count(*) FILTER (WHERE hi > lo) AS informative
+_GROUPS = """
+SELECT count(*) AS groups, count(*) FILTER (WHERE hi > lo) AS informative, coalesce(sum(episodes), 0) AS episodes
 FROM (
-    SELECT task_id, max(reward) AS hi, min(reward) AS lo
+    SELECT task_id, max(reward) AS hi, min(reward) AS lo, count(*) AS episodes
     FROM trajectories WHERE run_id = ? AND round = ? GROUP BY task_id, sample // ?
 )
+"""
+
+# Rows of the round in task_difficulty, and the episode-weighted mean |estimate - observed success in
+# the round| over the tasks the round played (NULL when it played none of them).
+_CALIBRATION = """
+SELECT count(*) AS tasks,
+       sum(episodes_in_round * abs(estimate - success_in_round)) / nullif(sum(episodes_in_round), 0) AS mae
+FROM v_task_difficulty WHERE run_id = ? AND round = ?
+"""
+
+_DIFFICULTY_HISTOGRAM = f"""
+SELECT least(CAST(floor(estimate * {len(DIFFICULTY_BINS)}) AS INTEGER), {len(DIFFICULTY_BINS) - 1}) AS bin,
+       count(*) AS tasks
+FROM task_difficulty WHERE run_id = ? AND round = ? AND estimate IS NOT NULL
+GROUP BY bin ORDER BY bin
 """
 
 _POOL_REFERENCES = """
@@ -82,11 +109,31 @@ def _pool_patterns(con: duckdb.DuckDBPyConnection, run_id: str, round_: int) -> 
     return [tool_patterns(json.loads(text)["reference"]) for (text,) in rows]
 
 
-def _informative(con: duckdb.DuckDBPyConnection, run_id: str, round_: int, group_size: int) -> float:
-    row = con.execute(_INFORMATIVE, [run_id, round_, group_size]).fetchone()
+def _groups(con: duckdb.DuckDBPyConnection, run_id: str, round_: int, group_size: int) -> dict[str, Any]:
+    """The round's informative share, episodes, groups and episodes per informative group."""
+    row = con.execute(_GROUPS, [run_id, round_, group_size]).fetchone()
     assert row is not None  # an aggregate without GROUP BY returns exactly one row
-    groups, informative = row
-    return informative / groups if groups else math.nan
+    groups, informative, episodes = (int(v) for v in row)
+    return {
+        "informative_groups": informative / groups if groups else math.nan,
+        "episodes_played": episodes,
+        "groups_played": groups,
+        "episodes_per_informative_group": episodes / informative if informative else math.nan,
+    }
+
+
+def _calibration(con: duckdb.DuckDBPyConnection, run_id: str, round_: int) -> float:
+    row = con.execute(_CALIBRATION, [run_id, round_]).fetchone()
+    assert row is not None
+    tasks, mae = row
+    return float(mae) if tasks and mae is not None else math.nan
+
+
+def _difficulty_histogram(con: duckdb.DuckDBPyConnection, run_id: str, round_: int) -> dict[str, int]:
+    counts = dict(con.execute(_DIFFICULTY_HISTOGRAM, [run_id, round_]).fetchall())
+    if not counts:
+        return {}
+    return {label: int(counts.get(i, 0)) for i, label in enumerate(DIFFICULTY_BINS)}
 
 
 def _coverage(con: duckdb.DuckDBPyConnection, run_id: str, round_: int) -> float:
@@ -117,14 +164,27 @@ def accepted_by_kind(wh: Warehouse, run_id: str, round_: int) -> dict[str, int]:
     return _read(wh, _accepted, run_id, round_)
 
 
+def calibration(wh: Warehouse, run_id: str, round_: int) -> float:
+    """Episode-weighted mean |estimate - observed success| of round ``round_``'s played tasks;
+    nan without task_difficulty rows for the round."""
+    return _read(wh, _calibration, run_id, round_)
+
+
+def difficulty_histogram(wh: Warehouse, run_id: str, round_: int) -> dict[str, int]:
+    """Pool ``round_``'s tasks by estimated success (DIFFICULTY_BINS -> count); empty without task_difficulty rows."""
+    return _read(wh, _difficulty_histogram, run_id, round_)
+
+
 def round_mechanism(wh: Warehouse, run_id: str, round_: int, group_size: int) -> dict[str, Any]:
-    """The three measurements of one round, read in one session (``group_size``: rollout.group_size)."""
+    """Every measurement of one round, read in one session (``group_size``: rollout.group_size)."""
     con = wh.connect()
     try:
         return {
-            "informative_groups": _informative(con, run_id, round_, group_size),
+            **_groups(con, run_id, round_, group_size),
             "heldout_coverage": _coverage(con, run_id, round_),
             "accepted_by_kind": _accepted(con, run_id, round_),
+            "calibration": _calibration(con, run_id, round_),
+            "difficulty_histogram": _difficulty_histogram(con, run_id, round_),
         }
     finally:
         con.close()

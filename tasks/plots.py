@@ -1,4 +1,4 @@
-"""Figures: a run's learning curve, and the ablation report's curves and mechanism panels.
+"""Figures: a run's learning curve, and the ablation report's curves, mechanism and curriculum panels.
 
 The version stage draws ``learning_curve`` after every round and logs it to that round's MLflow run,
 so the newest run always shows the whole curve so far; the ablation report (tasks/report.py) draws
@@ -188,3 +188,46 @@ def mechanism_figures(
     title = "accepted candidates by kind (all seeds and rounds)"
     paths.append(_stacked_bars(totals, kinds, title, "candidates", out_dir / "acceptance_by_kind.png"))
     return paths
+
+
+def curriculum_figure(mechanism: dict[str, list[dict[str, Any]]], out_dir: Path) -> Path:
+    """curriculum.png, 2x2, one colour per arm (means over seeds, tasks/report_summary.mechanism_rows): informative
+    share of played groups and episodes per informative group by round, the curriculum's calibration error by
+    round, and the final round's pool by estimated success as grouped bars (arms with estimates only)."""
+    plt = _agg_pyplot()
+
+    arms = sorted(mechanism)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    (informative, cost), (calibration, difficulty) = axes
+    try:
+        final = {}
+        for i, arm in enumerate(arms):
+            style = {"marker": "o", "label": arm, "color": f"C{i % 10}"}  # an arm keeps its colour in every panel
+            rows = mechanism[arm]
+            x = [row["round"] for row in rows]
+            informative.plot(x, [row["informative"] for row in rows], **style)
+            cost.plot(x, [row["per_informative"] for row in rows], **style)
+            calibration.plot(x, [row["calibration"] for row in rows], **style)
+            if rows and rows[-1]["difficulty"]:
+                final[arm] = (rows[-1]["difficulty"], style["color"])
+        informative.set(title="informative share of played groups", xlabel="round", ylabel="share of groups")
+        cost.set(title="episodes played per informative group", xlabel="round", ylabel="episodes")
+        calibration.set(
+            title="calibration: |estimate - observed success|", xlabel="round", ylabel="episode-weighted mean"
+        )
+        informative.legend(fontsize=8)
+        bins = list(dict.fromkeys(b for histogram, _ in final.values() for b in histogram))
+        width = 0.8 / max(1, len(final))
+        for j, (arm, (histogram, color)) in enumerate(final.items()):
+            positions = [k + (j - (len(final) - 1) / 2) * width for k in range(len(bins))]
+            difficulty.bar(positions, [histogram.get(b, 0.0) for b in bins], width=width, color=color, label=arm)
+        difficulty.set(title="pool of the final round by estimated success", xlabel="estimate", ylabel="tasks")
+        difficulty.set_xticks(range(len(bins)), bins)
+        if final:
+            difficulty.legend(fontsize=8)
+        else:
+            difficulty.text(0.5, 0.5, "no task estimates recorded", ha="center", va="center",
+                            transform=difficulty.transAxes)  # fmt: skip
+        return _save_by_round(fig, (informative, cost, calibration), out_dir / "curriculum.png")
+    finally:
+        plt.close(fig)

@@ -1,11 +1,14 @@
 """Ablation report: mean +- sd per arm, tested comparisons, learning curves, signal mix, pool growth.
 
-Two families of comparisons, each Holm-corrected: `full` against every other arm, and every arm
-against checkpoint 0 ("learning at all"), each tested with seed and held-out task as units
-(tasks/inference.py), with the held-out split's size and digest and the smallest effect the
-experiment detects with 80% power. Also the mechanism per arm and round, mean over seeds: informative
-GRPO groups, held-out tool-pattern coverage of the training pool, signals and accepted candidates by
-kind, dev and held-out success (table, mechanism.png, acceptance_by_kind.png).
+Up to four families of comparisons, each Holm-corrected on its own: `full` against every arm without
+the curriculum, every arm against checkpoint 0 ("learning at all"), `full+learnability` against the
+other curriculum arms, and each curriculum arm against its base arm ("curriculum on vs off"); each
+tested with seed and held-out task as units (tasks/inference.py), with the held-out split's size and
+digest and the smallest effect the experiment detects with 80% power. Per arm, the episodes played and
+optimizer steps, so equal compute can be checked. Also the mechanism per arm and round, mean over
+seeds: informative GRPO groups, episodes played per informative group, the curriculum's calibration,
+held-out tool-pattern coverage of the training pool, signals and accepted candidates by kind, dev and
+held-out success (table, mechanism.png, curriculum.png, acceptance_by_kind.png).
 
 Input is what the ablation flow collected: for every (arm, seed) run, its round summaries and the
 official-category accuracy of its final checkpoint. Output is a Markdown file with PNG figures
@@ -15,6 +18,7 @@ beside it, also logged to MLflow as one run.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,7 @@ import numpy as np
 from coevolve.records import SIGNAL_KINDS
 from tasks.curves import ACCEPTED_KINDS
 from tasks.inference import detectable_effect, holm, seed_level_array_test
-from tasks.plots import ablation_curves, mechanism_figures
+from tasks.plots import ablation_curves, curriculum_figure, mechanism_figures
 from tasks.report_summary import summarize
 
 # Evaluation split of the final held-out split's rows (tasks/splits.build_final_heldout), scored by the ablation flow.
@@ -34,6 +38,8 @@ FINAL_SPLIT = "final-heldout"
 POWER_DRAWS = 400
 # The largest effect the search tries (in held-out success): beyond it the report says "n/a".
 POWER_LARGEST = 0.3
+# Significance level a Holm-adjusted p-value is read against.
+ALPHA = 0.05
 
 
 def _cell(value: float, spec: str = ".3f") -> str:
@@ -61,7 +67,9 @@ def _p_text(t: dict[str, Any], key: str = "p") -> str:
     return "n/a (same gap everywhere)" if t["seeds"] >= 2 else "n/a (one seed)"
 
 
-def _design_lines(heldout: dict[str, Any], power: dict[str, float], seeds: int, draws: int) -> list[str]:
+def _design_lines(
+    heldout: dict[str, Any], power: dict[str, float], seeds: int, draws: int, families: list[str]
+) -> list[str]:
     """The held-out split, the tests, the families and the detectable effect, as the report states them."""
     size, split_digest = heldout.get("size"), heldout.get("digest")
     return [
@@ -83,9 +91,9 @@ def _design_lines(heldout: dict[str, Any], power: dict[str, float], seeds: int, 
         "alpha 0.05, the two-way test in at most 4% "
         "(tests/tasks/test_inference.py).",
         "",
-        "Two families of comparisons, each Holm-corrected on its own: `full` against every other arm, "
-        "and every arm against checkpoint 0. "
-        "Both the raw and the adjusted p-value are printed; a claim stands on the adjusted one.",
+        f"{len(families)} families of comparisons, each Holm-corrected on its own: {'; '.join(families)}. "
+        "Both the raw and the adjusted p-value are printed; a claim stands on the adjusted one "
+        f"(significant: p (Holm) < {ALPHA}).",
         "",
         f"Power at this size ({seeds} seeds x {size if size is not None else 'n/a'} held-out tasks), "
         f"simulated with the same structure ({draws} experiments per effect, alpha 0.05 before correction): "
@@ -94,6 +102,61 @@ def _design_lines(heldout: dict[str, Any], power: dict[str, float], seeds: int, 
         f"{_cell(power['ckpt0'], '.2f')} between an arm and checkpoint 0 (n/a: not even "
         f"{POWER_LARGEST:.2f}). Smaller true differences are likely to be missed.",
     ]
+
+
+def _verdict(tests: dict[str, dict[str, Any]], label: Callable[[str], str]) -> str:
+    """What a family's Holm-adjusted p-values say, in words: significant, not significant, not tested."""
+    tested = {k: t for k, t in tests.items() if not math.isnan(t.get("p_holm", math.nan))}
+    significant = [f"{label(k)} ({t['mean_diff']:+.3f}, p (Holm) {t['p_holm']:.3f})" for k, t in tested.items()
+                   if t["p_holm"] < ALPHA]  # fmt: skip
+    not_significant = [label(k) for k, t in tested.items() if t["p_holm"] >= ALPHA]
+    untested = [label(k) for k in tests if k not in tested]
+    parts = [
+        f"Significant at {ALPHA} after Holm: {', '.join(significant)}."
+        if significant
+        else f"No comparison of this family is significant at {ALPHA} after Holm.",
+    ]
+    if not_significant:
+        parts.append(f"Not significant: {', '.join(not_significant)}.")
+    if untested:
+        parts.append(f"Not tested (no p-value): {', '.join(untested)}.")
+    return " ".join(parts)
+
+
+def _arm_family(
+    title: str, header: str, tests: dict[str, dict[str, Any]], intro: list[str], label: Callable[[str], str]
+) -> list[str]:
+    """One family of arm-against-arm comparisons: heading, table and what is significant."""
+    lines = ["", f"### {title} ({len(tests)} comparisons, Holm)", ""]
+    if intro:
+        lines += [*intro, ""]
+    lines += [
+        f"| {header} | seeds | tasks | mean difference | se | t | p | p (Holm) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for other, t in tests.items():
+        lines.append(
+            f"| {other} | {t['seeds']} | {t['tasks']} | {_cell(t['mean_diff'], '+.3f')} | {_cell(t['se'])} | "
+            f"{_cell(t['t'], '.2f')} | {_p_text(t)} | {_p_text(t, 'p_holm')} |"
+        )
+    return [*lines, "", _verdict(tests, label)]
+
+
+def _difficulty_lines(mechanism: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The final round's pool by estimated success, per arm with estimates (none: no lines)."""
+    final = {arm: rows[-1]["difficulty"] for arm, rows in mechanism.items() if rows and rows[-1]["difficulty"]}
+    if not final:
+        return []
+    bins = list(dict.fromkeys(b for h in final.values() for b in h))
+    lines = [
+        "",
+        "Pool of the final round by the curriculum's estimate of each task's success (tasks, mean over seeds):",
+        "",
+        "| arm | " + " | ".join(bins) + " |",
+        "|---|" + "---|" * len(bins),
+    ]
+    return lines + [f"| {arm} | " + " | ".join(_cell(h.get(b, 0.0), ".1f") for b in bins) + " |"
+                    for arm, h in final.items()]  # fmt: skip
 
 
 def write_report(
@@ -105,23 +168,35 @@ def write_report(
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(results)
-    figures = ablation_curves(results, out_dir) + mechanism_figures(results, summary["mechanism"], out_dir)
+    figures = [
+        *ablation_curves(results, out_dir),
+        *mechanism_figures(results, summary["mechanism"], out_dir),
+        curriculum_figure(summary["mechanism"], out_dir),
+    ]
     lines = [
         f"# {title}",
         "",
         f"{len(results)} runs: arms {', '.join(summary['arms'])}; seeds "
         f"{', '.join(str(s) for s in sorted({r['seed'] for r in results}))}; {len(results[0]['rounds'])} rounds each.",
         "",
-        "| arm | held-out success (final) | BFCL multi_turn_base | final pool | acceptance | signals f/b/r |",
-        "|---|---|---|---|---|---|",
+        "| arm | held-out success (final) | BFCL multi_turn_base | final pool | acceptance | signals f/b/r "
+        "| episodes played | optimizer steps |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for arm, row in summary["arms"].items():
         s = row["signals"]
         lines.append(
             f"| {arm} | {_fmt(row['heldout'])} | {_fmt(row['official'])} | {row['final_pool'][0]:.0f} | "
             f"{'n/a' if math.isnan(row['acceptance']) else format(row['acceptance'], '.2f')} | "
-            f"{s['forgetting']}/{s['boundary']}/{s['rare']} |"
+            f"{s['forgetting']}/{s['boundary']}/{s['rare']} | {_cell(row['episodes'], '.0f')} | "
+            f"{_cell(row['optimizer_steps'], '.0f')} |"
         )
+    lines += [
+        "",
+        "Compute per arm (mean over seeds of each run's rounds summed): episodes played are the trajectories its "
+        "rollouts played (a curriculum arm plays replacement tasks for groups whose rewards were all equal, up to "
+        "the most episodes per step a base arm plays); optimizer steps are its updates' steps. n/a: not recorded.",
+    ]
     seeds = len({r["seed"] for r in results})
     tested = [t["tasks"] for t in (*summary["tests"].values(), *summary["ckpt0_tests"].values())]
     heldout = {
@@ -136,23 +211,28 @@ def write_report(
         else {"arm": math.nan, "ckpt0": math.nan}
     )
     summary["heldout_split"], summary["detectable_effect"] = heldout, power
-    lines += _design_lines(heldout, power, seeds, power_draws)
-    lines += ["", f"### Family 1: `full` against each arm ({len(summary['tests'])} comparisons, Holm)", ""]
-    if any(arm.startswith("no-") for arm in summary["arms"]):
-        lines += [
-            "Against a `no-<signal>` arm, the mean difference is what leaving that signal out costs "
-            "(positive: `full` does better with it).",
-            "",
-        ]
-    lines += [
-        "| full vs | seeds | tasks | mean difference | se | t | p | p (Holm) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for other, t in summary["tests"].items():
-        lines.append(
-            f"| {other} | {t['seeds']} | {t['tasks']} | {_cell(t['mean_diff'], '+.3f')} | {_cell(t['se'])} | "
-            f"{_cell(t['t'], '.2f')} | {_p_text(t)} | {_p_text(t, 'p_holm')} |"
+    families = [
+        text
+        for key, text in (
+            ("tests", "`full` against each arm without the curriculum"),
+            ("ckpt0_tests", "each arm against checkpoint 0"),
+            ("curriculum_arm_tests", "`full+learnability` against the other curriculum arms"),
+            ("curriculum_tests", "each curriculum arm against its base arm (curriculum on vs off)"),
         )
+        if summary[key]
+    ]
+    lines += _design_lines(heldout, power, seeds, power_draws, families)
+    if summary["tests"]:
+        intro = []
+        if any(arm.startswith("no-") for arm in summary["arms"]):
+            intro = [
+                "Against a `no-<signal>` arm, the mean difference is what leaving that signal out costs "
+                "(positive: `full` does better with it)."
+            ]
+        lines += _arm_family(
+            "Family 1: `full` against each arm without the curriculum", "full vs", summary["tests"], intro,
+            lambda other: f"`full` vs `{other}`",
+        )  # fmt: skip
     lines += [
         "",
         f"### Family 2: each arm against checkpoint 0 ({len(summary['ckpt0_tests'])} comparisons, Holm)",
@@ -169,6 +249,21 @@ def write_report(
             f"{_cell(t['mean_diff'], '+.3f')} | "
             f"{_cell(t['se'])} | {_cell(t['t'], '.2f')} | {_p_text(t)} | {_p_text(t, 'p_holm')} |"
         )
+    lines += ["", _verdict(summary["ckpt0_tests"], lambda arm: f"`{arm}` vs checkpoint 0")]
+    if summary["curriculum_arm_tests"]:
+        lines += _arm_family(
+            "Family 3: `full+learnability` against the other curriculum arms", "full+learnability vs",
+            summary["curriculum_arm_tests"], [], lambda other: f"`full+learnability` vs `{other}`",
+        )  # fmt: skip
+    if summary["curriculum_tests"]:
+        intro = [
+            "Each arm with the learnability curriculum and dynamic sampling against the same arm without them; "
+            "the mean difference is what the curriculum adds (positive: better with it)."
+        ]
+        lines += _arm_family(
+            "Family 4: curriculum on vs off", "X+learnability vs X, X =", summary["curriculum_tests"], intro,
+            lambda base: f"`{base}+learnability` vs `{base}`",
+        )  # fmt: skip
     lines += [
         "",
         "## Mechanism per arm and round (mean over seeds)",
@@ -177,18 +272,25 @@ def write_report(
         "coverage: share of the held-out split's distinct tool bigrams present in pool r; "
         "signals f/b/r: forgetting/boundary/rare signals mined; "
         "accepted f/b/r/random: accepted candidates by the kind of signal they answer; "
-        "dev and held-out: success of the checkpoint the round produced. n/a: not recorded.",
+        "dev and held-out: success of the checkpoint the round produced; "
+        "episodes and groups: what the round's rollouts played; ep./informative: episodes played per informative "
+        "group; calibration: mean absolute error of the curriculum's estimate of each played task's success against "
+        "its success in the round, weighted by episodes. n/a: not recorded.",
         "",
-        "| arm | round | informative | coverage | signals f/b/r | accepted f/b/r/random | dev | held-out |",
-        "|---|---|---|---|---|---|---|---|",
+        "| arm | round | informative | coverage | signals f/b/r | accepted f/b/r/random | dev | held-out "
+        "| episodes | groups | ep./informative | calibration |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, rows in summary["mechanism"].items():
         for row in rows:
             lines.append(
                 f"| {arm} | {row['round']} | {_cell(row['informative'])} | {_cell(row['coverage'])} | "
                 f"{_counts(row['signals'], SIGNAL_KINDS)} | {_counts(row['accepted'], ACCEPTED_KINDS)} | "
-                f"{_cell(row['dev'])} | {_cell(row['heldout'])} |"
+                f"{_cell(row['dev'])} | {_cell(row['heldout'])} | {_cell(row['episodes'], '.1f')} | "
+                f"{_cell(row['groups'], '.1f')} | {_cell(row['per_informative'], '.2f')} | "
+                f"{_cell(row['calibration'])} |"
             )
+    lines += _difficulty_lines(summary["mechanism"])
     rounds = len(results[0]["rounds"])
     lines += ["", "Per run (held-out success of checkpoint 0, then after each round):", ""]
     lines += ["| run | ckpt 0 | " + " | ".join(f"r{i}" for i in range(rounds)) + " |", "|---|---|" + "---|" * rounds]

@@ -1,4 +1,4 @@
-"""The ablation's figures per arm and its two tested families of comparisons, and the mechanism per round.
+"""The ablation's figures per arm and its tested families of comparisons, and the mechanism per round.
 
 ``summarize`` tests each comparison with seed and held-out task as units (tasks/inference.py);
 ``mechanism_rows`` averages each round's mechanism over seeds. tasks/report.py writes them out.
@@ -14,6 +14,11 @@ from coevolve.records import SIGNAL_KINDS
 from tasks.curves import ACCEPTED_KINDS, baseline_of, mean_present, number
 from tasks.inference import holm, two_way_test
 
+# The suffix of an arm that is its base arm with the learnability curriculum on (flows/ablation.ARMS).
+CURRICULUM_SUFFIX = "+learnability"
+# Base arms whose curriculum arm is compared with them (family "curriculum on vs off").
+CURRICULUM_BASES: tuple[str, ...] = ("static", "random", "full")
+
 
 def final_heldout(run: dict[str, Any]) -> float:
     return float(run["rounds"][-1]["heldout_success"])
@@ -25,13 +30,23 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-arm figures and the report's two families of comparisons, each tested with seed and task as units.
+def run_total(run: dict[str, Any], key: str) -> float:
+    """A round-summary count summed over the run's rounds; nan when a round did not record it."""
+    values = [s.get(key) for s in run["rounds"]]
+    return math.nan if any(v is None for v in values) else float(sum(values))
 
-    Family "full vs arm": `full` against every other arm. Family "arm vs checkpoint 0": every arm's final
-    checkpoint against checkpoint 0. Each comparison is ``two_way_test`` on the runs' per-task held-out
-    outcomes (``heldout_outcomes``, and ``baseline_outcomes`` for checkpoint 0), Holm-adjusted within its
-    family (``p_holm``). Runs without per-task outcomes get the mean difference over seeds and no p-value.
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-arm figures and the report's families of comparisons, each tested with seed and task as units.
+
+    ``tests`` (family 1): `full` against every other arm without the curriculum suffix. ``ckpt0_tests``
+    (family 2): every arm's final checkpoint against checkpoint 0. ``curriculum_arm_tests`` (family 3):
+    `full+learnability` against `static+learnability` and `random+learnability`. ``curriculum_tests``
+    (family 4, keyed by the base arm X): `X+learnability` against `X`. A family holds only the comparisons
+    whose arms are present. Each comparison is ``two_way_test`` on the runs' per-task held-out outcomes
+    (``heldout_outcomes``, and ``baseline_outcomes`` for checkpoint 0), Holm-adjusted within its family
+    (``p_holm``). Runs without per-task outcomes get the mean difference over seeds and no p-value.
+    Per arm, ``episodes`` and ``optimizer_steps``: each run's rounds summed, mean over seeds.
     """
     arms: dict[str, list[dict[str, Any]]] = {}
     for run in results:
@@ -50,23 +65,40 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             "final_pool": _mean_sd([float(r["rounds"][-1]["pool_size"]) for r in runs]),
             "acceptance": accepted / judged if judged else math.nan,
             "signals": signals,
+            "episodes": mean_present([run_total(r, "episodes_played") for r in runs]),
+            "optimizer_steps": mean_present([run_total(r, "optimizer_steps") for r in runs]),
         }
     by_seed = {arm: {r["seed"]: final_heldout(r) for r in runs} for arm, runs in arms.items()}
     outcomes = {
         arm: {r["seed"]: r["heldout_outcomes"] for r in runs if r.get("heldout_outcomes")} for arm, runs in arms.items()
     }
+
+    def compare(a: str, b: str) -> dict[str, Any]:
+        return _comparison(outcomes[a], outcomes[b], by_seed[a], by_seed[b])
+
     tests = {}
     if "full" in arms:
-        for other in arms:
-            if other != "full":
-                tests[other] = _comparison(outcomes["full"], outcomes[other], by_seed["full"], by_seed[other])
+        tests = {other: compare("full", other) for other in arms if other != "full" and CURRICULUM_SUFFIX not in other}
+    full_curriculum = f"full{CURRICULUM_SUFFIX}"
+    curriculum_arm_tests = {}
+    if full_curriculum in arms:
+        curriculum_arm_tests = {
+            other: compare(full_curriculum, other)
+            for other in (f"{base}{CURRICULUM_SUFFIX}" for base in ("static", "random"))
+            if other in arms
+        }
+    curriculum_tests = {
+        base: compare(f"{base}{CURRICULUM_SUFFIX}", base)
+        for base in CURRICULUM_BASES
+        if base in arms and f"{base}{CURRICULUM_SUFFIX}" in arms
+    }
     ckpt0_tests = {}
     for arm, runs in arms.items():
         # Checkpoint 0 shared by every seed: one outcome per task; else each seed against its own.
         by_seed_baseline = {r["seed"]: r["baseline_outcomes"] for r in runs if r.get("baseline_outcomes")}
         shared = len({tuple(sorted(b.items())) for b in by_seed_baseline.values()}) == 1
         baseline = next(iter(by_seed_baseline.values())) if shared else by_seed_baseline
-        base_by_seed = {r["seed"]: baseline_of(r) for r in runs if baseline_of(r) is not None}
+        base_by_seed = {r["seed"]: b for r in runs if (b := baseline_of(r)) is not None}
         result = _comparison(outcomes[arm] if baseline else {}, baseline, by_seed[arm], base_by_seed)
         if result["tasks"]:  # the rates on the tested split
             result["ckpt0"], result["final"] = result["b_mean"], result["a_mean"]
@@ -74,7 +106,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             result["ckpt0"] = statistics.fmean(base_by_seed.values()) if base_by_seed else math.nan
             result["final"] = statistics.fmean(by_seed[arm][s] for s in base_by_seed) if base_by_seed else math.nan
         ckpt0_tests[arm] = result
-    for family in (tests, ckpt0_tests):
+    for family in (tests, ckpt0_tests, curriculum_arm_tests, curriculum_tests):
         for name, p_holm in holm({k: t["p"] for k, t in family.items()}).items():
             family[name]["p_holm"] = p_holm
     return {
@@ -82,6 +114,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "tests": tests,
         "mechanism": {arm: mechanism_rows(runs) for arm, runs in arms.items()},
         "ckpt0_tests": ckpt0_tests,
+        "curriculum_arm_tests": curriculum_arm_tests,
+        "curriculum_tests": curriculum_tests,
     }
 
 
@@ -104,7 +138,9 @@ def mechanism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per round of the arm's runs, each value the mean over seeds (nan where no seed recorded it).
 
     informative: share of rollout groups with unequal rewards; coverage: held-out tool-pattern coverage
-    of pool r; signals and accepted: counts by kind; dev and heldout: success of the checkpoint the round produced.
+    of pool r; signals and accepted: counts by kind; dev and heldout: success of the checkpoint the round produced;
+    episodes and groups: what the round played; per_informative: episodes per informative group; calibration:
+    the curriculum's estimate error; difficulty: pool r's tasks per estimate bin (empty when no seed had estimates).
     """
     rows = []
     for i in range(min(len(r["rounds"]) for r in runs)):
@@ -127,6 +163,18 @@ def mechanism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 },
                 "dev": mean_present([number(s.get("dev_success")) for s in rounds]),
                 "heldout": mean_present([number(s.get("heldout_success")) for s in rounds]),
+                "episodes": mean_present([number(s.get("episodes_played")) for s in rounds]),
+                "groups": mean_present([number(s.get("groups_played")) for s in rounds]),
+                "per_informative": mean_present([number(s.get("episodes_per_informative_group")) for s in rounds]),
+                "calibration": mean_present([number(s.get("calibration")) for s in rounds]),
+                "difficulty": _mean_histogram([s.get("difficulty_histogram") or {} for s in rounds]),
             }
         )
     return rows
+
+
+def _mean_histogram(histograms: list[dict[str, int]]) -> dict[str, float]:
+    """Per bin, the mean count over the seeds that recorded a histogram; empty when none did."""
+    recorded = [h for h in histograms if h]
+    bins = list(dict.fromkeys(b for h in recorded for b in h))
+    return {b: statistics.fmean(float(h.get(b, 0)) for h in recorded) for b in bins}

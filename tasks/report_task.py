@@ -20,6 +20,11 @@ from tasks.report import FINAL_SPLIT, write_report
 from tasks.splits import HELDOUT_ROUND, HELDOUT_SPLIT
 
 
+def metric_name(name: str) -> str:
+    """A metric name MLflow accepts: an arm's ``+`` (``full+learnability``) spelled ``_``."""
+    return name.replace("+", "_")
+
+
 def _tested_outcomes(wh: Any, run: dict[str, Any]) -> dict[str, Any]:
     """A run with the per-task outcomes its tests use.
 
@@ -58,13 +63,19 @@ def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]
     metrics = {}
     for arm, row in out["arms"].items():
         if not math.isnan(row["heldout"][0]):
-            metrics[f"heldout.{arm}.mean"] = row["heldout"][0]
-            metrics[f"heldout.{arm}.sd"] = row["heldout"][1]
-    for family, label in ((out["tests"], "full_vs_{}"), (out["ckpt0_tests"], "{}_vs_ckpt0")):
+            metrics[metric_name(f"heldout.{arm}.mean")] = row["heldout"][0]
+            metrics[metric_name(f"heldout.{arm}.sd")] = row["heldout"][1]
+    families = (
+        (out["tests"], "full_vs_{}"),
+        (out["ckpt0_tests"], "{}_vs_ckpt0"),
+        (out["curriculum_arm_tests"], "full+learnability_vs_{}"),
+        (out["curriculum_tests"], "{0}+learnability_vs_{0}"),
+    )
+    for family, label in families:
         for name_, t in family.items():
             for key in ("p", "p_holm"):
                 if not math.isnan(t[key]):
-                    metrics[f"{key}.{label.format(name_)}"] = t[key]
+                    metrics[metric_name(f"{key}.{label.format(name_)}")] = t[key]
     for comparison, effect in out["detectable_effect"].items():
         if not math.isnan(effect):
             metrics[f"detectable_effect.{comparison}"] = effect

@@ -12,8 +12,10 @@ checkpoint), points the registry alias "best" at the version with the highest he
 far, and logs the run's learning curve (PNG) to the round's MLflow run.
 
 The summary carries the round's mechanism measurements (storage/mechanism.py): the informative GRPO
-group share, the held-out tool-pattern coverage of pool r, accepted candidates by kind, and dev
-success when the evaluate stage scored the dev split; they are logged as metrics too (``mechanism_metrics``).
+group share, the episodes and groups played and episodes per informative group, the held-out
+tool-pattern coverage of pool r, accepted candidates by kind, the curriculum's calibration and pool
+difficulty histogram, the update's optimizer steps, and dev success when the evaluate stage scored the
+dev split; they are logged as metrics too (``mechanism_metrics``).
 """
 
 from __future__ import annotations
@@ -88,6 +90,12 @@ def build_summary(
         heldout_coverage=_measured(mechanism.get("heldout_coverage")),
         accepted_by_kind={str(k): int(v) for k, v in (mechanism.get("accepted_by_kind") or {}).items()},
         dev_success=None if dev is None else float(dev),
+        episodes_played=_count(mechanism.get("episodes_played")),
+        groups_played=_count(mechanism.get("groups_played")),
+        episodes_per_informative_group=_measured(mechanism.get("episodes_per_informative_group")),
+        optimizer_steps=_count(outputs.update.stats.get("steps")),
+        calibration=_measured(mechanism.get("calibration")),
+        difficulty_histogram={str(k): int(v) for k, v in (mechanism.get("difficulty_histogram") or {}).items()},
     )
 
 
@@ -96,17 +104,32 @@ def _measured(value: Any) -> float | None:
     return None if value is None or math.isnan(float(value)) else float(value)
 
 
+def _count(value: Any) -> int | None:
+    """A count as an int, None when it was not recorded."""
+    return None if value is None else int(value)
+
+
+# The summary's mechanism fields logged as ``mechanism.<name>`` when measured.
+MECHANISM_FIELDS: tuple[str, ...] = (
+    "informative_groups", "heldout_coverage", "episodes_played", "groups_played", "episodes_per_informative_group",
+    "optimizer_steps", "calibration",
+)  # fmt: skip
+
+
 def mechanism_metrics(summary: RoundSummary) -> dict[str, float]:
     """The round's mechanism measurements as MLflow metrics; nan and unscored ones are left out.
 
-    ``mechanism.informative_groups``, ``mechanism.heldout_coverage``, ``accepted.<kind>`` for every
-    kind (forgetting, boundary, rare, random; 0 when none was accepted) and ``dev_success``.
+    ``mechanism.<name>`` for MECHANISM_FIELDS, ``mechanism.difficulty.<bin>`` for each bin of the pool's
+    difficulty histogram, ``accepted.<kind>`` for every kind (forgetting, boundary, rare, random; 0 when
+    none was accepted) and ``dev_success``.
     """
     metrics: dict[str, float] = {}
-    for name in ("informative_groups", "heldout_coverage"):
+    for name in MECHANISM_FIELDS:
         value = getattr(summary, name)
         if value is not None and not math.isnan(value):
             metrics[f"mechanism.{name}"] = float(value)
+    for bin_, count in summary.difficulty_histogram.items():
+        metrics[f"mechanism.difficulty.{bin_}"] = float(count)
     for kind in sorted({*SIGNAL_KINDS, "random", *summary.accepted_by_kind}):
         metrics[f"accepted.{kind}"] = float(summary.accepted_by_kind.get(kind, 0))
     if summary.dev_success is not None and not math.isnan(summary.dev_success):

@@ -156,6 +156,8 @@ def test_each_round_logs_its_mechanism_and_the_report_its_checkpoint_0_tests_to_
     assert {
         "mechanism.informative_groups",
         "mechanism.heldout_coverage",
+        "mechanism.episodes_played",
+        "mechanism.optimizer_steps",
         "accepted.random",
         "accepted.boundary",
         "dev_success",
@@ -163,7 +165,7 @@ def test_each_round_logs_its_mechanism_and_the_report_its_checkpoint_0_tests_to_
     report = client.get_run(out["mlflow_run_id"])
     assert report.data.params["heldout_split.size"] == "6" and len(report.data.params["heldout_split.digest"]) == 64
     artifacts = {a.path for a in client.list_artifacts(out["mlflow_run_id"], "report")}
-    assert {"report/mechanism.png", "report/acceptance_by_kind.png"} <= artifacts
+    assert {"report/mechanism.png", "report/acceptance_by_kind.png", "report/curriculum.png"} <= artifacts
 
 
 def test_accepted_candidates_by_kind_add_up_to_the_accepted_count(ablation_run):

@@ -9,6 +9,8 @@ import pytest
 from coevolve.records import Candidate, Signal, ToolCall, Verdict
 from storage.mechanism import (
     accepted_by_kind,
+    calibration,
+    difficulty_histogram,
     heldout_coverage,
     round_mechanism,
     tool_patterns,
@@ -115,14 +117,82 @@ def test_accepted_candidates_count_by_the_kind_of_their_signal_and_random_withou
     assert accepted_by_kind(warehouse, RUN, 1) == {}
 
 
-def test_round_mechanism_reads_all_three_in_one_session(warehouse: Warehouse, make_task, make_trajectory):
+def test_round_mechanism_reads_every_measurement_in_one_session(warehouse: Warehouse, make_task, make_trajectory):
     task = make_task(0, tools=("ls",))
     warehouse.write_tasks([task])
     warehouse.set_pool(RUN, HELDOUT, [task.task_id])
     warehouse.set_pool(RUN, 0, [task.task_id])
     warehouse.write_trajectories([make_trajectory(task.task_id, 0, True), make_trajectory(task.task_id, 1, False)])
-    assert round_mechanism(warehouse, RUN, 0, 2) == {
+    measured = round_mechanism(warehouse, RUN, 0, 2)
+    assert math.isnan(measured.pop("calibration"))  # the round has no task_difficulty rows
+    assert measured == {
         "informative_groups": 1.0,
+        "episodes_played": 2,
+        "groups_played": 1,
+        "episodes_per_informative_group": 2.0,
         "heldout_coverage": 1.0,
         "accepted_by_kind": {},
+        "difficulty_histogram": {},
     }
+
+
+# --- what a round played, and the curriculum's estimates ---------------------------------------------
+
+
+def test_episodes_per_informative_group_divide_the_round_s_episodes_by_its_informative_groups(
+    warehouse: Warehouse, make_task, make_trajectory
+):
+    t0, t1 = make_task(0).task_id, make_task(1).task_id
+    # Groups of 2: t0 step 0 (informative), t0 step 1 (all failed), t1 step 0 (all solved).
+    outcomes = {(t0, 0): True, (t0, 1): False, (t0, 2): False, (t0, 3): False, (t1, 0): True, (t1, 1): True}
+    warehouse.write_trajectories([make_trajectory(t, sample, ok) for (t, sample), ok in outcomes.items()])
+    measured = round_mechanism(warehouse, RUN, 0, 2)
+    assert (measured["episodes_played"], measured["groups_played"]) == (6, 3)
+    assert measured["episodes_per_informative_group"] == 6.0
+
+
+def test_a_round_without_informative_groups_has_no_episodes_per_informative_group(
+    warehouse: Warehouse, make_task, make_trajectory
+):
+    task = make_task(0).task_id
+    warehouse.write_trajectories([make_trajectory(task, 0, True), make_trajectory(task, 1, True)])
+    measured = round_mechanism(warehouse, RUN, 0, 2)
+    assert measured["episodes_played"] == 2 and math.isnan(measured["episodes_per_informative_group"])
+
+
+@pytest.fixture
+def estimated_round(warehouse: Warehouse, make_task, make_trajectory) -> Warehouse:
+    """Three pool tasks; round 0 solved t0 twice and failed t1 twice, so round 1's estimates (prior mean 0.5,
+    strength 2) are 0.75, 0.25 and 0.5 (t2, never played); round 1 then solved t0 once in 4 and t1 never in 2."""
+    tasks = [make_task(i) for i in range(3)]
+    t0, t1, _ = (t.task_id for t in tasks)
+    warehouse.write_tasks(tasks)
+    for round_ in (0, 1):
+        warehouse.set_pool(RUN, round_, [t.task_id for t in tasks])
+    warehouse.write_trajectories([make_trajectory(t, s, t == t0) for t in (t0, t1) for s in (0, 1)])
+    estimates = warehouse.task_difficulty(RUN, 1, history_episodes=24, prior_strength=2.0)
+    assert sorted(estimates.column("estimate").to_pylist()) == [0.25, 0.5, 0.75]
+    warehouse.write_trajectories(
+        [make_trajectory(t0, s, s == 0, round=1) for s in range(4)]
+        + [make_trajectory(t1, s, False, round=1) for s in range(2)]
+    )
+    return warehouse
+
+
+def test_calibration_is_the_episode_weighted_error_of_the_estimates_on_the_round_s_played_tasks(estimated_round):
+    # t0: |0.75 - 1/4| over 4 episodes, t1: |0.25 - 0| over 2; t2 was not played and does not count.
+    assert calibration(estimated_round, RUN, 1) == pytest.approx((4 * 0.5 + 2 * 0.25) / 6)
+
+
+def test_the_difficulty_histogram_counts_pool_tasks_by_estimate_in_five_bins(estimated_round):
+    assert difficulty_histogram(estimated_round, RUN, 1) == {
+        "0.0-0.2": 0,
+        "0.2-0.4": 1,
+        "0.4-0.6": 1,
+        "0.6-0.8": 1,
+        "0.8-1.0": 0,
+    }
+
+
+def test_a_round_without_estimates_has_no_calibration_and_an_empty_histogram(estimated_round):
+    assert math.isnan(calibration(estimated_round, RUN, 0)) and difficulty_histogram(estimated_round, RUN, 0) == {}

@@ -126,7 +126,7 @@ def test_the_report_prints_raw_and_adjusted_p_values_the_split_and_the_detectabl
     )
     assert static_row in text
     assert f"| full | 3 | 12 | 0.250 | {full0['final']:.3f} | {full0['mean_diff']:+.3f} |" in text
-    assert "### Family 1: `full` against each arm (2 comparisons, Holm)" in text
+    assert "### Family 1: `full` against each arm without the curriculum (2 comparisons, Holm)" in text
     assert "### Family 2: each arm against checkpoint 0 (3 comparisons, Holm)" in text
     assert "final held-out split: 12 tasks, pool digest `abc123`" in text
     assert out["heldout_split"] == {"size": 12, "digest": "abc123", "split": "final-heldout"}
@@ -237,3 +237,82 @@ def test_the_seed_level_recheck_of_the_30_run_report_holm_corrects_both_families
     assert "| static | 5 | +0.036 | 3.67 | 0.021 | 0.107 |" in lines  # against checkpoint 0, Holm over six arms
     assert "| no-boundary | 5 | +0.040 | 5.66 | 0.005 | 0.029 |" in lines
     assert "| no-boundary | 5 | -0.022 | -3.32 | 0.029 | 0.147 |" in lines  # full against it, Holm over five
+
+
+# --- the curriculum arms: their families, compute per arm, and the curriculum's mechanism -----------------
+
+
+CURRICULUM = [
+    outcomes_run(arm, s, solved + s % 2, 3)
+    for arm, solved in (("static+learnability", 2), ("random+learnability", 8), ("full+learnability", 9))
+    for s in (1, 2, 3, 4, 5)
+]
+
+
+def test_full_is_compared_with_arms_without_the_curriculum_and_full_learnability_with_the_curriculum_arms():
+    summary = summarize(SCORED + [outcomes_run(r["arm"], r["seed"], 6, 3) for r in CURRICULUM if r["seed"] <= 3])
+    assert list(summary["tests"]) == ["static", "random"]
+    assert list(summary["curriculum_arm_tests"]) == ["static+learnability", "random+learnability"]
+    assert list(summary["curriculum_tests"]) == ["static", "random", "full"]
+    assert len(summary["ckpt0_tests"]) == 6
+
+
+def test_curriculum_on_vs_off_tests_each_curriculum_arm_against_its_base_arm_holm_over_that_family():
+    on = [outcomes_run(f"{r['arm']}+learnability", r["seed"], 9, 3) for r in SCORED]
+    family = summarize(SCORED + on)["curriculum_tests"]
+    by_seed = {arm: {r["seed"]: r["heldout_outcomes"] for r in SCORED + on if r["arm"] == arm} for arm in ("full",
+               "full+learnability")}  # fmt: skip
+    assert family["full"]["p"] == pytest.approx(two_way_test(by_seed["full+learnability"], by_seed["full"])["p"])
+    assert [t["p_holm"] for t in family.values()] == pytest.approx(
+        list(multipletests([t["p"] for t in family.values()], method="holm")[1])
+    )
+
+
+def test_families_whose_arms_are_absent_are_left_out(tmp_path):
+    summary = summarize(CURRICULUM)
+    assert summary["tests"] == {} and summary["curriculum_tests"] == {}
+    write_report(SCORED, tmp_path, "No curriculum", power_draws=20)
+    text = (tmp_path / "report.md").read_text()
+    assert "2 families of comparisons" in text and "Family 3" not in text and "Family 4" not in text
+
+
+def test_the_report_states_which_comparisons_are_significant_after_holm(tmp_path):
+    out = write_report(CURRICULUM, tmp_path, "Curriculum", power_draws=20)
+    text = (tmp_path / "report.md").read_text()
+    family = out["curriculum_arm_tests"]
+    assert family["static+learnability"]["p_holm"] < 0.05 <= family["random+learnability"]["p_holm"]
+    assert "### Family 3: `full+learnability` against the other curriculum arms (2 comparisons, Holm)" in text
+    assert (
+        "Significant at 0.05 after Holm: `full+learnability` vs `static+learnability` (+0.583, p (Holm) 0.016). "
+        "Not significant: `full+learnability` vs `random+learnability`." in text
+    )
+
+
+def test_each_arm_prints_its_episodes_played_and_optimizer_steps_summed_over_rounds_mean_over_seeds(tmp_path):
+    runs = [run("full", 1, [0.1, 0.3]), run("full", 2, [0.1, 0.3]), run("static", 1, [0.1, 0.1])]
+    for r, episodes in zip(runs, (140, 144, 144), strict=True):
+        for s in r["rounds"]:
+            s.update(episodes_played=episodes, optimizer_steps=4)
+    del runs[2]["rounds"][1]["optimizer_steps"]  # a round that did not record it: the run's total is unknown
+    arms = summarize(runs)["arms"]
+    assert arms["full"]["episodes"] == 284 and arms["full"]["optimizer_steps"] == 8
+    assert arms["static"]["episodes"] == 288 and math.isnan(arms["static"]["optimizer_steps"])
+    write_report(runs, tmp_path, "Compute")
+    text = (tmp_path / "report.md").read_text()
+    assert "| 4/8/12 | 284 | 8 |" in text and "| 2/4/6 | 288 | n/a |" in text
+
+
+def test_the_curriculum_mechanism_is_tabulated_per_round_and_drawn(tmp_path):
+    histogram = {"0.0-0.2": 2, "0.2-0.4": 1, "0.4-0.6": 0, "0.6-0.8": 0, "0.8-1.0": 1}
+    runs = [run("full+learnability", s, [0.1, 0.3]) for s in (1, 2)]
+    for r, calibration in zip(runs, (0.1, 0.3), strict=True):
+        for s in r["rounds"]:
+            s.update(informative_groups=0.5, episodes_played=144, groups_played=24,
+                     episodes_per_informative_group=12.0, calibration=calibration,
+                     difficulty_histogram={**histogram, "0.0-0.2": histogram["0.0-0.2"] + r["seed"]})  # fmt: skip
+    out = write_report(runs + [run("full", 1, [0.1, 0.2])], tmp_path, "Curriculum mechanism")
+    text = (tmp_path / "report.md").read_text()
+    assert "| full+learnability | 1 | 0.500 | n/a | 1/2/3 | n/a | n/a | 0.300 | 144.0 | 24.0 | 12.00 | 0.200 |" in text
+    assert "| full+learnability | 3.5 | 1.0 | 0.0 | 0.0 | 1.0 |" in text  # the final round's pool, mean over seeds
+    assert "| full | " not in text.split("Pool of the final round")[1]  # no estimates: no row
+    assert (tmp_path / "curriculum.png").stat().st_size > 1000 and str(tmp_path / "curriculum.png") in out["figures"]
