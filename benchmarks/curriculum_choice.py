@@ -41,6 +41,18 @@ CANDIDATES: dict[str, list[str]] = {
     "learnability": ["pool.sampler=learnability", "pool.explore_unplayed=true", *CURRICULUM],
     "learnability-prior": ["pool.sampler=learnability", "pool.explore_unplayed=false", *CURRICULUM],
     "band": ["pool.sampler=band", "pool.explore_unplayed=false", *CURRICULUM],
+    "learnability-sharp4": [
+        "pool.sampler=learnability",
+        "pool.explore_unplayed=false",
+        "pool.sharpness=4",
+        *CURRICULUM,
+    ],
+    "learnability-sharp8": [
+        "pool.sampler=learnability",
+        "pool.explore_unplayed=false",
+        "pool.sharpness=8",
+        *CURRICULUM,
+    ],
 }
 
 

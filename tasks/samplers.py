@@ -9,6 +9,8 @@
   their estimate decides.
 - ``band``: full weight for estimates within ``pool.band_low`` .. ``pool.band_high``, the floor elsewhere.
 
+``pool.sharpness`` raises every weight to a power: above 1 the draws concentrate on the highest weights.
+
 A rule is a class with a ``weight`` method, registered in ``SAMPLERS`` under its setting's name. Draws
 are weighted samples without replacement (numpy's ``Generator.choice``) seeded from the run seed, round,
 step and draw, so the same inputs draw the same tasks in every process.
@@ -80,6 +82,7 @@ class PoolSampler:
         if len(tasks) <= size:
             return list(tasks)
         weights = np.array([self.weight(estimates.get(t.task_id)) for t in tasks], dtype=np.float64)
+        weights **= self.config.sharpness
         rng = np.random.default_rng(_seed(key))
         chosen = rng.choice(len(tasks), size=size, replace=False, p=weights / weights.sum())
         return [tasks[i] for i in chosen]

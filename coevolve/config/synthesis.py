@@ -159,6 +159,15 @@ class PoolConfig(Section):
             "its estimate can move."
         ),
     )
+    sharpness: float = Field(
+        1.0,
+        gt=0,
+        description=(
+            "Exponent on every weight of 'learnability' and 'band': 1 draws in proportion to p(1-p); higher "
+            "concentrates the draws on the most learnable tasks, which matters when tasks with little evidence "
+            "outnumber those known to be learnable."
+        ),
+    )
     explore_unplayed: bool = Field(
         True,
         description=(

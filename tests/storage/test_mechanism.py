@@ -162,15 +162,16 @@ def test_a_round_without_informative_groups_has_no_episodes_per_informative_grou
 
 @pytest.fixture
 def estimated_round(warehouse: Warehouse, make_task, make_trajectory) -> Warehouse:
-    """Three pool tasks; round 0 solved t0 twice and failed t1 twice, so round 1's estimates (prior mean 0.5,
-    strength 2) are 0.75, 0.25 and 0.5 (t2, never played); round 1 then solved t0 once in 4 and t1 never in 2."""
-    tasks = [make_task(i) for i in range(3)]
+    """Three pool tasks of three kinds (tools); round 0 solved t0 twice and failed t1 twice, so round 1's estimates
+    (prior mean: the pool's 0.5, strength 2) are 0.75, 0.25 and 0.5 (t2, never played); round 1 then solved t0 once
+    in 4 and t1 never in 2."""
+    tasks = [make_task(i, tools=(f"tool{i}",)) for i in range(3)]
     t0, t1, _ = (t.task_id for t in tasks)
     warehouse.write_tasks(tasks)
     for round_ in (0, 1):
         warehouse.set_pool(RUN, round_, [t.task_id for t in tasks])
     warehouse.write_trajectories([make_trajectory(t, s, t == t0) for t in (t0, t1) for s in (0, 1)])
-    estimates = warehouse.task_difficulty(RUN, 1, history_episodes=24, prior_strength=2.0)
+    estimates = warehouse.task_difficulty(RUN, 1, history_episodes=24, prior_strength=2.0, kind_strength=6.0)
     assert sorted(estimates.column("estimate").to_pylist()) == [0.25, 0.5, 0.75]
     warehouse.write_trajectories(
         [make_trajectory(t0, s, s == 0, round=1) for s in range(4)]

@@ -74,3 +74,15 @@ def test_band_keeps_estimates_inside_it_at_full_weight():
 def test_a_band_upside_down_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="set band_low <= band_high"):
         PoolConfig(band_low=0.8, band_high=0.2)
+
+
+def test_sharpness_concentrates_the_draws_on_the_most_learnable_tasks(tasks):
+    mixed, failed = tasks[0], tasks[1]
+    estimates = {mixed.task_id: TaskEstimate(0.5, 6), failed.task_id: TaskEstimate(0.1, 6)}
+
+    def share_of_mixed(sharpness: float) -> float:
+        sampler = pool_sampler(PoolConfig(sampler="learnability", sharpness=sharpness))
+        return [sampler.draw([mixed, failed], estimates, 1, f"key{i}")[0] for i in range(400)].count(mixed) / 400
+
+    # Weights 0.25 and 0.09: drawn with probability 0.74 as they are, 0.996 raised to the 4th power.
+    assert share_of_mixed(1.0) < 0.85 < 0.97 < share_of_mixed(4.0)
