@@ -61,6 +61,7 @@ from storage.tracking import Tracker
 from tasks.common import open_warehouse, round_lock
 from tasks.evaluate import evaluate_checkpoint
 from tasks.report import FINAL_SPLIT
+from tasks.report_summary import CURRICULUM_SUFFIX
 from tasks.report_task import report_task
 from tasks.splits import FINAL_HELDOUT_ROUND, HELDOUT_ROUND
 
@@ -73,8 +74,6 @@ CURRICULUM: dict[str, Any] = {
     "pool": {"sampler": "learnability"},
     "rollout": {"dynamic_sampling": True, "max_rollout_factor": CURRICULUM_ROLLOUT_FACTOR},
 }
-# The suffix of a curriculum arm's name: "<base arm>+learnability".
-CURRICULUM_SUFFIX = "+learnability"
 
 
 def _with_curriculum(overrides: dict[str, Any]) -> dict[str, Any]:

@@ -34,7 +34,7 @@ def test_every_step_and_draw_has_its_own_seed():
 
 def test_a_draw_is_the_same_in_every_call_and_has_no_repeats(tasks):
     sampler = pool_sampler(PoolConfig(sampler="learnability"))
-    estimates = {t.task_id: TaskEstimate(0.1 * i, 6) for i, t in enumerate(tasks)}
+    estimates = {t.task_id: TaskEstimate(0.1 * (i + 1), 6) for i, t in enumerate(tasks)}
     first = sampler.draw(tasks, estimates, 4, "k")
     assert first == sampler.draw(tasks, estimates, 4, "k")
     assert len({t.task_id for t in first}) == 4
@@ -47,16 +47,14 @@ def test_learnability_weighs_p_times_one_minus_p_with_a_floor():
     assert sampler.weight(TaskEstimate(0.0, 12)) == pytest.approx(0.02)
 
 
-def test_a_task_never_played_gets_the_largest_weight_unless_exploration_is_off():
+def test_a_task_never_played_gets_the_largest_weight_when_exploring_first_else_its_priors():
     unplayed = TaskEstimate(0.05, 0)
-    assert pool_sampler(PoolConfig(sampler="learnability")).weight(unplayed) == MOST_LEARNABLE
-    assert pool_sampler(PoolConfig(sampler="learnability", explore_unplayed=False)).weight(unplayed) == pytest.approx(
-        0.05 * 0.95
-    )
+    assert pool_sampler(PoolConfig(sampler="learnability", explore_unplayed=True)).weight(unplayed) == MOST_LEARNABLE
+    assert pool_sampler(PoolConfig(sampler="learnability")).weight(unplayed) == pytest.approx(0.05 * 0.95)
 
 
 def test_learnability_draws_mixed_tasks_far_more_often_than_always_failed_ones(tasks):
-    sampler = pool_sampler(PoolConfig(sampler="learnability", weight_floor=0.02))
+    sampler = pool_sampler(PoolConfig(sampler="learnability", weight_floor=0.02, sharpness=1.0))
     mixed, failed = tasks[0], tasks[1]
     estimates = {mixed.task_id: TaskEstimate(0.5, 6), failed.task_id: TaskEstimate(0.0, 6)}
     drawn = [sampler.draw([mixed, failed], estimates, 1, f"key{i}")[0] for i in range(400)]
