@@ -6,9 +6,12 @@ before the round starts, as an interrupted attempt would have left them (the rol
 missing): one task's group won once and lost once, the other's lost twice.
 """
 
+import os
+import shutil
+
 import pytest
 
-from coevolve.stages import PrepareInput
+from coevolve.stages import PrepareInput, RolloutInput
 from flows.round import coevolve_round
 from flows.stage import run_stage
 from storage.warehouse import Warehouse
@@ -48,6 +51,10 @@ def round0(prefect_api, tiny_config, tmp_path_factory):
     return config, mixed, flat, rollout, update, played
 
 
+def _episodes(played: dict) -> set[tuple[str, int]]:
+    return set(zip(played["task_id"], played["sample"], strict=True))
+
+
 def test_flat_groups_are_kept_and_replacements_fill_the_budget(round0):
     config, mixed, flat, rollout, _, played = round0
     budget = int(TASKS * GROUP * FACTOR)
@@ -63,3 +70,22 @@ def test_the_update_trains_only_the_groups_with_reward_variance(round0):
     assert rollout["train_tasks"] == [mixed]
     assert update["stats"]["groups"] == 1
     assert update["trained_on"]["count"] == GROUP
+
+
+def test_a_step_that_lost_its_last_draw_draws_and_plays_the_same_tasks_again(round0, tmp_path):
+    config, _, _, rollout, _, played = round0
+    # The state a crash leaves after the second replacement draw played, before its episodes and the rollout's
+    # record were written: the same state folder without the newest trajectories file and without the record.
+    copy = config.with_overrides({"state_dir": str(tmp_path / "state")})
+    shutil.copytree(config.state_dir, copy.state_dir)
+    partition = copy.warehouse_path / "tables" / "trajectories" / f"run_id={config.run_id}" / "round=0"
+    newest = max(partition.glob("*.parquet"), key=os.path.getmtime)
+    newest.unlink()
+    (copy.warehouse_path / "catalog" / "stage_runs" / f"run_id={config.run_id}" / "round=0" / "rollout.json").unlink()
+    with Warehouse(copy.warehouse_path, read_only=True) as wh:
+        assert len(wh.stored_episodes(config.run_id, 0)) < len(played["task_id"])
+        checkpoint = wh.stage_output(config.run_id, 0, "prepare")["checkpoint"]
+    resumed = run_stage(copy, RolloutInput(round_=0, step=0, checkpoint=checkpoint))
+    assert (resumed.draws, resumed.train_tasks) == (rollout["draws"], rollout["train_tasks"])
+    with Warehouse(copy.warehouse_path, read_only=True) as wh:
+        assert _episodes(wh.outcomes(config.run_id, 0)) == _episodes(played)
