@@ -15,8 +15,8 @@ checkpoint 0 (one outcome per task, repeated for every seed) the repetition adds
 
 ``simulate_experiment`` draws outcomes with the structure the ablation has (per-task difficulty, what
 training does to each task, per-arm task affinities, per-seed and per-run shifts, 0/1 outcomes),
-calibrated to the 30-run ablation in docs/ablation_report.md; the suite checks every test the report
-uses against it under the null, and ``detectable_effect`` finds the smallest effect the experiment's
+calibrated to the 30-run ablation in docs/history/ablation_report_6arms_5seeds.md; the suite checks every
+test the report uses against it under the null, and ``detectable_effect`` finds the smallest effect the experiment's
 size detects with 80% power.
 """
 
@@ -141,8 +141,8 @@ class Structure:
     task effect shared by every trained run (``training_by_task``), an arm's own affinity for the
     task shared by its seeds (``arm_by_task``), a seed's shift shared by every arm of that seed (they
     play the same round 0), a run's own shift, and per-(run, task) noise. Calibrated to the 30-run
-    ablation of docs/ablation_report.md: checkpoint 0 solves 19% of tasks; a final checkpoint differs
-    from checkpoint 0 on about 10% of the 100 tasks and from another arm's of the same seed on about
+    ablation of docs/history/ablation_report_6arms_5seeds.md: checkpoint 0 solves 19% of tasks; a final
+    checkpoint differs from checkpoint 0 on about 10% of the 100 tasks and from another arm's of the same seed on about
     10%; final success varies by about 0.03 between seeds of one arm.
     """
 

@@ -19,7 +19,7 @@ from tasks.inference import (
     two_way_test,
 )
 
-# The size of the 30-run ablation in docs/ablation_report.md: 5 seeds, 100 held-out tasks.
+# The size of the 30-run ablation in docs/history/ablation_report_6arms_5seeds.md: 5 seeds, 100 held-out tasks.
 SEEDS, TASKS = 5, 100
 NULL_DRAWS = 2000
 

@@ -230,7 +230,7 @@ def test_runs_without_a_checkpoint_0_score_are_not_compared_with_it(tmp_path):
 
 
 def test_the_seed_level_recheck_of_the_30_run_report_holm_corrects_both_families():
-    text = (Path(__file__).parents[2] / "docs" / "ablation_report.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "history" / "ablation_report_6arms_5seeds.md").read_text()
     runs = read_per_run_table(text)
     assert len(runs) == 30 and runs[("no-boundary", 4)] == (0.19, 0.25)
     lines = seed_level_recheck(runs)
