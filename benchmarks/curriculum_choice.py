@@ -19,7 +19,6 @@ history to draw on), episodes a round and wall time. The figures are recorded in
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from statistics import mean
@@ -28,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.schedule_choice import dev_curve, finished_rounds, run_candidate  # noqa: E402
+from benchmarks.schedule_choice import run_choice  # noqa: E402
 from coevolve.config import load_config  # noqa: E402
 from storage.warehouse import Warehouse  # noqa: E402
 
@@ -72,25 +71,13 @@ def main() -> int:
     args = parser.parse_args()
     pool_seed = load_config(environ={}).start_seed
     seeds = [int(s) for s in args.seeds.split(",")]
-    state_dir = args.out / "state"
-    args.out.mkdir(parents=True, exist_ok=True)
-    done_file = args.out / "choice.json"
-    earlier = {(r["candidate"], r["seed"]): r for r in json.loads(done_file.read_text())} if done_file.exists() else {}
-    rows = []
-    for name in args.candidates.split(","):
-        for seed in seeds:
-            if (name, seed) in earlier:
-                rows.append(earlier[(name, seed)])
-                continue
-            settings = [f"run_id=curriculum-{name}-s{seed}", f"seed={seed}", f"pool.seed={pool_seed}",
-                        f"rollout.dev_eval_tasks={args.dev_tasks}", *SCHEDULE, *CANDIDATES[name]]  # fmt: skip
-            config = load_config(overrides=[f"state_dir={state_dir}", *settings], environ={})
-            wall_s = run_candidate(settings, state_dir, args.rounds - finished_rounds(config), args.out / "runs.log")
-            baseline, curve = dev_curve(config)
-            rows.append({"candidate": name, "seed": seed, "wall_s": round(wall_s, 1), "dev_checkpoint0": baseline,
-                         "dev_by_round": curve, "rounds": played_groups(config)})  # fmt: skip
-            print(json.dumps(rows[-1]), flush=True)
-            done_file.write_text(json.dumps(rows, indent=1))
+    runs = [
+        (name, seed, [f"run_id=curriculum-{name}-s{seed}", f"seed={seed}", f"pool.seed={pool_seed}",
+                      f"rollout.dev_eval_tasks={args.dev_tasks}", *SCHEDULE, *CANDIDATES[name]])
+        for name in args.candidates.split(",")
+        for seed in seeds
+    ]  # fmt: skip
+    rows = run_choice(runs, args.out, args.rounds, lambda config: {"rounds": played_groups(config)})
     lines = [
         "| candidate | final dev success (mean) | per seed | informative share of played groups, rounds 1+ | "
         "episodes a round | run time |",

@@ -24,8 +24,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import mean
+from typing import Any
 
 from coevolve.config import PipelineConfig, load_config
 from coevolve.settings import OFFLINE_ENV
@@ -86,6 +88,37 @@ def dev_curve(config: PipelineConfig) -> tuple[float | None, list[float | None]]
         return prepared.get("baseline_dev_success"), [s.dev_success for s in wh.rounds(config.run_id)]
 
 
+def run_choice(
+    runs: list[tuple[str, int, list[str]]],
+    out: Path,
+    rounds: int,
+    measure: Callable[[PipelineConfig], dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """Runs every (candidate, seed, settings) for ``rounds`` rounds, one after another, in ``out``/state.
+
+    A row: candidate, seed, wall_s, dev_checkpoint0, dev_by_round, and what ``measure`` reads from the finished
+    run. Rows are saved to ``out``/choice.json as they come; rows of an earlier, interrupted invocation are kept,
+    and its unfinished runs continue where they stopped.
+    """
+    state_dir = out / "state"
+    out.mkdir(parents=True, exist_ok=True)
+    done_file = out / "choice.json"
+    earlier = {(r["candidate"], r["seed"]): r for r in json.loads(done_file.read_text())} if done_file.exists() else {}
+    rows = []
+    for name, seed, settings in runs:
+        if (name, seed) in earlier:
+            rows.append(earlier[(name, seed)])
+            continue
+        config = load_config(overrides=[f"state_dir={state_dir}", *settings], environ={})
+        wall_s = run_candidate(settings, state_dir, rounds - finished_rounds(config), out / "runs.log")
+        baseline, curve = dev_curve(config)
+        rows.append({"candidate": name, "seed": seed, "wall_s": round(wall_s, 1), "dev_checkpoint0": baseline,
+                     "dev_by_round": curve, **(measure(config) if measure else {})})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+        done_file.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--candidates", default="1x24x4,2x12x2,3x8x1,3x8x2", help="FxBxU, comma-separated")
@@ -103,26 +136,12 @@ def main() -> int:
             parser.error(f"{steps}x{batch} plays {steps * batch * defaults.rollout.group_size} episodes a round, "
                          f"not {args.episodes}: compare candidates at the same budget")  # fmt: skip
     seeds = [int(s) for s in args.seeds.split(",")]
-    state_dir = args.out / "state"
-    args.out.mkdir(parents=True, exist_ok=True)
-    # Rows of an earlier, interrupted invocation are kept; its unfinished runs continue where they stopped.
-    done_file = args.out / "choice.json"
-    earlier = {(r["candidate"], r["seed"]): r for r in json.loads(done_file.read_text())} if done_file.exists() else {}
-    rows = []
-    for candidate in candidates:
-        for seed in seeds:
-            name = "x".join(map(str, candidate))
-            if (name, seed) in earlier:
-                rows.append(earlier[(name, seed)])
-                continue
-            settings = candidate_settings(candidate, seed, pool_seed, args.dev_tasks)
-            config = load_config(overrides=[f"state_dir={state_dir}", *settings], environ={})
-            wall_s = run_candidate(settings, state_dir, args.rounds - finished_rounds(config), args.out / "runs.log")
-            baseline, curve = dev_curve(config)
-            rows.append({"candidate": "x".join(map(str, candidate)), "seed": seed, "wall_s": round(wall_s, 1),
-                         "dev_checkpoint0": baseline, "dev_by_round": curve})  # fmt: skip
-            print(json.dumps(rows[-1]), flush=True)
-            done_file.write_text(json.dumps(rows, indent=1))
+    runs = [
+        ("x".join(map(str, candidate)), seed, candidate_settings(candidate, seed, pool_seed, args.dev_tasks))
+        for candidate in candidates
+        for seed in seeds
+    ]
+    rows = run_choice(runs, args.out, args.rounds)
     lines = [
         "| F x batch x updates | final dev success (mean over seeds) | gain over checkpoint 0 | per seed | run time |",
         "|---|---|---|---|---|",

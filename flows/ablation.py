@@ -61,7 +61,7 @@ from storage.tracking import Tracker
 from tasks.common import open_warehouse, round_lock
 from tasks.evaluate import evaluate_checkpoint
 from tasks.report import FINAL_SPLIT
-from tasks.report_summary import CURRICULUM_SUFFIX
+from tasks.report_summary import CURRICULUM_BASES, CURRICULUM_SUFFIX
 from tasks.report_task import report_task
 from tasks.splits import FINAL_HELDOUT_ROUND, HELDOUT_ROUND
 
@@ -89,7 +89,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "no-boundary": {"synthesis": {"mode": "signal"}, "signals": {"enabled": ["forgetting", "rare"]}},
     "no-rare": {"synthesis": {"mode": "signal"}, "signals": {"enabled": ["forgetting", "boundary"]}},
 }
-ARMS |= {f"{arm}{CURRICULUM_SUFFIX}": _with_curriculum(ARMS[arm]) for arm in ("static", "random", "full")}
+ARMS |= {f"{arm}{CURRICULUM_SUFFIX}": _with_curriculum(ARMS[arm]) for arm in CURRICULUM_BASES}
 
 
 def curriculum_batch(tasks_per_batch: int, max_rollout_factor: float) -> int:

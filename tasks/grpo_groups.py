@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,11 @@ from coevolve.stages import step_samples
 Groups = dict[str, list[Trajectory]]
 # TRL group ("prompt" of a dataset row) -> (task id, segment slot), in dataset order.
 Slots = dict[str, tuple[str, int]]
+
+
+def has_reward_variance(rewards: Iterable[float]) -> bool:
+    """A group's rewards are not all equal: its advantages are not all zero, so GRPO learns from it."""
+    return len(set(rewards)) > 1
 
 
 def group_trajectories(trajectories: list[Trajectory], group_size: int) -> tuple[Groups, dict[str, int]]:
@@ -45,7 +51,7 @@ def group_trajectories(trajectories: list[Trajectory], group_size: int) -> tuple
         group.sort(key=lambda t: t.sample)
         if len(group) != group_size:
             dropped["malformed"] += 1
-        elif len({t.reward for t in group}) < 2:  # equal rewards: zero advantage, nothing to learn
+        elif not has_reward_variance(t.reward for t in group):  # zero advantage, nothing to learn
             dropped["flat"] += 1
         else:
             kept[task_id] = group

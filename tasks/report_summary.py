@@ -84,7 +84,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     if full_curriculum in arms:
         curriculum_arm_tests = {
             other: compare(full_curriculum, other)
-            for other in (f"{base}{CURRICULUM_SUFFIX}" for base in ("static", "random"))
+            for other in (f"{base}{CURRICULUM_SUFFIX}" for base in CURRICULUM_BASES if base != "full")
             if other in arms
         }
     curriculum_tests = {

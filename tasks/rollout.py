@@ -50,6 +50,7 @@ from coevolve.records import Task, Trajectory
 from coevolve.stages import RolloutInput, RolloutOutput, step_samples
 from tasks.common import make_environment
 from tasks.episode import Engine, Episode, advance_episode, to_trajectory
+from tasks.grpo_groups import has_reward_variance
 from tasks.registry import stage
 from tasks.samplers import draw_key, estimates_of, pool_sampler
 
@@ -206,12 +207,12 @@ def success_rate(trajectories: list[Trajectory]) -> float:
 
 def informative_tasks(outcomes: dict[str, list], samples: range, group_size: int) -> set[str]:
     """Tasks whose episodes numbered ``samples`` (one training step's) form a whole group with reward variance:
-    the groups GRPO learns from (tasks/grpo_groups.group_trajectories applies the same rule)."""
+    the groups GRPO learns from (the rule of tasks/grpo_groups.group_trajectories)."""
     rewards: dict[str, list[float]] = {}
     for task_id, sample, reward in zip(outcomes["task_id"], outcomes["sample"], outcomes["reward"], strict=True):
         if sample in samples:
             rewards.setdefault(task_id, []).append(reward)
-    return {task_id for task_id, r in rewards.items() if len(r) == group_size and len(set(r)) > 1}
+    return {task_id for task_id, r in rewards.items() if len(r) == group_size and has_reward_variance(r)}
 
 
 def episode_budget(config: RolloutConfig) -> int:
@@ -256,12 +257,11 @@ def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -
             "round %d step %d: %d episodes already stored, playing the rest", round_, step, len(stored)
         )
     played: list[Task] = []
-    informative: set[str] = set()
     batch = sampler.draw(pool, estimates, target, draw_key(config.seed, round_, step, 0))
     draws = 0
     # Released when the block ends, before the update stage trains: vLLM shut down, GPU memory and connections freed.
     with open_engine(inputs.checkpoint, config) as engine:
-        while batch:
+        while batch:  # the batch, then (dynamic sampling) rounds of replacements
             draws += 1
             play_episodes(
                 engine,
@@ -282,20 +282,19 @@ def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -
                 desc="rollout" if draws == 1 else f"rollout (replacements {draws - 1})",
             )
             played += batch
-            if not config.rollout.dynamic_sampling:
-                break
-            informative = informative_tasks(wh.outcomes(config.run_id, round_), samples, group_size)
+            outcomes = wh.outcomes(config.run_id, round_)
+            informative = informative_tasks(outcomes, samples, group_size)
             room = (episode_budget(config.rollout) - len(played) * group_size) // group_size
-            wanted = min(target - len(informative), room)
-            if wanted <= 0:
-                break
+            wanted = min(target - len(informative), room) if config.rollout.dynamic_sampling else 0
             drawn = {t.task_id for t in played}
-            batch = sampler.draw(
-                [t for t in pool if t.task_id not in drawn], estimates, wanted,
-                draw_key(config.seed, round_, step, draws),
+            batch = (
+                sampler.draw(
+                    [t for t in pool if t.task_id not in drawn], estimates, wanted,
+                    draw_key(config.seed, round_, step, draws),
+                )
+                if wanted > 0
+                else []
             )  # fmt: skip
-    outcomes = wh.outcomes(config.run_id, round_)
-    informative = informative_tasks(outcomes, samples, group_size)
     mine = [i for i, sample in enumerate(outcomes["sample"]) if sample in samples]  # this step's episodes
     successes = [outcomes["success"][i] for i in mine]
     reasons = dict(sorted(Counter(outcomes["finish_reason"][i] for i in mine).items()))

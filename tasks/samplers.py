@@ -83,6 +83,8 @@ class PoolSampler:
             return list(tasks)
         weights = np.array([self.weight(estimates.get(t.task_id)) for t in tasks], dtype=np.float64)
         weights **= self.config.sharpness
+        if not weights.any():  # every weight at a floor of 0: nothing to prefer, every task as likely
+            weights[:] = 1.0
         rng = np.random.default_rng(_seed(key))
         chosen = rng.choice(len(tasks), size=size, replace=False, p=weights / weights.sum())
         return [tasks[i] for i in chosen]
@@ -117,7 +119,7 @@ class BandSampler(PoolSampler):
         if estimate is None or (estimate.recent_played == 0 and self.config.explore_unplayed):
             return MOST_LEARNABLE
         inside = self.config.band_low <= estimate.estimate <= self.config.band_high
-        return MOST_LEARNABLE if inside else max(self.config.weight_floor, 1e-9)
+        return MOST_LEARNABLE if inside else self.config.weight_floor
 
 
 SAMPLERS: dict[str, type[PoolSampler]] = {cls.name: cls for cls in (UniformSampler, LearnabilitySampler, BandSampler)}

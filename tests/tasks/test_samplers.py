@@ -84,3 +84,10 @@ def test_sharpness_concentrates_the_draws_on_the_most_learnable_tasks(tasks):
 
     # Weights 0.25 and 0.09: drawn with probability 0.74 as they are, 0.996 raised to the 4th power.
     assert share_of_mixed(1.0) < 0.85 < 0.97 < share_of_mixed(4.0)
+
+
+def test_a_floor_of_zero_with_no_task_inside_the_band_draws_every_task_alike(tasks):
+    sampler = pool_sampler(PoolConfig(sampler="band", weight_floor=0.0))
+    estimates = {t.task_id: TaskEstimate(0.0, 6) for t in tasks}
+    drawn = [sampler.draw(tasks[:2], estimates, 1, f"key{i}")[0] for i in range(200)]
+    assert 0.35 < drawn.count(tasks[0]) / 200 < 0.65
