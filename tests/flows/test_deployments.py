@@ -40,6 +40,7 @@ def _env(home: Path, api_url: str, state_dir: Path) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         PREFECT_HOME=str(home),
         PREFECT_API_URL=api_url,
+        PREFECT_WORKER_QUERY_SECONDS="1",  # a worker asks for due runs each second, not Prefect's 10 s
         BFCL_PROJECT_ROOT=str(state_dir / "bfcl"),
         PYTHONPATH=str(REPO),
         PWD=str(REPO),  # prefect.yaml's pull step records {{ $PWD }}: the checkout flow runs start in
