@@ -22,6 +22,7 @@ from coevolve.records import digest
 from storage.pool import pool_digest
 from tasks.common import open_warehouse
 from tasks.grpo_groups import trained_on
+from tasks.rollout import round_statistics
 from tasks.splits import DEV_ROUND, DEV_SPLIT, HELDOUT_ROUND, HELDOUT_SPLIT
 from tasks.version import round_settings
 
@@ -82,6 +83,7 @@ def copy_round0(source: PipelineConfig, target: PipelineConfig) -> str | None:
 
     Returns the source's run id, or None.
 
+    The rollout's copy includes round 0's task statistics (``task_difficulty``), computed for the target.
     Copies only when the source's round 0 finished and both runs have the same ``round0_key``; None
     (nothing copied, the round computes them) otherwise, or when ``target`` already computed its own
     rollout. Each stage's rows are written first and its stage record last, the record being the
@@ -112,6 +114,9 @@ def copy_round0(source: PipelineConfig, target: PipelineConfig) -> str | None:
         lineage = {"copied_from": source.run_id, "round0_key": key}
         if done["rollout"] is None:
             wh.clear_round(target.run_id, 0, "rollout")  # a copy or rollout stopped midway leaves no rows of its own
+            # The statistics the rollout drew from: the same rows as the source's (same pool and pool settings),
+            # stored under the target, so its round-0 calibration is measured like the source's.
+            round_statistics(target, wh, 0)
             episodes = [dataclasses.replace(t, run_id=target.run_id) for t in wh.trajectories(source.run_id, 0)]
             wh.write_trajectories(episodes)
             wh.mark_stage(target.run_id, 0, "rollout", {**source_out["rollout"], **lineage})

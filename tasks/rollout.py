@@ -59,6 +59,8 @@ from tasks.samplers import draw_key, estimates_of, pool_sampler
 bfcl_prompts = optional_module("envs.bfcl_prompts")
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from storage.warehouse import Warehouse
 
 
@@ -202,6 +204,18 @@ def success_rate(trajectories: list[Trajectory]) -> float:
     return sum(t.success for t in trajectories) / len(trajectories) if trajectories else 0.0
 
 
+def round_statistics(config: PipelineConfig, wh: Warehouse, round_: int) -> pa.Table:
+    """Pool ``round_``'s task statistics with the run's ``pool`` settings, stored on first use
+    (`Warehouse.task_difficulty`): what the round's sampler draws from."""
+    return wh.task_difficulty(
+        config.run_id,
+        round_,
+        history_episodes=config.pool.history_episodes,
+        prior_strength=config.pool.prior_strength,
+        kind_strength=config.pool.kind_strength,
+    )
+
+
 # --- Prefect task -------------------------------------------------------------------------------
 
 
@@ -238,15 +252,7 @@ def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -
     pool = wh.pool(config.run_id, round_)
     if not pool:
         raise DataError(f"Pool {round_} of run {config.run_id!r} is empty; round {round_ - 1} must finish first.")
-    estimates = estimates_of(
-        wh.task_difficulty(
-            config.run_id,
-            round_,
-            history_episodes=config.pool.history_episodes,
-            prior_strength=config.pool.prior_strength,
-            kind_strength=config.pool.kind_strength,
-        )
-    )
+    estimates = estimates_of(round_statistics(config, wh, round_))
     sampler = pool_sampler(config.pool)
     group_size, target = config.rollout.group_size, config.rollout.tasks_per_batch
     samples = step_samples(step, group_size)

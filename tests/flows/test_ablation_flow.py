@@ -209,6 +209,15 @@ def test_later_arms_of_a_seed_copy_round_0s_rollout_update_and_evaluation_from_t
         assert versions[0]["heldout_success"] == versions[1]["heldout_success"]
 
 
+def test_a_copied_round_0_carries_the_task_statistics_its_rollout_drew_from(ablation_run):
+    config, _ = ablation_run
+    query = "SELECT * EXCLUDE (run_id) FROM task_difficulty WHERE run_id = '{}' AND round = 0 ORDER BY task_id"
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        first, later = (wh.sql(query.format(run_id)).rows() for run_id in ("t-static-s1", "t-random-s1"))
+        pool = wh.pool("t-random-s1", 0)
+    assert later == first and len(later) == len(pool)
+
+
 def test_a_copied_round_0_names_its_source_in_checkpoint_1s_lineage(ablation_run):
     config, _ = ablation_run
     tracker = Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
