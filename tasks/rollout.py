@@ -216,9 +216,6 @@ def round_statistics(config: PipelineConfig, wh: Warehouse, round_: int) -> pa.T
     )
 
 
-# --- Prefect task -------------------------------------------------------------------------------
-
-
 def informative_tasks(outcomes: dict[str, list], samples: range, group_size: int) -> set[str]:
     """Tasks whose episodes numbered ``samples`` (one training step's) form a whole group with reward variance:
     the groups GRPO learns from (the rule of tasks/grpo_groups.group_trajectories)."""
