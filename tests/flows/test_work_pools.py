@@ -36,7 +36,17 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 from test_crash_resume import CONTENT, CRASH_OVERRIDES, assert_same_rows
-from test_deployments import PREFECT, REPO, TERMINAL, _env, _flow_run_state, _free_port, _stop, _wait_healthy
+from test_deployments import (
+    API_TIMEOUT_S,
+    PREFECT,
+    REPO,
+    TERMINAL,
+    _env,
+    _flow_run_state,
+    _free_port,
+    _stop,
+    _wait_healthy,
+)
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import PipelineError
@@ -71,8 +81,8 @@ def _worker_env(home: Path, api_url: str) -> dict[str, str]:
         "PREFECT_HOME": str(home),
         "PREFECT_API_URL": api_url,
         # Prefect's workers ask for due runs every 10 s; every stage of a placed round is a flow run that waits
-        # for that query, so at 1 s the module's rounds spend their time in the stages, not in the wait.
-        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        # for that query, so at 2 s the module's rounds spend their time in the stages, not in the wait.
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
     }
 
 
@@ -119,7 +129,7 @@ def _wait_http(url: str, process: subprocess.Popen, log: Path, timeout_s: float 
 
 def _flow_runs(api_url: str) -> list[dict]:
     response = httpx.post(
-        f"{api_url}/flow_runs/filter", json={"limit": 200, "sort": "EXPECTED_START_TIME_ASC"}, timeout=30
+        f"{api_url}/flow_runs/filter", json={"limit": 200, "sort": "EXPECTED_START_TIME_ASC"}, timeout=API_TIMEOUT_S
     )
     response.raise_for_status()
     return response.json()
@@ -149,17 +159,17 @@ def _wait_terminal(api_url: str, flow_run_id: str, logs: list[Path], timeout_s: 
 
 
 def _flow_run(api_url: str, flow_run_id: str) -> dict:
-    return httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=10).json()
+    return httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=API_TIMEOUT_S).json()
 
 
 def _scheduled_nightly_runs(api_url: str, server: subprocess.Popen, log: Path, timeout_s: float = 180) -> list[dict]:
     """The flow runs the server's scheduler created for coevolve-evolve/nightly, earliest first."""
-    deployment = httpx.get(f"{api_url}/deployments/name/coevolve-evolve/nightly", timeout=10).json()
+    deployment = httpx.get(f"{api_url}/deployments/name/coevolve-evolve/nightly", timeout=API_TIMEOUT_S).json()
     query = {"deployments": {"id": {"any_": [deployment["id"]]}}, "sort": "EXPECTED_START_TIME_ASC"}
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert server.poll() is None, log.read_text()[-3000:]
-        runs = httpx.post(f"{api_url}/flow_runs/filter", json=query, timeout=30).json()
+        runs = httpx.post(f"{api_url}/flow_runs/filter", json=query, timeout=API_TIMEOUT_S).json()
         if runs:
             return runs
         time.sleep(2)
@@ -172,11 +182,13 @@ def _retarget_nightly_run(api_url: str, flow_run_id: str, state_dir: Path) -> st
     """Give a scheduled nightly run zero rounds in ``state_dir`` and make it due now; a worker then picks it up."""
     config = PipelineConfig.model_validate({"run_id": "nightly", "state_dir": str(state_dir)})
     parameters = {"rounds": 0, "config": config.model_dump(mode="json")}
-    httpx.patch(f"{api_url}/flow_runs/{flow_run_id}", json={"parameters": parameters}, timeout=10).raise_for_status()
+    httpx.patch(
+        f"{api_url}/flow_runs/{flow_run_id}", json={"parameters": parameters}, timeout=API_TIMEOUT_S
+    ).raise_for_status()
     now = datetime.datetime.now(datetime.UTC).isoformat()
     state = {"type": "SCHEDULED", "name": "Scheduled", "state_details": {"scheduled_time": now}}
     httpx.post(
-        f"{api_url}/flow_runs/{flow_run_id}/set_state", json={"state": state, "force": True}, timeout=10
+        f"{api_url}/flow_runs/{flow_run_id}/set_state", json={"state": state, "force": True}, timeout=API_TIMEOUT_S
     ).raise_for_status()
     return flow_run_id
 
