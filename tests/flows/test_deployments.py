@@ -32,6 +32,10 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 API_TIMEOUT_S = 60.0
 # What _flow_run_state says when the server did not answer in time: not terminal, so a poller asks again.
 UNANSWERED = "UNANSWERED"
+# Prefect's workers ask for due runs every 10 s; every stage of a placed round is a flow run that waits for
+# that query, so at 2 s the rounds spend their time in the stages, not in the wait. Not every second: on two
+# cores the same server answers the workers' queries too.
+WORKER_QUERY_SECONDS = "2"
 
 
 def _env(home: Path, api_url: str, state_dir: Path) -> dict[str, str]:
@@ -46,9 +50,7 @@ def _env(home: Path, api_url: str, state_dir: Path) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         PREFECT_HOME=str(home),
         PREFECT_API_URL=api_url,
-        # A worker asks for due runs every 2 s, not Prefect's 10 s: each stage of a placed round is a flow run that
-        # waits for that query. Not every second: on two cores the server answers the workers' queries too.
-        PREFECT_WORKER_QUERY_SECONDS="2",
+        PREFECT_WORKER_QUERY_SECONDS=WORKER_QUERY_SECONDS,
         BFCL_PROJECT_ROOT=str(state_dir / "bfcl"),
         PYTHONPATH=str(REPO),
         PWD=str(REPO),  # prefect.yaml's pull step records {{ $PWD }}: the checkout flow runs start in
@@ -80,10 +82,14 @@ def _wait_healthy(api_url: str, server: subprocess.Popen, log: Path, timeout_s: 
     raise AssertionError(f"the Prefect server was not healthy after {timeout_s:.0f} s")
 
 
+def _flow_run(api_url: str, flow_run_id: str) -> dict:
+    return httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=API_TIMEOUT_S).json()
+
+
 def _flow_run_state(api_url: str, flow_run_id: str) -> str:
     """The flow run's state type, or UNANSWERED when the server was too busy to answer within API_TIMEOUT_S."""
     try:
-        return httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=API_TIMEOUT_S).json()["state"]["type"]
+        return _flow_run(api_url, flow_run_id)["state"]["type"]
     except httpx.TimeoutException:
         return UNANSWERED
 

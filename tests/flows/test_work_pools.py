@@ -41,7 +41,9 @@ from test_deployments import (
     PREFECT,
     REPO,
     TERMINAL,
+    WORKER_QUERY_SECONDS,
     _env,
+    _flow_run,
     _flow_run_state,
     _free_port,
     _stop,
@@ -80,9 +82,7 @@ def _worker_env(home: Path, api_url: str) -> dict[str, str]:
         "HOME": os.environ.get("HOME", str(home)),
         "PREFECT_HOME": str(home),
         "PREFECT_API_URL": api_url,
-        # Prefect's workers ask for due runs every 10 s; every stage of a placed round is a flow run that waits
-        # for that query, so at 2 s the module's rounds spend their time in the stages, not in the wait.
-        "PREFECT_WORKER_QUERY_SECONDS": "2",
+        "PREFECT_WORKER_QUERY_SECONDS": WORKER_QUERY_SECONDS,
     }
 
 
@@ -156,10 +156,6 @@ def _wait_terminal(api_url: str, flow_run_id: str, logs: list[Path], timeout_s: 
         p.read_text()[-3000:] for p in logs
     )
     return state
-
-
-def _flow_run(api_url: str, flow_run_id: str) -> dict:
-    return httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=API_TIMEOUT_S).json()
 
 
 def _scheduled_nightly_runs(api_url: str, server: subprocess.Popen, log: Path, timeout_s: float = 180) -> list[dict]:
