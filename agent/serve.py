@@ -38,6 +38,7 @@ from pathlib import Path
 import httpx
 
 from agent.weights import served_name, vllm_dtype
+from coevolve.errors import ConfigError
 from coevolve.optional import MissingDependencyError, optional_module
 
 torch = optional_module("torch")
@@ -338,9 +339,17 @@ def start_managed(config, checkpoint: str | Path, python: str | Path | None = No
 
     All servers start at once, so a fleet costs one start-up, not one per server. Logs go to
     ``<run>/servers/<time>-<checkpoint>-<port>.log``. If any server fails to start, every one is
-    stopped and the error quotes the failing server's log.
+    stopped and the error quotes the failing server's log. The interpreter is ``python``, else
+    ``rollout.server_python``, else `default_python`.
     """
     count, log_dir = config.rollout.managed_servers, config.run_dir() / "servers"
+    python = python or config.rollout.server_python
+    if python is not None and not Path(python).is_file():
+        raise ConfigError(
+            f"rollout.server_python is {python}, which does not exist; name the python of an environment with vLLM "
+            "(`make setup-gpu` builds .venv-gpu-vllm, `make setup-vllm` the CPU build in .venv-vllm), or leave it "
+            "unset for .venv-vllm."
+        )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     processes: list[subprocess.Popen] = []
     urls: list[str] = []

@@ -5,12 +5,14 @@ demonstrations' text, initializes a small Qwen3 at random and teaches it the too
 supervised fine-tuning on assistant tokens only, with TRL's ``SFTTrainer``. A few hundred steps give
 partial skill: enough that GRPO groups mix successes and failures, which is what makes a round produce signal.
 
-The build is idempotent: out_dir holds a marker with a digest of every input, and a second call
-with the same inputs returns at once.
+The build is idempotent: out_dir holds a marker with a digest of every input (the demonstrations, the
+model and SFT settings, the seed and the recipe's own code, `recipe_code_digest`), and a second call with
+the same inputs returns at once.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import tempfile
@@ -34,16 +36,58 @@ trl = optional_module("trl")
 MARKER = "tiny_policy.json"
 MAX_SEQ_LEN = 2048
 WARMUP_FRACTION = 0.05
+# The code the build's output depends on: this module (tokenizer, model, SFT) and the chat format the
+# demonstrations are rendered and masked with. The demonstrations themselves are digested as data.
+RECIPE_MODULES = (Path(__file__).resolve(), Path(__file__).resolve().with_name("chat.py"))
 
 
-def _build_digest(conversations: Sequence[Sequence[Message]], config: PolicyConfig, seed: int) -> str:
+def _code_shape(node: Any) -> Any:
+    """A syntax tree as nested lists, without docstrings and without the empty fields newer Pythons add.
+
+    Comments, formatting and docstrings do not change what the recipe computes; ``ast.dump`` itself is not
+    stable across Python releases (3.12 adds ``type_params=[]`` to every function), this shape is.
+    """
+    if isinstance(node, ast.AST):
+        fields = []
+        for name, value in ast.iter_fields(node):
+            if name == "body" and isinstance(value, list) and _has_docstring(node):
+                value = value[1:]
+            if value is None or value == []:
+                continue
+            fields.append([name, _code_shape(value)])
+        return [type(node).__name__, fields]
+    if isinstance(node, list):
+        return [_code_shape(item) for item in node]
+    return repr(node)
+
+
+def _has_docstring(node: ast.AST) -> bool:
+    return isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and (
+        ast.get_docstring(node, clean=False) is not None
+    )
+
+
+def code_digest(paths: Sequence[Path]) -> str:
+    """Digest of Python source files, blind to comments, docstrings and formatting."""
+    return digest([_code_shape(ast.parse(path.read_text(encoding="utf-8"))) for path in paths])
+
+
+@functools.cache
+def recipe_code_digest() -> str:
+    """Digest of the recipe's code (`RECIPE_MODULES`)."""
+    return code_digest(RECIPE_MODULES)
+
+
+def build_digest(conversations: Sequence[Sequence[Message]], config: PolicyConfig, seed: int) -> str:
+    """What a build's output depends on: demonstrations, the model and SFT settings, seed and recipe code."""
     fields = ("sft_steps", "sft_learning_rate", "sft_batch_size", "hidden_size", "num_layers", "vocab_size")
     return digest(
         {
             "conversations": [[(m.role, m.content) for m in conv] for conv in conversations],
             "config": {f: getattr(config, f) for f in fields},
             "seed": seed,
-            "version": 2,
+            "recipe": recipe_code_digest(),
+            "version": 3,
         }
     )
 
@@ -53,7 +97,7 @@ def is_built(out_dir: Path, conversations: Sequence[Sequence[Message]], config: 
     if not marker.is_file():
         return False
     try:
-        return json.loads(marker.read_text()).get("digest") == _build_digest(conversations, config, seed)
+        return json.loads(marker.read_text()).get("digest") == build_digest(conversations, config, seed)
     except (OSError, json.JSONDecodeError):
         return False
 
@@ -190,7 +234,7 @@ def build_tiny_policy(out_dir: Path, conversations: list[list[Message]], config:
     model.generation_config.eos_token_id = chat.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     summary = {
-        "digest": _build_digest(conversations, config, seed),
+        "digest": build_digest(conversations, config, seed),
         "conversations": len(conversations),
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab": len(tokenizer),

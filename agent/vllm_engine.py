@@ -18,9 +18,12 @@ does not work with the CPU build (its weights are repacked); loading from the fo
 The engine is a context manager: leaving it (or `close`) shuts vLLM down and empties the CUDA
 cache, so the update stage gets the GPU memory back.
 
-Needs ``vllm`` importable: the ``vllm`` extra on GPU machines, or ``make setup-vllm`` (``.venv-vllm``,
-the CPU build) here. The module imports neither vllm nor prefect at import time, and scripts that
-construct the engine need a ``if __name__ == "__main__":`` guard (vLLM spawns worker processes).
+Needs ``vllm`` importable, so it runs in vLLM's own environment (``make setup-vllm``: ``.venv-vllm``, the
+CPU build; ``make setup-gpu``: ``.venv-gpu-vllm``): vLLM cannot be installed beside the project's prefect
+3.8.8, so a pipeline run generates on servers from that environment instead (engine 'openai',
+``rollout.managed_servers``, ``make gpu-run``). The module imports neither vllm nor prefect at import time,
+and scripts that construct the engine need a ``if __name__ == "__main__":`` guard (vLLM spawns worker
+processes).
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ from coevolve.errors import ConfigError
 # Package -> how to get it, for the error a missing one raises.
 INSTALL_HINTS: dict[str, str] = {
     "vllm": (
-        "vLLM lives in its own environment: run `make setup-vllm` (CPU) or install the `vllm` extra on a GPU machine"
+        "vLLM cannot be installed beside prefect, so it lives in its own environment (`make setup-vllm` on CPU, "
+        "`make setup-gpu` on a GPU machine); a pipeline run reaches it with rollout.engine=openai and "
+        "rollout.managed_servers (`make gpu-run`)"
     ),
     "torch": "run `make setup` (it installs torch before the project)",
 }

@@ -11,6 +11,7 @@
     coevolve config --show
     coevolve status
     coevolve serve --model CHECKPOINT [--port 8000] [--host 127.0.0.1] [--dry-run]
+    coevolve build-policy [--output DIR]
 
 Every command runs offline: the hub, telemetry and analytics switches are set before any
 library loads, Prefect uses a temporary local API under the state folder unless
@@ -25,6 +26,7 @@ import sys
 from coevolve.errors import PipelineError
 from flows.commands import (
     cmd_ablation,
+    cmd_build_policy,
     cmd_config,
     cmd_evaluate,
     cmd_evolve,
@@ -163,6 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
     cpu.add_argument("--gpu", dest="cpu", action="store_false", help="GPU build: chunked prefill stays on.")
     p.add_argument("--dry-run", action="store_true", help="Print the command line instead of starting the server.")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "build-policy",
+        help=(
+            "Build checkpoint 0 of the builtin tiny policy from its recipe (tokenizer, SFT) and ship it beside the "
+            "code, where round 0 of a run with the same settings copies it instead of building (make policy)."
+        ),
+    )
+    common(p)
+    p.add_argument("--output", help="Folder to write it to (default: agent/builtin_tiny, the shipped checkpoint 0).")
+    p.set_defaults(func=cmd_build_policy)
 
     p = sub.add_parser("status", help="Print a run's rounds: finished ones with their duration, and a running one.")
     common(p)

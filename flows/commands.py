@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from coevolve import console
 from coevolve.config import PipelineConfig, load_config
 from coevolve.errors import PipelineError
 from coevolve.optional import optional_module
@@ -36,19 +38,24 @@ evolve_flow = optional_module("flows.evolve")
 round_flow = optional_module("flows.round")
 serve = optional_module("agent.serve")
 evaluate_stage = optional_module("tasks.evaluate")
+prepare_stage = optional_module("tasks.prepare")
+shipped_policy = optional_module("agent.shipped_policy")
 migrate = optional_module("storage.single_file_conversion")
 tracking = optional_module("storage.tracking")
 warehouse = optional_module("storage.warehouse")
 
 
-def prepare_environment(config: PipelineConfig) -> None:
-    """Offline switches, CPU kernels and state locations, set before torch, prefect, mlflow or bfcl_eval load."""
-    apply_settings(config, prefect_home=True)
+def prepare_environment(config: PipelineConfig, log_file: bool = False) -> None:
+    """Offline switches, CPU kernels and state locations, set before torch, prefect, mlflow or bfcl_eval load.
+
+    ``log_file``: the command sends all but its table to a log file (coevolve/console.py).
+    """
+    apply_settings(config, prefect_home=True, log_file=log_file)
 
 
-def _load(args: argparse.Namespace) -> PipelineConfig:
+def _load(args: argparse.Namespace, log_file: bool = False) -> PipelineConfig:
     config = load_config(args.config, args.set)
-    prepare_environment(config)
+    prepare_environment(config, log_file)
     # MLflow and its migrations log at INFO on first use; the table is the output people read.
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -89,11 +96,15 @@ def _store_errors(config: PipelineConfig, root: str | Path) -> Iterator[None]:
 
 
 def cmd_evolve(args: argparse.Namespace) -> int:
-    config = _load(args)
-    # The flow prints the table as each round finishes (the nightly deployment runs the same flow).
-    evolve_flow.coevolve_evolve(
-        rounds=args.rounds or config.rounds, config=config.model_dump(mode="json"), print_table=True
-    )
+    config = _load(args, log_file=True)
+    log = console.log_path(config.state_dir, "evolve")
+    print(f"log: {console.shown(log)}", flush=True)
+    # The flow prints the table as each round finishes (the nightly deployment runs the same flow); the
+    # rest of the run's output goes to the log. An error leaves the block first, so its line reaches the console.
+    with console.log_to_file(log):
+        evolve_flow.coevolve_evolve(
+            rounds=args.rounds or config.rounds, config=config.model_dump(mode="json"), print_table=True
+        )
     return 0
 
 
@@ -285,3 +296,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     print(command, file=sys.stderr, flush=True)
     return serve.serve_foreground(options, args.python)
+
+
+def cmd_build_policy(args: argparse.Namespace) -> int:
+    """Build checkpoint 0 of the configuration from the recipe and ship it (``make policy``)."""
+    config = _load(args)
+    folder = Path(args.output).resolve() if args.output else shipped_policy.SHIPPED_DIR
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="coevolve-policy-") as scratch:
+        record = prepare_stage.rebuild_shipped_policy(config, Path(scratch), folder)
+    print(f"checkpoint 0 built in {time.perf_counter() - t0:.0f}s and written to {folder}")
+    print(f"files digest {record['checkpoint_digest']}; what it was built from: {folder.with_suffix('.json')}")
+    return 0

@@ -13,6 +13,7 @@ from typing import Any
 from prefect import flow
 
 from coevolve.config import PipelineConfig
+from coevolve.console import shown, table_stream
 from coevolve.settings import apply_settings
 from flows.round import coevolve_round
 from flows.table import COLUMNS, format_row, summary_row
@@ -25,13 +26,18 @@ def coevolve_evolve(
 ) -> list[dict[str, Any]]:
     """Run ``rounds`` rounds, starting after the run's last finished round.
 
-    ``print_table``: print the per-round table to stdout as each round finishes (``coevolve evolve``).
+    ``print_table``: print the per-round table as each round finishes (``coevolve evolve``), to stdout or,
+    while the command sends the rest of its output to a log file, to the console (coevolve/console.py).
     """
     cfg = PipelineConfig.model_validate(config or {})
     apply_settings(cfg)  # a worker started anywhere runs like the CLI
+
+    def show(line: str) -> None:
+        if print_table:
+            print(line, file=table_stream(), flush=True)
+
     start = next_round_task(cfg)
-    show = print if print_table else (lambda *args, **kwargs: None)
-    show(f"run {cfg.run_id!r}: rounds {start}..{start + rounds - 1}, state in {cfg.state_dir.resolve()}")
+    show(f"run {cfg.run_id!r}: rounds {start}..{start + rounds - 1}, state in {shown(cfg.state_dir)}")
     show(format_row(COLUMNS))
     began = time.perf_counter()
     summaries = []
@@ -40,7 +46,7 @@ def coevolve_evolve(
         summary = coevolve_round(round_=round_, config=cfg.model_dump(mode="json"))
         if round_ == 0 and summary.get("baseline_heldout_success") is not None:
             show(f"{'':>5}  checkpoint 0 held-out success: {summary['baseline_heldout_success']:.3f}")
-        show(summary_row(summary, time.perf_counter() - t0), flush=True)
+        show(summary_row(summary, time.perf_counter() - t0))
         summaries.append(summary)
     show(f'done in {time.perf_counter() - began:.0f}s; query with: coevolve sql "SELECT * FROM v_success_by_round"')
     return summaries

@@ -11,15 +11,18 @@ of training on it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from agent.checkpoints import checkpoint_digest, checkpoint_folder, verify_checkpoint
-from agent.tiny import build_tiny_policy
+from agent.shipped_policy import SHIPPED_DIR, check_shipped, copy_shipped, ship
+from agent.tiny import build_tiny_policy, is_built
 from coevolve.config import PipelineConfig
-from coevolve.errors import DataError
+from coevolve.errors import DataError, PipelineError
 from coevolve.optional import optional_module
 from coevolve.records import Task, digest
 from coevolve.stages import PrepareInput, PrepareOutput
@@ -43,6 +46,8 @@ storage_pool = optional_module("storage.pool")
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
+
+log = logging.getLogger(__name__)
 
 
 def copied_baseline(
@@ -69,14 +74,8 @@ def copied_baseline(
     return {split: (sum(r[1] for r in rows[split]) / len(rows[split]) if split in rows else 0.0) for split in splits}
 
 
-def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> str:
-    """Checkpoint 0: the builtin tiny policy (built once per seed pool and settings) or the configured model.
-
-    The tiny policy is fine-tuned on ``policy.sft_tasks`` short demonstrations from another distribution
-    (tasks/splits.sft_demonstrations); no task of D_0 or the held-out split is among them.
-    """
-    if config.policy.model != BUILTIN_TINY:
-        return config.policy.model
+def tiny_policy_inputs(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> tuple[str, list]:
+    """The builtin tiny policy's run key (its folder name under state_dir/models) and demonstrations."""
     task_ids, conversations = sft_demonstrations(config, seed_pool, heldout)
     key = digest(
         {
@@ -86,8 +85,41 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
             "seed": config.start_seed,
         }
     )
+    return key, conversations
+
+
+def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> str:
+    """Checkpoint 0: the builtin tiny policy (built once per seed pool and settings) or the configured model.
+
+    The tiny policy is fine-tuned on ``policy.sft_tasks`` short demonstrations from another distribution
+    (tasks/splits.sft_demonstrations); no task of D_0 or the held-out split is among them. When the shipped
+    checkpoint 0 (agent/shipped_policy.py) is the one these inputs build, it is copied instead of built.
+    """
+    if config.policy.model != BUILTIN_TINY:
+        return config.policy.model
+    key, conversations = tiny_policy_inputs(config, seed_pool, heldout)
     out_dir = config.state_dir / "models" / f"tiny-{key[:12]}"
+    if not is_built(out_dir, conversations, config.policy, config.start_seed):
+        shipped = check_shipped(key, conversations, config.policy, config.start_seed)
+        if shipped.folder is not None:
+            log.info("checkpoint 0: the shipped build %s, copied to %s", shipped.folder, out_dir)
+            copy_shipped(shipped.folder, out_dir)
+        else:
+            log.info("checkpoint 0: building from the recipe into %s (%s)", out_dir, shipped.reason)
     return str(build_tiny_policy(out_dir, conversations, config.policy, config.start_seed))
+
+
+def rebuild_shipped_policy(config: PipelineConfig, scratch: Path, folder: Path = SHIPPED_DIR) -> dict[str, Any]:
+    """Build checkpoint 0 of ``config`` from the recipe, in ``scratch``, and ship it in ``folder``.
+
+    What ``make policy`` runs for the default configuration; returns the shipped record.
+    """
+    if config.policy.model != BUILTIN_TINY:
+        raise PipelineError(f"policy.model is {config.policy.model!r}: only {BUILTIN_TINY!r} is built and shipped.")
+    seed_pool, heldout = build_initial_pools(config)
+    key, conversations = tiny_policy_inputs(config, seed_pool, heldout)
+    built = build_tiny_policy(scratch / f"tiny-{key[:12]}", conversations, config.policy, config.start_seed)
+    return ship(built, key, folder)
 
 
 def verify_pool(config: PipelineConfig, wh: Warehouse, round_: int, expected: str | None) -> None:

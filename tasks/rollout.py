@@ -144,7 +144,8 @@ def play_episodes(
                 )
             )
 
-    bar = tqdm(total=len(episodes), desc=desc, unit="ep", disable=not progress, leave=False)
+    # disable=None: drawn only when stderr is a terminal, so a log file or a pipe gets no bar.
+    bar = tqdm(total=len(episodes), desc=desc, unit="ep", disable=None if progress else True, leave=False)
     finished: list[Trajectory] = []
     unflushed: list[Trajectory] = []
 

@@ -79,7 +79,8 @@ def synthesize_each(
     """
     candidates: list[Candidate] = []
     records: dict[str, dict[str, Any]] = {}
-    for signal in tqdm(signals, desc=desc, unit="signal", disable=not progress, leave=False):
+    # disable=None: drawn only when stderr is a terminal, so a log file or a pipe gets no bar.
+    for signal in tqdm(signals, desc=desc, unit="signal", disable=None if progress else True, leave=False):
         task = tasks_by_id.get(signal.task_id)
         if task is None:
             continue

@@ -18,9 +18,10 @@ class EngineSettings(Section):
     engine: Literal["transformers", "vllm", "openai"] = Field(
         "transformers",
         description=(
-            "Generation backend. 'transformers' runs anywhere; 'vllm' runs vllm.LLM in-process (GPU machines with the "
-            "vllm extra, or the CPU build in .venv-vllm); 'openai' sends token-id prompts to an OpenAI-compatible "
-            "vLLM server at base_url (start it with --logprobs-mode processed_logprobs)."
+            "Generation backend. 'transformers' runs anywhere; 'vllm' runs vllm.LLM in-process, so only in an "
+            "interpreter that has vLLM (.venv-vllm, .venv-gpu-vllm: vLLM cannot share an environment with the "
+            "project's prefect); 'openai' sends token-id prompts to OpenAI-compatible vLLM servers at base_url(s) or "
+            "started by the pipeline (managed_servers), as `make gpu-run` does."
         ),
     )
     base_url: str | None = Field(
@@ -125,6 +126,14 @@ class ServerSettings(Section):
             "while the update trains. The fallback where servers cannot take weights in place (a vLLM without "
             "reload_weights, or a checkpoint that changed tied embeddings on servers not started by coevolve serve): "
             "costs one server start per stage. 0: use base_url(s)."
+        ),
+    )
+    server_python: str | None = Field(
+        None,
+        description=(
+            "Interpreter the managed servers run from: an environment with vLLM, kept apart from the pipeline's "
+            "because vLLM pins an older fastapi than prefect needs (`make gpu-run` names .venv-gpu-vllm's). None: "
+            ".venv-vllm's when it exists, else the pipeline's own."
         ),
     )
     managed_port: int = Field(

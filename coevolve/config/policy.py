@@ -13,8 +13,9 @@ class PolicyConfig(Section):
     model: str = Field(
         "builtin:tiny",
         description=(
-            "'builtin:tiny' builds a 2M-parameter Qwen3 offline (tokenizer + SFT on seed demonstrations, never on "
-            "held-out tasks); otherwise a Hugging Face model id or a local path, loaded the same way."
+            "'builtin:tiny' is a 656k-parameter Qwen3 built offline (tokenizer + SFT on demonstrations, never on "
+            "held-out tasks); with the default settings round 0 copies the build shipped in agent/builtin_tiny/ "
+            "(make policy rebuilds it). Otherwise a Hugging Face model id or a local path, loaded the same way."
         ),
     )
     sft_tasks: int = Field(

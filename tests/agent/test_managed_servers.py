@@ -110,6 +110,41 @@ def test_a_server_that_fails_to_start_is_reported_with_its_log_and_stopped(tmp_p
     assert len(logs) == 1 and "vllm" in failure.value.args[0]
 
 
+def test_managed_servers_run_from_the_configured_interpreter(tmp_path):
+    """rollout.server_python names the environment with vLLM (make gpu-run: .venv-gpu-vllm's python)."""
+    called = tmp_path / "called.txt"
+    interpreter = tmp_path / "vllm-env" / "bin" / "python"
+    interpreter.parent.mkdir(parents=True)
+    # Stands in for vLLM's interpreter: records how it was started, then fails like a server that cannot start.
+    interpreter.write_text(f'#!/bin/sh\necho "$@" > {called}\necho "no vllm here"\nexit 3\n')
+    interpreter.chmod(0o755)
+    config = load_config(
+        overrides=[
+            f"state_dir={tmp_path}",
+            "rollout.engine=openai",
+            "rollout.managed_servers=1",
+            f"rollout.server_python={interpreter}",
+        ]
+    )
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        start_managed(config, tmp_path)
+    assert called.read_text().startswith("-m vllm.entrypoints.openai.api_server ")
+
+
+def test_a_missing_server_interpreter_is_refused_with_the_setting(tmp_path):
+    config = load_config(
+        overrides=[
+            f"state_dir={tmp_path}",
+            "rollout.engine=openai",
+            "rollout.managed_servers=1",
+            f"rollout.server_python={tmp_path / 'absent' / 'python'}",
+        ]
+    )
+    with pytest.raises(ConfigError, match=r"rollout.server_python is .*absent/python, which does not exist"):
+        start_managed(config, tmp_path)
+    assert not (config.run_dir() / "servers").exists()
+
+
 def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 

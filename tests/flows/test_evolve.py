@@ -1,5 +1,6 @@
 """flows/evolve.py: the evolution `coevolve evolve` runs prints where it starts and the per-round table."""
 
+from coevolve.console import shown
 from flows.evolve import coevolve_evolve
 from flows.table import COLUMNS, format_row
 
@@ -8,7 +9,7 @@ def test_the_table_names_the_run_its_rounds_and_the_state_folder(prefect_api, ti
     config = tiny_config(tmp_path / "state")
     assert coevolve_evolve(rounds=0, config=config.model_dump(mode="json"), print_table=True) == []
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"run {config.run_id!r}: rounds 0..-1, state in {config.state_dir.resolve()}"
+    assert lines[0] == f"run {config.run_id!r}: rounds 0..-1, state in {shown(config.state_dir)}"
     assert lines[1] == format_row(COLUMNS)
     assert lines[2].startswith("done in ") and lines[2].endswith(
         'query with: coevolve sql "SELECT * FROM v_success_by_round"'

@@ -139,6 +139,13 @@ def test_a_writer_killed_in_the_middle_of_a_file_leaves_only_a_hidden_partial_th
         deadline = time.monotonic() + 60
         while not partial and writer.poll() is None and time.monotonic() < deadline:
             partial = list((root / "tables").rglob("*.partial"))
+            if partial:
+                # Frozen at once, then checked: on busy cores the writer can finish the file it was seen writing
+                # before the kill lands, which would leave no partial to test.
+                os.kill(writer.pid, signal.SIGSTOP)
+                if not any(path.exists() for path in partial):
+                    partial = []
+                    os.kill(writer.pid, signal.SIGCONT)
         os.kill(writer.pid, signal.SIGKILL)
         writer.wait(timeout=30)
     finally:

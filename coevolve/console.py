@@ -1,0 +1,145 @@
+"""What `coevolve evolve` shows: the round table on the console, everything else in a log file.
+
+A run prints a few lines people read (its header, one row per round, the closing line). The rest of
+what a run writes, Prefect's flow and task run lines, TRL's losses, warnings, the libraries' own
+messages and the output of processes a round starts, goes to ``<state_dir>/logs/evolve-<UTC time>.log``::
+
+    with log_to_file(path):
+        print(row, file=table_stream())
+
+While `log_to_file` runs, the process's file descriptors 1 and 2 point at the log (so does every process
+it starts), the table goes to a copy of the original stdout, and a progress bar reaches the console only
+when its stderr is a terminal.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import io
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+from coevolve.optional import optional_module
+
+transformers_logging = optional_module("transformers.utils.logging")
+
+# Loaded before the console is handed to the progress bars: each makes its logging handlers when it is
+# imported, bound to the stderr of that moment, which is then the log.
+LIBRARIES = ("prefect", "mlflow", "torch", "transformers", "datasets")
+# Libraries that print their records through a handler of their own and also pass them on to the root
+# logger: without their handler each record is written once, in the log's format.
+OWN_HANDLER_LOGGERS = ("datasets", "huggingface_hub")
+
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s%(run)s - %(message)s"
+
+# The console's stdout while `log_to_file` runs (None otherwise: the table goes to sys.stdout).
+_table: TextIO | None = None
+
+
+def table_stream() -> TextIO:
+    """Where the table goes: the console while `log_to_file` runs, else ``sys.stdout``."""
+    return _table if _table is not None else sys.stdout
+
+
+def log_path(state_dir: Path, command: str, now: datetime | None = None) -> Path:
+    """``<state_dir>/logs/<command>-<UTC time>.log``, e.g. ``evolve-20260425T101500Z.log``."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    return state_dir / "logs" / f"{command}-{stamp}.log"
+
+
+def shown(path: Path) -> str:
+    """``path`` as people type it: relative to the working directory when below it, else as it is."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+class _LogFormatter(logging.Formatter):
+    """One line per record; Prefect's flow and task run records name their run, as Prefect's console does."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        run = getattr(record, "task_run_name", None) or getattr(record, "flow_run_name", None)
+        record.run = f" [{run}]" if run else ""
+        return super().format(record)
+
+
+def _open_copy(fd: int) -> TextIO:
+    """A line-buffered text stream on a duplicate of ``fd``, which stays the console after fd is redirected."""
+    return open(os.dup(fd), "w", buffering=1, encoding=getattr(sys.stdout, "encoding", None) or "utf-8")
+
+
+@contextmanager
+def log_to_file(path: Path, load_first: Sequence[str] = LIBRARIES) -> Iterator[None]:
+    """Send everything but `table_stream` to ``path`` (appended) until the block ends.
+
+    ``load_first``: modules imported once the output is redirected, before the console is handed to the
+    progress bars (see `LIBRARIES`).
+    """
+    global _table
+    path.parent.mkdir(parents=True, exist_ok=True)
+    bars = os.isatty(2)
+    if not bars:
+        # tqdm's own switch: bars that do not decide for themselves (the SFT trainer's) stay off, here and
+        # in the processes a round starts.
+        os.environ.setdefault("TQDM_DISABLE", "1")
+    # A root handler in place before Prefect loads: Prefect then keeps it instead of its console handler.
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(_LogFormatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    logging.captureWarnings(True)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = (os.dup(1), os.dup(2))
+    table = _open_copy(1)
+    bar_stream = _open_copy(2) if bars else None
+    log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    stderr = sys.stderr
+    # Line by line, so a library's prints and the log's records land in the order they happened.
+    stdout = sys.stdout
+    block_buffered = isinstance(stdout, io.TextIOWrapper) and not stdout.line_buffering
+    if isinstance(stdout, io.TextIOWrapper) and block_buffered:
+        stdout.reconfigure(line_buffering=True)
+    try:
+        for name in load_first:
+            if importlib.util.find_spec(name) is not None:  # one not installed is the pipeline's to report
+                importlib.import_module(name)
+        if "transformers" in sys.modules:
+            transformers_logging.disable_default_handler()
+            transformers_logging.enable_propagation()
+        for name in OWN_HANDLER_LOGGERS:
+            logger = logging.getLogger(name)
+            for own in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
+                logger.removeHandler(own)
+        if bar_stream is not None:
+            sys.stderr = bar_stream
+        _table = table
+        yield
+    finally:
+        _table = None
+        sys.stderr = stderr
+        for stream in (sys.stdout, sys.stderr, table, *([bar_stream] if bar_stream else [])):
+            stream.flush()
+        if isinstance(stdout, io.TextIOWrapper) and block_buffered:
+            stdout.reconfigure(line_buffering=False)
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+        table.close()
+        if bar_stream is not None:
+            bar_stream.close()
+        logging.captureWarnings(False)
+        root.removeHandler(handler)
+        handler.close()

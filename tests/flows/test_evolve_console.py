@@ -1,0 +1,133 @@
+"""`coevolve evolve` (what `make run` runs) as a user sees it: the round table on the console, the rest in a log file.
+
+The real CLI runs one tiny round in its own process, with its output on pipes (as under CI or `make run > file`);
+then a second round runs on a pseudo-terminal, where progress bars may draw but nothing else may reach it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from flows.table import COLUMNS, format_row
+from tests.flows.conftest import REPO, cli_env, write_config_file
+
+pytestmark = pytest.mark.slow
+
+LOG_LINE = re.compile(r"^log: (?P<path>\S+/logs/evolve-\d{8}T\d{6}Z\.log)$")
+BASELINE_LINE = re.compile(r"^ {7}checkpoint 0 held-out success: \d\.\d{3}$")
+ROW = re.compile(
+    r"^ +(?P<round>\d+) +\d+ +\d+ +\d\.\d{3} +\d+/\d+/\d+ +\d+ +\d+ +\d\.\d{3} +\d+s$"
+)  # round, pool, rollouts, success, signals f/b/r, accepted, rejected, held-out, time
+DONE_LINE = re.compile(r'^done in \d+s; query with: coevolve sql "SELECT \* FROM v_success_by_round"$')
+# What must stay off the console: tqdm's bars, TRL's loss dictionaries, Prefect's run lines, warnings.
+CHATTER = ("%|", "it/s", "{'loss'", "Finished in state", "flow run", "Warning", "Traceback")
+
+
+def _shown(path: Path) -> str:
+    """The state folder as the command prints it from the repository root."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def _command(config_file: Path) -> list[str]:
+    return [sys.executable, "-m", "flows.cli", "evolve", "--config", str(config_file), "--rounds", "1"]
+
+
+def _check_table(lines: list[str], state_dir: Path, round_: int) -> Path:
+    """The exact lines of a one-round run; returns the log file the first line names."""
+    expected_count = 6 if round_ == 0 else 5
+    assert len(lines) == expected_count, lines
+    log = LOG_LINE.match(lines[0])
+    assert log, lines[0]
+    assert lines[1] == f"run 'e2e': rounds {round_}..{round_}, state in {_shown(state_dir)}"
+    assert lines[2] == format_row(COLUMNS)
+    if round_ == 0:
+        assert BASELINE_LINE.match(lines[3]), lines[3]
+    row = ROW.match(lines[-2])
+    assert row and int(row["round"]) == round_ and len(lines[-2]) == len(lines[2]), lines[-2]
+    assert DONE_LINE.match(lines[-1]), lines[-1]
+    path = Path(log["path"])
+    return path if path.is_absolute() else REPO / path
+
+
+@pytest.fixture(scope="module")
+def piped_run(tiny_config, tmp_path_factory):
+    """Round 0 of a tiny run through the real CLI, its stdout and stderr on pipes."""
+    state_dir = tmp_path_factory.mktemp("evolve-console") / "state"
+    config = tiny_config(state_dir)
+    state_dir.mkdir(parents=True)
+    config_file = write_config_file(config, state_dir.parent / "tiny.yaml")
+    done = subprocess.run(
+        _command(config_file), cwd=REPO, env=cli_env(state_dir), capture_output=True, text=True, timeout=900
+    )
+    return SimpleNamespace(done=done, state_dir=state_dir, config_file=config_file)
+
+
+def test_the_console_gets_the_table_and_the_log_files_name_only(piped_run):
+    done = piped_run.done
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr == ""
+    _check_table(done.stdout.splitlines(), piped_run.state_dir, 0)
+    assert not [marker for marker in CHATTER if marker in done.stdout]
+    assert "\r" not in done.stdout
+
+
+def test_the_log_file_holds_prefects_lines_and_the_sft_losses(piped_run):
+    log = _check_table(piped_run.done.stdout.splitlines(), piped_run.state_dir, 0)
+    assert log.parent == piped_run.state_dir / "logs" and log.is_file()
+    text = log.read_text()
+    assert "Beginning flow run" in text and "Finished in state Completed()" in text
+    assert "{'loss': " in text  # TRL's losses while the tiny policy builds
+    # No bar was drawn on a pipe, not even into the log.
+    assert "%|" not in text and "\r" not in text
+
+
+def test_on_a_terminal_only_progress_bars_join_the_table(piped_run):
+    """Round 1 on a pseudo-terminal: bars may draw and clear themselves, nothing else reaches the screen."""
+    assert piped_run.done.returncode == 0
+    master, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a terminal's size: bars draw
+    process = subprocess.Popen(
+        _command(piped_run.config_file),
+        cwd=REPO,
+        env=cli_env(piped_run.state_dir),
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=terminal,
+    )
+    os.close(terminal)
+    received = bytearray()
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if not select.select([master], [], [], 1.0)[0]:
+            continue
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the terminal closed: every process holding it has exited
+            break
+        if not chunk:
+            break
+        received += chunk
+    os.close(master)
+    assert process.wait(timeout=60) == 0, received.decode(errors="replace")
+    screen = received.decode()
+    # What stays on screen: each line as its last carriage return left it.
+    lines = [line.split("\r")[-1] for line in screen.split("\r\n")]
+    assert lines[-1] == ""
+    log = _check_table([line.rstrip() for line in lines[:-1]], piped_run.state_dir, 1)
+    assert "rollout" in screen and "%|" in screen  # the round's rollout bar drew on the terminal
+    assert not [marker for marker in CHATTER if marker in "\n".join(lines)]
+    assert "Finished in state Completed()" in log.read_text()
+    assert log != _check_table(piped_run.done.stdout.splitlines(), piped_run.state_dir, 0)  # one log per run
