@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -258,3 +259,33 @@ def run_vllm_probe(vllm_python: Path, environ: dict[str, str], script: str, job:
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])
     assert done.returncode == 0, "the vLLM probe failed; its output is above"
     return json.loads((folder / "out.json").read_text())
+
+
+def server_group_leaders(logs: list[Path]) -> list[int]:
+    """The process id each vLLM server log says it served from: the leader of that server's process group."""
+    leaders = []
+    for log in logs:
+        found = re.findall(r"Started server process \[(\d+)\]", log.read_text())
+        assert found, f"{log} does not say which process served"
+        leaders.extend(int(pid) for pid in found)
+    return leaders
+
+
+def live_server_processes(groups: list[int], marker: str) -> list[tuple[int, str]]:
+    """Live processes of the given process groups, or whose command line holds ``marker`` and vllm.
+
+    A zombie has exited already (no memory, ports or devices held) and is left for init to reap.
+    """
+    left = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        state, _, group = stat.rsplit(")", 1)[1].split()[:3]
+        if state != "Z" and (int(group) in groups or (marker in cmdline and "vllm" in cmdline)):
+            left.append((int(entry.name), cmdline[:200]))
+    return left

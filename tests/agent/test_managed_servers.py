@@ -30,7 +30,7 @@ from coevolve.config import load_config
 from coevolve.errors import ConfigError
 from flows.evolve import coevolve_evolve
 from storage.warehouse import Warehouse
-from tests.conftest import make_tiny_config
+from tests.conftest import live_server_processes, make_tiny_config, server_group_leaders
 
 # Served logprobs of a float32 server against a local float32 forward pass of the same checkpoint.
 LOGPROB_MATCH = 1e-3
@@ -227,26 +227,8 @@ def test_round_one_was_served_by_a_server_started_on_checkpoint_one(evolved):
 @pytest.mark.slow
 def test_no_server_process_is_left_after_the_flow(evolved):
     config, _ = evolved
-    leaders = []
-    for log in _server_logs(config):
-        found = re.findall(r"Started server process \[(\d+)\]", log.read_text())
-        assert found, f"{log} does not say which process served"
-        leaders.extend(int(pid) for pid in found)
+    leaders = server_group_leaders(_server_logs(config))
     # start_server puts each server in its own process group led by the server; none of its members may remain.
-    left = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        state, _, group = stat.rsplit(")", 1)[1].split()[:3]
-        if state == "Z":
-            # Exited already (no memory, ports or devices held); the machine's init reaps it when it gets to it.
-            continue
-        if int(group) in leaders or str(config.state_dir) in cmdline and "vllm" in cmdline:
-            left.append((int(entry.name), cmdline[:200]))
+    left = live_server_processes(leaders, str(config.state_dir))
     assert not left, f"server processes still running: {left}"
     assert os.path.isdir(config.run_dir() / "servers")

@@ -28,6 +28,7 @@ from agent.serve import free_port
 from coevolve.config import PipelineConfig, load_config
 from flows.cli import build_parser
 from storage.warehouse import Warehouse
+from tests.conftest import live_server_processes, server_group_leaders
 from tests.doc_blocks import REPO, command_blocks
 
 # What make and the target read from the environment (an outer `make test ARGS=...` passes its variables on in
@@ -129,32 +130,6 @@ def test_the_gpu_command_the_docs_show_is_the_make_target(tmp_path):
 # --- the rehearsal ---------------------------------------------------------------------------------------
 
 
-def _group_leaders(logs: list[Path]) -> list[int]:
-    leaders = []
-    for log in logs:
-        found = re.findall(r"Started server process \[(\d+)\]", log.read_text())
-        assert found, f"{log} does not say which process served"
-        leaders.extend(int(pid) for pid in found)
-    return leaders
-
-
-def _running(groups: list[int], marker: str) -> list[tuple[int, str]]:
-    """Live processes of the given process groups, or whose command line holds ``marker`` and vllm."""
-    left = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        state, _, group = stat.rsplit(")", 1)[1].split()[:3]
-        if state != "Z" and (int(group) in groups or (marker in cmdline and "vllm" in cmdline)):
-            left.append((int(entry.name), cmdline[:200]))
-    return left
-
-
 @pytest.fixture(scope="module")
 def rehearsal(vllm_python, tmp_path_factory):
     """`make gpu-run` with .venv, .venv-vllm and the embedded policy at tiny sizes, one round."""
@@ -212,6 +187,6 @@ def test_the_round_finished_with_every_message_generated_by_the_managed_server(r
 @pytest.mark.slow
 def test_no_server_process_outlives_the_target(rehearsal):
     config, _ = rehearsal
-    leaders = _group_leaders(sorted((config.run_dir() / "servers").glob("*.log")))
-    left = _running(leaders, str(config.state_dir))
+    leaders = server_group_leaders(sorted((config.run_dir() / "servers").glob("*.log")))
+    left = live_server_processes(leaders, str(config.state_dir))
     assert not left, f"server processes still running: {left}"
