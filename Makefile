@@ -155,7 +155,7 @@ gpu-run: $(GPU_RUN_SETUP)
 GPU_CHECK_WHEELS := .gpu-check-wheels
 GPU_CHECK_SPEC ?= trl==1.16.0 datasets==5.2.0 pandas==3.1.1 dill==0.4.1 xxhash==4.1.0 multiprocess==0.70.19 \
 	pydantic==2.14.3 pydantic_core==2.50.4 pydantic-settings==2.16.3 annotated-types==0.8.0 typing-inspection==0.4.5 \
-	python-dotenv==1.2.4 python-dateutil==2.9.0.post0 six==1.17.0 tzdata==2026.6
+	python-dotenv==1.2.4 python-dateutil==2.9.0.post0 six==1.17.0 tzdata==2026.6 $(BFCL_SPEC)
 GPU_CHECK_PYARROW ?= pyarrow==25.0.1
 GPU_CHECK_PLATFORM := --only-binary=:all: --python-version 3.12 --implementation cp \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
