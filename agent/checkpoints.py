@@ -25,7 +25,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from coevolve.errors import DataError
+from coevolve.errors import DataError, disk_full_as_error
 from coevolve.optional import optional_module
 
 huggingface_hub = optional_module("huggingface_hub")
@@ -56,11 +56,16 @@ def _digested(file: Path) -> bool:
 
 def save_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
     """Publish a checkpoint folder whole:
-    ``write(staging)`` fills a folder beside ``out_dir``, which then replaces it."""
+    ``write(staging)`` fills a folder beside ``out_dir``, which then replaces it.
+
+    A disk that fills up meanwhile is a `DiskFullError` naming the checkpoints' folder: the staging folder
+    is deleted (its space is free again) and ``out_dir`` is as it was.
+    """
     staging = out_dir.with_name(out_dir.name + STAGING_SUFFIX)
     shutil.rmtree(staging, ignore_errors=True)  # what an interrupted writer left
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    write(staging)
+    with disk_full_as_error(out_dir.parent, remove=staging):
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        write(staging)
     shutil.rmtree(out_dir, ignore_errors=True)
     staging.rename(out_dir)
 
@@ -133,6 +138,15 @@ def trainer_state_global_step(folder: Path | None) -> int:
     return int(json.loads((Path(folder) / TRAINER_STATE_FILE).read_text())["global_step"])
 
 
+# The training step that wrote a checkpoint is recorded, and a finished round is never opened again, so the
+# step cannot be re-run; the run's recorded settings cannot change mid-run either. What works is the state as it
+# was, or the run from its start.
+OPTIMIZER_STATE_FIX = (
+    "restore the state folder from a backup, or start the run again in a new state folder (--set "
+    "state_dir=NEW_FOLDER; add --set training.carry_optimizer=false there to train every step with a fresh optimizer)"
+)
+
+
 def trainer_state_to_resume(checkpoint: Path, expected: bool) -> Path | None:
     """The trainer state folder the update of ``checkpoint`` resumes, or None to start a fresh optimizer.
 
@@ -142,10 +156,7 @@ def trainer_state_to_resume(checkpoint: Path, expected: bool) -> Path | None:
     would silently change the run.
     """
     folder = Path(checkpoint) / TRAINER_STATE_SUBDIR
-    fix = (
-        "re-run the training step that wrote this checkpoint (coevolve round --round R), or set "
-        "training.carry_optimizer=false to train on with a fresh optimizer at every step"
-    )
+    fix = OPTIMIZER_STATE_FIX
     if not folder.is_dir():
         if expected:
             raise DataError(

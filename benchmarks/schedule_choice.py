@@ -55,8 +55,8 @@ def candidate_settings(candidate: tuple[int, int, int], seed: int, pool_seed: in
 
 
 def run_candidate(settings: list[str], state_dir: Path, rounds: int, log: Path) -> float:
-    """``coevolve evolve`` with ``settings`` for ``rounds`` more rounds, in a process of its own; returns its wall
-    time."""
+    """``coevolve evolve --rounds`` with ``settings`` until rounds 0..``rounds``-1 are finished (an interrupted
+    choice resumes its runs), in a process of its own; returns its wall time."""
     command = [sys.executable, "-m", "flows.cli", "evolve", "--rounds", str(rounds)]
     for setting in [f"state_dir={state_dir}", *settings]:
         command += ["--set", setting]
@@ -71,14 +71,6 @@ def run_candidate(settings: list[str], state_dir: Path, rounds: int, log: Path) 
             check=True,
         )
     return time.perf_counter() - started
-
-
-def finished_rounds(config: PipelineConfig) -> int:
-    """Rounds of the run already finished in the state folder (an interrupted choice resumes its runs)."""
-    if not Path(config.warehouse_path).exists():
-        return 0
-    with Warehouse(config.warehouse_path, read_only=True) as wh:
-        return len(wh.rounds(config.run_id))
 
 
 def dev_curve(config: PipelineConfig) -> tuple[float | None, list[float | None]]:
@@ -110,7 +102,7 @@ def run_choice(
             rows.append(earlier[(name, seed)])
             continue
         config = load_config(overrides=[f"state_dir={state_dir}", *settings], environ={})
-        wall_s = run_candidate(settings, state_dir, rounds - finished_rounds(config), out / "runs.log")
+        wall_s = run_candidate(settings, state_dir, rounds, out / "runs.log")
         baseline, curve = dev_curve(config)
         rows.append({"candidate": name, "seed": seed, "wall_s": round(wall_s, 1), "dev_checkpoint0": baseline,
                      "dev_by_round": curve, **(measure(config) if measure else {})})  # fmt: skip

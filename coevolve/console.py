@@ -1,8 +1,9 @@
-"""What `coevolve evolve` shows: the round table on the console, everything else in a log file.
+"""What `coevolve evolve` and `coevolve round` show: the round table on the console, everything else in a log file.
 
-A run prints a few lines people read (its header, one row per round, the closing line). The rest of
-what a run writes, Prefect's flow and task run lines, TRL's losses, warnings, the libraries' own
-messages and the output of processes a round starts, goes to ``<state_dir>/logs/evolve-<UTC time>.log``::
+A run prints a few lines people read (its header, one row per round, the closing line, or the one line
+saying where it stopped). The rest of what a run writes, Prefect's flow and task run lines, TRL's losses,
+warnings, the libraries' own messages and the output of processes a round starts, goes to
+``<state_dir>/logs/<command>-<UTC time>.log``, and so does what the process prints while it exits::
 
     with log_to_file(path):
         print(row, file=table_stream())
@@ -21,7 +22,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
@@ -130,7 +131,9 @@ def log_to_file(path: Path, load_first: Sequence[str] = LIBRARIES) -> Iterator[N
         _table = None
         sys.stderr = stderr
         for stream in (sys.stdout, sys.stderr, table, *([bar_stream] if bar_stream else [])):
-            stream.flush()
+            # The log's disk may be full: the error that ended the block must still reach the console.
+            with suppress(OSError):
+                stream.flush()
         if isinstance(stdout, io.TextIOWrapper) and block_buffered:
             stdout.reconfigure(line_buffering=False)
         os.dup2(saved[0], 1)
@@ -142,4 +145,33 @@ def log_to_file(path: Path, load_first: Sequence[str] = LIBRARIES) -> Iterator[N
             bar_stream.close()
         logging.captureWarnings(False)
         root.removeHandler(handler)
-        handler.close()
+        with suppress(OSError):
+            handler.close()
+
+
+# The log file a command's exit goes to (`exit_in_log`), once its last console line is printed.
+_exit_log: list[Path] = []
+
+
+def exit_in_log(path: Path) -> None:
+    """Have `exit_to_log` send what this process prints from then on to ``path`` (a command's own log file)."""
+    _exit_log[:] = [path]
+
+
+def exit_to_log() -> None:
+    """After a command's last console line: what the process still prints until it exits goes to its log file.
+
+    Exit handlers (Prefect's services, its temporary server) and native libraries' leak reports at interpreter
+    shutdown write to the process's stdout and stderr; after an interrupt or an error they have plenty to say.
+    Does nothing unless the command named its log with `exit_in_log` (`coevolve evolve`, `coevolve round`).
+    """
+    if not _exit_log or not _exit_log[0].exists():
+        return
+    path = _exit_log.pop()
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(OSError):
+            stream.flush()
+    log_fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)

@@ -3,7 +3,8 @@
 Every arm runs the same rounds with the same group size and update steps, from the same seed pool and
 checkpoint 0 (``pool.seed``); the random arm explores as many targets as the signal arms select (equal
 task volume). Each (arm, seed) pair is its own run in the warehouse, so everything is queryable
-afterwards; the report compares arms paired by seed and task.
+afterwards; the report compares arms paired by seed and task. The arms and their overrides are
+registered in tasks/arms.py (``ARMS``).
 
 The ``+learnability`` arms (``static+learnability``, ``random+learnability``, ``full+learnability``)
 are their base arm with the curriculum on: the batch is drawn by estimated learnability
@@ -58,38 +59,12 @@ from flows.evaluate import coevolve_evaluate
 from flows.round import coevolve_round
 from flows.stage import run_slot, run_stage
 from storage.tracking import Tracker
+from tasks.arms import ARMS
 from tasks.common import open_warehouse, round_lock
 from tasks.evaluate import evaluate_checkpoint
 from tasks.report import FINAL_SPLIT
-from tasks.report_summary import CURRICULUM_BASES, CURRICULUM_SUFFIX
 from tasks.report_task import report_task
 from tasks.splits import FINAL_HELDOUT_ROUND, HELDOUT_ROUND
-
-# The most episodes a curriculum arm's step may play, in multiples of its batch (rollout.max_rollout_factor):
-# 2 lets a step replace every group of its batch once; its batch is the base batch / 2, so it plays at most
-# what a base arm plays.
-CURRICULUM_ROLLOUT_FACTOR = 2.0
-# What an arm adds to its base arm to turn the curriculum on (the batch size is set by arm_config).
-CURRICULUM: dict[str, Any] = {
-    "pool": {"sampler": "learnability"},
-    "rollout": {"dynamic_sampling": True, "max_rollout_factor": CURRICULUM_ROLLOUT_FACTOR},
-}
-
-
-def _with_curriculum(overrides: dict[str, Any]) -> dict[str, Any]:
-    return {**copy.deepcopy(overrides), **copy.deepcopy(CURRICULUM)}
-
-
-# Arm name -> configuration overrides. "full" is the configuration as given.
-ARMS: dict[str, dict[str, Any]] = {
-    "static": {"synthesis": {"mode": "off"}},
-    "random": {"synthesis": {"mode": "random"}},
-    "full": {"synthesis": {"mode": "signal"}},
-    "no-forgetting": {"synthesis": {"mode": "signal"}, "signals": {"enabled": ["boundary", "rare"]}},
-    "no-boundary": {"synthesis": {"mode": "signal"}, "signals": {"enabled": ["forgetting", "rare"]}},
-    "no-rare": {"synthesis": {"mode": "signal"}, "signals": {"enabled": ["forgetting", "boundary"]}},
-}
-ARMS |= {f"{arm}{CURRICULUM_SUFFIX}": _with_curriculum(ARMS[arm]) for arm in CURRICULUM_BASES}
 
 
 def curriculum_batch(tasks_per_batch: int, max_rollout_factor: float) -> int:

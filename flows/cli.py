@@ -1,11 +1,11 @@
 """Command line (``python -m flows.cli``, installed as ``coevolve``); its commands:
 
-    coevolve evolve [--config FILE] [--set section.field=value ...] [--rounds N]
+    coevolve evolve [--config FILE] [--set section.field=value ...] [--rounds N | --more K]
     coevolve round --round R [--config FILE] [--set ...]
     coevolve evaluate --checkpoint PATH [--categories base,miss_func,...] [--limit N] [--no-heldout] [--dev]
     coevolve ablation [--config configs/ablation.yaml] [--arms static,random,full] [--seeds 1,2,3,4,5]
                       [--rounds 5] [--workers 2]
-    coevolve sql "SELECT * FROM v_success_by_round"
+    coevolve sql "SELECT * FROM v_success_by_round" [--format table|csv|json] [--limit N] [--database ROOT]
     coevolve warehouse migrate [PATH] [--to ROOT] [--check]
     coevolve lineage VERSION|current|best [--model NAME]
     coevolve config --show
@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from coevolve import console
 from coevolve.errors import PipelineError
+from flows import query_output
 from flows.commands import (
     cmd_ablation,
     cmd_build_policy,
@@ -37,6 +39,27 @@ from flows.commands import (
     cmd_status,
     cmd_warehouse_migrate,
 )
+from flows.preflight import Interrupted
+from tasks.arms import ARMS
+
+
+def _round_count(text: str) -> int:
+    """A number of rounds: 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of rounds (0 or more), got {text!r}")
+    return value
+
+
+def _rows(text: str) -> int:
+    """A row count for --limit: 0 or more."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a row count (0 or more; 0 prints all)")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,9 +72,33 @@ def build_parser() -> argparse.ArgumentParser:
             "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="Override one field; repeatable."
         )
 
-    p = sub.add_parser("evolve", help="Run rounds after the last finished one (the main job).")
+    p = sub.add_parser(
+        "evolve",
+        help="Run rounds until rounds 0..N-1 are finished (the main job; running it again resumes, never adds).",
+    )
     common(p)
-    p.add_argument("--rounds", type=int, default=None, help="Rounds to run (default: config rounds).")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument(
+        "--rounds",
+        type=_round_count,
+        default=None,
+        metavar="N",
+        help=(
+            "Run until rounds 0..N-1 of the run are finished (default: the configuration's rounds, 3 unless set). A "
+            "target, not a count: an interrupted command run again resumes and stops there, and on a finished run it "
+            "does nothing."
+        ),
+    )
+    target.add_argument(
+        "--more",
+        type=_round_count,
+        default=None,
+        metavar="K",
+        help=(
+            "Run K more rounds from the first unfinished one (what the nightly deployment does with its "
+            "more_rounds). Every command is a new flow run with a new target: running it again adds K more."
+        ),
+    )
     p.set_defaults(func=cmd_evolve)
 
     p = sub.add_parser("round", help="Run (or resume) one round.")
@@ -59,14 +106,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--round", type=int, required=True)
     p.set_defaults(func=cmd_round)
 
-    p = sub.add_parser("sql", help="Run a read-only SQL query on the warehouse.")
+    p = sub.add_parser(
+        "sql",
+        help="Run a read-only SQL query on the warehouse.",
+        description=(
+            "Run read statements (SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE) over the warehouse's "
+            "views; anything else (COPY, ATTACH, INSTALL, LOAD, CREATE, DROP, SET, ...) is refused and nothing is "
+            "run, and no file outside the warehouse can be read. Derived tables go in a DuckDB file of your own: "
+            "docs/warehouse.md."
+        ),
+    )
     common(p)
-    p.add_argument("query")
+    p.add_argument("query", help="The SQL; several statements (separated by ;) run only when all are reads.")
     p.add_argument(
         "--database",
         help="Warehouse folder or URL (default: the configuration's warehouse.uri, else state_dir/warehouse).",
     )
-    p.add_argument("--limit", type=int, default=50, help="Rows to print.")
+    p.add_argument(
+        "--format",
+        choices=query_output.FORMATS,
+        default="table",
+        help=(
+            "table (default): aligned columns for reading; csv or json (an array of one object per row): for "
+            "scripts. Every cell is printed whole."
+        ),
+    )
+    p.add_argument(
+        "--limit",
+        type=_rows,
+        default=None,
+        metavar="N",
+        help=(
+            f"Print the first N rows, in the query's order (0: all). Default: {query_output.TABLE_ROWS} for a "
+            "table, all rows for csv and json. Rows left out are counted below the table, or on stderr."
+        ),
+    )
     p.set_defaults(func=cmd_sql)
 
     p = sub.add_parser("warehouse", help="Manage the warehouse's storage.")
@@ -88,18 +162,31 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_warehouse_migrate)
 
     p = sub.add_parser(
-        "ablation", help="Static vs random vs signal-guided synthesis (and each signal left out), over seeds."
+        "ablation",
+        help=(
+            "Static vs random vs signal-guided synthesis (and each signal left out), each also with the "
+            "learnability curriculum, over seeds."
+        ),
     )
     common(p)
+    p.add_argument("--arms", help=f"Comma-separated arms (default: all): {', '.join(ARMS)}.")
     p.add_argument(
-        "--arms", help="Comma-separated arms (default: all): static, random, full, no-forgetting, no-boundary, no-rare."
+        "--seeds",
+        default="1,2,3,4,5",
+        help="Comma-separated loop seeds (default: %(default)s); arms are paired by seed.",
     )
-    p.add_argument("--seeds", default="1,2,3,4,5", help="Comma-separated loop seeds; arms are paired by seed.")
-    p.add_argument("--rounds", type=int, default=5, help="Rounds per run; every arm gets the same number.")
     p.add_argument(
-        "--official-limit", type=int, default=50, help="multi_turn_base entries scored per final checkpoint."
+        "--rounds", type=int, default=5, help="Rounds per run (default: %(default)s); every arm gets the same number."
     )
-    p.add_argument("--name", default="ablation", help="Prefix of the runs and the report folder.")
+    p.add_argument(
+        "--official-limit",
+        type=int,
+        default=50,
+        help="multi_turn_base entries scored per final checkpoint (default: %(default)s).",
+    )
+    p.add_argument(
+        "--name", default="ablation", help="Prefix of the runs and the report folder (default: %(default)s)."
+    )
     p.add_argument(
         "--workers",
         type=int,
@@ -190,6 +277,14 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as exc:  # what was done is recorded: the same command resumes (flows/preflight.py)
+        print(exc, file=sys.stderr)
+        return 128 + exc.signum
+    except KeyboardInterrupt:  # before a command started anything
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        console.exit_to_log()  # after the last console line, the exit's own output joins the command's log
 
 
 if __name__ == "__main__":

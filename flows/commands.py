@@ -24,6 +24,7 @@ from coevolve.config import PipelineConfig, load_config
 from coevolve.errors import PipelineError
 from coevolve.optional import optional_module
 from coevolve.settings import apply_settings
+from flows import preflight, query_output
 from flows.table import COLUMNS, WIDTHS, format_row, summary_row
 
 # Each command applies the configuration's settings (offline switches, CPU kernels, Prefect's home)
@@ -31,16 +32,18 @@ from flows.table import COLUMNS, WIDTHS, format_row, summary_row
 # is imported, and torch picks its CPU kernels then. So the flows and the storage below them are
 # imported when a command first uses them (which also keeps `coevolve config` quick).
 duckdb = optional_module("duckdb")
-pl = optional_module("polars")
 ablation_flow = optional_module("flows.ablation")
 evaluate_flow = optional_module("flows.evaluate")
 evolve_flow = optional_module("flows.evolve")
+local_api = optional_module("flows.local_api")
 round_flow = optional_module("flows.round")
+rounds_target = optional_module("flows.rounds_target")
 serve = optional_module("agent.serve")
 evaluate_stage = optional_module("tasks.evaluate")
 prepare_stage = optional_module("tasks.prepare")
 shipped_policy = optional_module("agent.shipped_policy")
 migrate = optional_module("storage.single_file_conversion")
+state_version = optional_module("storage.state_version")
 tracking = optional_module("storage.tracking")
 warehouse = optional_module("storage.warehouse")
 
@@ -97,23 +100,56 @@ def _store_errors(config: PipelineConfig, root: str | Path) -> Iterator[None]:
 
 def cmd_evolve(args: argparse.Namespace) -> int:
     config = _load(args, log_file=True)
+    with _store_errors(config, config.warehouse_path):
+        state_version.check_state(config)  # a state folder made by another version: refused before any work
+    # --rounds is a target (flows/rounds_target.py): one already reached is told here, before Prefect
+    # starts or a log file opens, so running the command again on a finished run changes nothing on disk.
+    target = None if args.more is not None else (config.rounds if args.rounds is None else args.rounds)
+    if target is not None:
+        with _store_errors(config, config.warehouse_path):
+            finished = rounds_target.finished_rounds(config)
+        if finished >= target:
+            print(rounds_target.nothing_to_run(config, finished, target), flush=True)
+            return 0
+    with _store_errors(config, config.warehouse_path):
+        resumed = preflight.check(config)  # the round lock and the round's inputs, refused before Prefect starts
     log = console.log_path(config.state_dir, "evolve")
     print(f"log: {console.shown(log)}", flush=True)
+    console.exit_in_log(log)
+    if resumed:
+        print(resumed, flush=True)
     # The flow prints the table as each round finishes (the nightly deployment runs the same flow); the
     # rest of the run's output goes to the log. An error leaves the block first, so its line reaches the console.
-    with console.log_to_file(log):
+    with preflight.reported(config, None, log), console.log_to_file(log):
+        local_api.start()
         evolve_flow.coevolve_evolve(
-            rounds=args.rounds or config.rounds, config=config.model_dump(mode="json"), print_table=True
+            rounds=target, more_rounds=args.more, config=config.model_dump(mode="json"), print_table=True
         )
     return 0
 
 
 def cmd_round(args: argparse.Namespace) -> int:
-    config = _load(args)
+    config = _load(args, log_file=True)
+    # Before any work: a state folder made by another version is refused; a finished round is never run again.
+    with _store_errors(config, config.warehouse_path):
+        finished = state_version.finished_round_notice(config, args.round)
+    if finished is not None:
+        print(finished)
+        return 0
+    with _store_errors(config, config.warehouse_path):
+        resumed = preflight.check(config, args.round)  # the round lock and its inputs, refused before Prefect starts
+    log = console.log_path(config.state_dir, "round")
+    print(f"log: {console.shown(log)}", flush=True)
+    console.exit_in_log(log)
+    if resumed:
+        print(resumed, flush=True)
     t0 = time.perf_counter()
-    summary = round_flow.coevolve_round(round_=args.round, config=config.model_dump(mode="json"))
-    print(format_row(COLUMNS))
-    print(summary_row(summary, time.perf_counter() - t0))
+    # As `coevolve evolve`: the table on the console, the rest of the round's output in the log.
+    with preflight.reported(config, args.round, log), console.log_to_file(log):
+        local_api.start()
+        summary = round_flow.coevolve_round(round_=args.round, config=config.model_dump(mode="json"))
+        print(format_row(COLUMNS), file=console.table_stream())
+        print(summary_row(summary, time.perf_counter() - t0), file=console.table_stream(), flush=True)
     return 0
 
 
@@ -122,10 +158,11 @@ def cmd_sql(args: argparse.Namespace) -> int:
     root = args.database or config.warehouse_path
     if _no_local_warehouse(root):
         raise PipelineError(f"No warehouse at {root}; run `coevolve evolve` first or pass --database.")
-    # Read-only and lock-free: the views scan the table files, which writers replace atomically.
+    # Read-only and lock-free: the views scan the table files, which writers replace atomically. Only reads
+    # run, in a session that opens no file outside the warehouse (storage/views.py, WarehouseViews.sql).
     with (
         _store_errors(config, root),
-        warehouse.Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh,
+        warehouse.Warehouse.for_queries(root, storage_options=config.warehouse.storage_options) as wh,
     ):
         try:
             frame = wh.sql(args.query)
@@ -134,8 +171,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
             lines = (line.strip() for line in str(exc).splitlines())
             message = " ".join(line for line in lines if line.strip("^") and not line.startswith("LINE "))
             raise PipelineError(f"query failed: {message}") from None
-    with pl.Config(tbl_rows=args.limit, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
-        print(frame)
+    text, note = query_output.render(frame, args.format, query_output.rows_to_show(args.limit, args.format))
+    print(text)
+    if note is not None:  # CSV and JSON stay parseable: what was left out is said beside them
+        print(note, file=sys.stderr)
     return 0
 
 
@@ -204,6 +243,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     config = _load(args)
     # Checked before the flow starts, so a typo fails in a second with the valid names.
     categories = [evaluate_stage.category_name(c.strip()) for c in args.categories.split(",") if c.strip()]
+    local_api.start()  # a temporary Prefect API that ends with this command, however it ends
     results = evaluate_flow.coevolve_evaluate(
         checkpoint=args.checkpoint,
         categories=categories,

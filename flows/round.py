@@ -12,7 +12,8 @@ Run one round: ``coevolve round --round 0`` (or ``prefect deployment run coevolv
 Each stage is a retryable Prefect task that records its output in the warehouse, so running a
 failed round again resumes after the last finished stage. The round record says "running" (with the
 settings that decide its results) from its start until the version stage is recorded, then
-"finished": every commit comes after the one it depends on, so a crash anywhere resumes.
+"finished": every commit comes after the one it depends on, so a crash anywhere resumes. A finished round
+is never opened again: asked for again, the flow returns what it recorded (tasks/prepare.finished_round_result).
 ``placement`` in the configuration puts rollout, update, mine, synthesize, validate and evaluate
 inline or on a work pool (flows/stage.py); their inputs and outputs are the typed models of
 coevolve/stages.py either way.
@@ -40,7 +41,11 @@ from coevolve.stages import (
     VersionInput,
 )
 from flows.stage import run_slot, run_stage
+from storage.relocation import follow_moved_records
+from storage.state_version import check_state
+from storage.store_check import check_round_stores
 from tasks.common import open_warehouse, round_lock
+from tasks.prepare import finished_round_result
 from tasks.update import release_step_checkpoint
 from tasks.version import finish_round, round_settings
 
@@ -50,10 +55,17 @@ def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dic
     """Run round ``round_`` of the run described by ``config`` (a PipelineConfig as a dict)."""
     cfg = PipelineConfig.model_validate(config or {})
     apply_settings(cfg)  # a worker started anywhere runs like the CLI
+    check_state(cfg)  # a state folder of another schedule or record version: refused before anything is written
+    if (recorded := finished_round_result(cfg, round_)) is not None:
+        return recorded  # a finished round is never opened again: its records are its result
     with run_slot(cfg, round_), round_lock(cfg, round_):
         # Running from here (started_at kept when the round resumes); a resume with other settings stops here.
         # A round whose previous one has not finished gets no record: prepare refuses it, naming that round.
         with open_warehouse(cfg) as wh:
+            # Every store the round writes or reads back, checked now: a damaged one is found before hours of compute.
+            check_round_stores(cfg, wh)
+            # A state folder copied or restored elsewhere: its records name its own files before anything reads them.
+            follow_moved_records(wh.catalog, cfg.state_dir)
             if round_ == 0 or wh.stage_output(cfg.run_id, round_ - 1, "version") is not None:
                 wh.start_round(cfg.run_id, round_, str(flow_run.get_id() or ""), round_settings(cfg))
         prepared = run_stage(cfg, PrepareInput(round_=round_))

@@ -27,6 +27,36 @@ LAYOUTS: list[tuple[int, str]] = [
 ]
 LATEST_VERSION: int = LAYOUTS[-1][0]
 
+# Versions of the bookkeeping records (storage/catalog.py, storage/round_records.py): (version, what changed).
+# A state folder stamps the version its records were written with (storage/state_version.py); this code reads
+# and continues only the latest. Append an entry when a record's meaning changes.
+RECORD_VERSIONS: list[tuple[int, str]] = [
+    (1, "a round record holds its status, summary and flow run; a round records each of its stages once"),
+    (
+        2,
+        "a round record also holds the settings it started with (a resume with others is refused); a training "
+        "step after the first records rollout@K and update@K; an update record names the checkpoint it trained",
+    ),
+]
+LATEST_RECORDS: int = RECORD_VERSIONS[-1][0]
+
+# Versions of the training schedule: what a run's rounds, checkpoints and step records mean. A run trained
+# with one schedule cannot be continued with another: its checkpoints lack what the other one resumes.
+SCHEDULES: list[tuple[int, str]] = [
+    (
+        1,
+        "one batch a round, trained for training.steps_per_round optimizer steps with a fresh optimizer each round; "
+        "checkpoints hold weights only",
+    ),
+    (
+        2,
+        "training.batches_per_round steps a round, each on a fresh batch played by the previous step's policy; with "
+        "training.carry_optimizer the optimizer state is saved beside each checkpoint and carried across steps and "
+        "rounds",
+    ),
+]
+LATEST_SCHEDULE: int = SCHEDULES[-1][0]
+
 # The analysis views of layout 3, created in every session over the table views.
 VIEWS = """
 -- Purpose: the learning curve. Training-rollout success and reward per round.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from coevolve.errors import DataError
+from coevolve.errors import DataError, disk_full_as_error
 from coevolve.records import Task
 
 _SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
@@ -62,16 +62,18 @@ def write_pool_snapshot(tasks: list[Task], path: Path) -> str:
                 f"new pool {wanted[:12]}); snapshots are immutable, write the new pool to another path."
             )
         return wanted
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Write to a temporary file and rename, so a crash never leaves a half-written snapshot behind.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        _frame(tasks).write_parquet(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    # Write to a temporary file and rename, so a crash never leaves a half-written snapshot behind; a full
+    # disk is one line naming the folder.
+    with disk_full_as_error(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            _frame(tasks).write_parquet(tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return wanted
 
 

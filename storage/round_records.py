@@ -7,7 +7,9 @@ from typing import Any
 
 from coevolve.errors import DataError
 from coevolve.records import RoundSummary
+from coevolve.redact import redact
 from storage.catalog import record_time
+from storage.layouts import LATEST_RECORDS, LATEST_SCHEDULE
 from storage.views import WarehouseViews
 
 _TRAINING_STEPS = """
@@ -20,10 +22,16 @@ class RoundRecords(WarehouseViews):
     """Runs with their configuration, rounds with their status and summary, stages with their output."""
 
     def ensure_run(self, run_id: str, config: dict[str, Any]) -> None:
-        """Records the run and its configuration; the creation time of an existing run is kept."""
+        """Records the run and its configuration; the creation time of an existing run is kept.
+
+        The record is stamped with the record and schedule versions the run is made with (``versions``,
+        storage/state_version.py), which a later command checks before continuing the run.
+        """
         self._writable()
         existing = self.catalog.get(self.catalog.run_path(run_id)) or {}
-        record = {"run_id": run_id, "created_at": existing.get("created_at", record_time()), "config": config}
+        # Anyone who can query the warehouse reads this record: a credential that reached the configuration is masked.
+        record = {"run_id": run_id, "created_at": existing.get("created_at", record_time()), "config": redact(config)}
+        record["versions"] = existing.get("versions") or {"records": LATEST_RECORDS, "schedule": LATEST_SCHEDULE}
         self.catalog.put(self.catalog.run_path(run_id), record)
 
     def start_round(self, run_id: str, round: int, flow_run_id: str, settings: dict[str, Any] | None = None) -> None:
@@ -102,6 +110,15 @@ class RoundRecords(WarehouseViews):
         """Summaries of the finished rounds of a run, in round order."""
         records = [r for r in self.catalog.records("rounds", run_id) if r.get("summary") is not None]
         return [RoundSummary(**r["summary"]) for r in sorted(records, key=lambda r: r["round"])]
+
+    def finished_round(self, run_id: str, round: int) -> dict[str, Any] | None:
+        """The record of a finished round (status, summary, finished_at), None while it is not finished.
+
+        A finished round is never run again: what it recorded is its result, and a configuration with more
+        training steps than it ran would otherwise add steps to a round whose record says it is finished.
+        """
+        record = self.catalog.get(self.catalog.round_path(run_id, round))
+        return record if record is not None and record.get("status") == "finished" else None
 
     def round_status(self, run_id: str, round: int) -> str | None:
         """'running', 'finished', or None when the round was never started."""

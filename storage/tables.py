@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import posixpath
 import re
@@ -36,7 +37,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from coevolve.errors import DataError
+from coevolve.errors import DataError, disk_full_as_error
+from coevolve.stages import record_name
 
 PARTIAL_SUFFIX = ".partial"
 # A partial file this old is abandoned whoever wrote it: a whole file is written in well under a minute.
@@ -105,13 +107,15 @@ class TableFiles:
     def write_bytes(self, target: str, data: bytes) -> None:
         parent = posixpath.dirname(target)
         if self.is_local:
-            os.makedirs(parent, exist_ok=True)
             tag = f"{_HOST}~{os.getpid()}~{uuid.uuid4().hex[:8]}"
             partial = f"{parent}/.{posixpath.basename(target)}.{tag}{PARTIAL_SUFFIX}"
-            with open(partial, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())  # the bytes are on disk before the name points at them
+            # A full disk is one line naming the warehouse; the partial file goes, the target is as it was.
+            with disk_full_as_error(self.path, remove=partial):
+                os.makedirs(parent, exist_ok=True)
+                with open(partial, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())  # the bytes are on disk before the name points at them
             os.replace(partial, target)
             fsync_dir(parent)  # the new name itself is on disk: a power loss cannot undo the rename
         else:
@@ -175,7 +179,12 @@ class TableFiles:
             raise self.damaged(path, str(exc)) from exc
 
     def damaged(self, path: str, detail: str) -> DataError:
-        """The error for a file under ``tables/`` that is not a readable Parquet file, with the way to rewrite it."""
+        """The error for a file under ``tables/`` that is not a readable Parquet file, with the way to rewrite it.
+
+        A file of a round's partition names the record of the stage that wrote it (for a rollout, the record of
+        the training step whose episodes the file holds) when running the round again writes it anew; a round
+        that is finished, or whose step was played by a policy that is gone, cannot write it again.
+        """
         detail = " ".join(detail.split())[:300]
         message = f"Warehouse file {self.url(path)} is not a readable Parquet file ({detail}); "
         relative = posixpath.relpath(path, self.path).split("/")
@@ -183,23 +192,99 @@ class TableFiles:
         run = relative[2].removeprefix("run_id=") if stage else ""
         round_ = relative[3].removeprefix("round=") if stage else ""
         if stage and round_.lstrip("-").isdigit() and int(round_) >= 0:
-            record = f"{self.path}/catalog/stage_runs/run_id={run}/round={round_}/{stage}.json"
-            return DataError(
-                message + f"restore it from a backup, or move it aside (mv {path} {path}.damaged), delete the "
-                f"record of the stage that wrote it ({record}) and run `coevolve round --round {round_}` again: "
-                f"the {stage} stage writes it anew and the stages already recorded are kept."
-            )
+            advice = self._rewrite_advice(path, relative[1], stage, run, int(round_))
+            if advice is not None:
+                return DataError(message + advice)
         return DataError(
             message + f"restore it from a backup, or move it aside (mv {path} {path}.damaged) and run the stage "
             "that wrote it again (its record under catalog/stage_runs/ deleted) or `coevolve round --round 0` "
             "in a new warehouse."
         )
 
+    def _rewrite_advice(self, path: str, table: str, stage: str, run: str, round_: int) -> str | None:
+        """How the rows of a damaged file of round ``round_`` come back, read off the round's records; None when
+        the records do not tell which training step's rollout wrote it."""
+        aside = f"move it aside (mv {path} {path}.damaged)"
+        kept = "the round's other rows and records stay as they are, and this file's rows are left out of every query"
+        round_record = self._record(f"{self.path}/catalog/rounds/run_id={run}/{round_}.json") or {}
+        if round_record.get("status") == "finished":
+            return f"restore it from a backup, or {aside}: round {round_} is finished and never runs again, so {kept}."
+        step = self._batch_step(path, table, run, round_, round_record) if stage == "rollout" else 0
+        if step is None:
+            return None
+        record = f"{self.path}/catalog/stage_runs/run_id={run}/round={round_}/{record_name(stage, step)}.json"
+        recorded = self._record(record)
+        played_by = ((recorded or {}).get("output") or {}).get("checkpoint") if stage == "rollout" else None
+        if isinstance(played_by, str) and os.path.isabs(played_by) and not os.path.exists(played_by):
+            # A step's policy folder is deleted once the next step has trained (training.keep_step_checkpoints).
+            return (
+                f"restore it from a backup, or {aside}: the policy that played these episodes ({played_by}) is "
+                f"gone, so they cannot be played again; {kept}."
+            )
+        what = f"the rollout of training step {step}" if stage == "rollout" else f"the {stage} stage"
+        if recorded is None:
+            return (
+                f"restore it from a backup, or {aside} and run `coevolve round --round {round_}` again: {what}, "
+                "not recorded yet, writes its rows anew."
+            )
+        return (
+            f"restore it from a backup, or {aside}, delete the record of the stage that wrote it, {what} ({record}), "
+            f"and run `coevolve round --round {round_}` again: {what} writes its rows anew and the stages already "
+            "recorded are kept."
+        )
+
+    def _batch_step(self, path: str, table: str, run: str, round_: int, round_record: dict[str, Any]) -> int | None:
+        """The training step whose episodes a file of a trajectory batch holds; None when that cannot be told.
+
+        A batch's files share one name (trajectories, steps and tool-call counts), and its episode ids end in
+        their sample numbers: step k plays samples k x group_size onwards (coevolve.stages.step_samples), with
+        the group size the round started with (or the run's configuration).
+        """
+        group_size = (round_record.get("settings") or {}).get("rollout.group_size")
+        if not isinstance(group_size, int):
+            run_record = self._record(f"{self.path}/catalog/runs/{run}.json") or {}
+            group_size = ((run_record.get("config") or {}).get("rollout") or {}).get("group_size")
+        name = posixpath.basename(path)
+        for companion in ("trajectories", "steps"):
+            if companion == table or not isinstance(group_size, int) or group_size < 1:
+                continue
+            try:
+                with self.fs.open(f"{self.partition_dir(companion, run, round_)}/{name}", "rb") as handle:
+                    ids = pq.read_table(handle, columns=["trajectory_id"]).column("trajectory_id").to_pylist()
+            except (pa.ArrowException, OSError):
+                continue  # missing or damaged too: the other companion, or the records, may tell
+            samples = {s for s in (_sample_of(i) for i in ids) if s is not None}
+            steps = {sample // group_size for sample in samples}
+            if len(steps) == 1:
+                return steps.pop()
+        # A round whose records name no training step after the first played only step 0.
+        try:
+            later = self.fs.glob(f"{self.path}/catalog/stage_runs/run_id={run}/round={round_}/rollout@*.json")
+        except FileNotFoundError:
+            later = []
+        return None if later else 0
+
+    def _record(self, path: str) -> dict[str, Any] | None:
+        """A catalog record (storage/catalog.py) as advice reads it: None when it is missing or unreadable."""
+        try:
+            with self.fs.open(path, "rb") as handle:
+                record = json.loads(handle.read())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
+
+def _sample_of(trajectory_id: Any) -> int | None:
+    """The sample number an episode id ends in (``<run>/r<round>/<task>/s<sample>``, coevolve.records)."""
+    tail = str(trajectory_id).rsplit("/s", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
 
 # The stage whose rows a table holds: the one to run again when a file of the table is damaged.
 _WRITTEN_BY: dict[str, str] = {
     "trajectories": "rollout",
     "steps": "rollout",
+    "tool_call_counts": "rollout",
     "signals": "mine",
     "candidates": "synthesize",
     "evaluations": "evaluate",

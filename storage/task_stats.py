@@ -2,11 +2,12 @@
 
 One SQL statement over the trajectories computes, for every task of pool r, its episodes in the rounds
 before r, the outcomes of its most recent ``history_episodes`` of them, and a Beta posterior over its
-success probability. The prior's mean is the recent success of the pool's tasks of the same origin
-(seed, boundary, rare, ...), itself shrunk toward the whole pool's with ``prior_strength``
+success probability. The prior's mean is the recent success of the pool's other tasks of the same kind
+(those calling the same tools), itself shrunk toward the whole pool's with ``kind_strength``
 pseudo-episodes, so a task never played starts from what tasks of its kind scored; with no episode at
 all the prior mean is 0.5. The posterior is Beta(alpha, beta) with alpha = strength x prior_mean +
-successes and beta = strength x (1 - prior_mean) + failures, and the estimate its mean.
+successes and beta = strength x (1 - prior_mean) + failures (strength: ``prior_strength``
+pseudo-episodes), and the estimate its mean.
 
 The rows are stored once per round (table ``task_difficulty``, partition run_id/round): the sampler
 of every training step of the round draws from them (tasks/samplers.py), and `v_task_difficulty`

@@ -28,6 +28,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from coevolve.errors import DataError, InfrastructureError
 from coevolve.optional import optional_module
+from coevolve.redact import redact_params
 from storage.mlflow_store import (
     check_checkpoint_registration,
     check_store_file,
@@ -36,6 +37,7 @@ from storage.mlflow_store import (
     is_tracking_server,
     sqlite_file,
 )
+from storage.relocation import follow_moved_mlflow_store
 
 # MLflow is slow to import (over a second), and it decides at import whether to send usage telemetry
 # (mlflow/__init__.py builds its telemetry client from MLFLOW_DISABLE_TELEMETRY then). It is imported on
@@ -101,6 +103,8 @@ class Tracker:
         store_file = sqlite_file(tracking_uri)
         if store_file is not None:
             check_store_file(store_file)
+            # A state folder copied or restored elsewhere logs into itself from now on, never into the original.
+            follow_moved_mlflow_store(store_file, Path(artifacts_dir))
         try:
             self.client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
             self.experiment_id = self._experiment(experiment, Path(artifacts_dir))
@@ -215,10 +219,11 @@ class Tracker:
         )
         run_id = run.info.run_id
         try:
+            # Params are kept in clear in the store: a credential that reached them is masked (coevolve/redact.py).
             self.client.log_batch(
                 run_id,
                 metrics=[mlflow_entities.Metric(k, float(v), 0, 0) for k, v in metrics.items()],
-                params=[mlflow_entities.Param(k, str(v)[:6000]) for k, v in params.items()],
+                params=[mlflow_entities.Param(k, str(v)[:6000]) for k, v in redact_params(params).items()],
             )
             if training_pool_path is not None and training_pool_digest:
                 self._log_pool(run_id, Path(training_pool_path), training_pool_digest, "training")
@@ -386,7 +391,7 @@ class Tracker:
             self.client.log_batch(
                 run.info.run_id,
                 metrics=[mlflow_entities.Metric(k, float(v), 0, 0) for k, v in metrics.items()],
-                params=[mlflow_entities.Param(k, str(v)[:6000]) for k, v in params.items()],
+                params=[mlflow_entities.Param(k, str(v)[:6000]) for k, v in redact_params(params).items()],
             )
         except BaseException:
             self.client.set_terminated(run.info.run_id, "FAILED")

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import cast
 
 import duckdb
 import polars as pl
 import pyarrow as pa
 
-from coevolve.errors import DataError
+from coevolve.errors import DataError, PipelineError
 from storage.catalog import PLACEHOLDER_RUN, Catalog
 from storage.columns import ADDED_TABLES, SCHEMAS, conform
 from storage.layouts import VIEWS
@@ -31,6 +30,16 @@ CATALOG_COLUMNS: dict[str, dict[str, str]] = {
     "stage_runs": {"run_id": "VARCHAR", "round": "INTEGER", "stage": "VARCHAR", "finished_at": "TIMESTAMP",
                    "output": "JSON"},
 }  # fmt: skip
+# The statements the query door (`WarehouseViews.sql`, `coevolve sql`) runs: reads. DuckDB's parser types
+# DESCRIBE, SHOW, SUMMARIZE, VALUES, WITH ... SELECT and FROM-first queries as SELECT too. Every other type
+# writes (COPY, EXPORT, CREATE, INSERT), reaches outside the warehouse (ATTACH; INSTALL and LOAD, both typed LOAD),
+# changes the session (SET, PRAGMA, CALL, DROP) or may run another statement (EXPLAIN ANALYZE, PIVOT's MULTI).
+READ_STATEMENTS: frozenset[duckdb.StatementType] = frozenset({duckdb.StatementType.SELECT})
+READ_FORMS = "SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE"
+
+
+class QueryRefused(PipelineError):
+    """A query the query door does not run: a statement that is not a read, or a read outside the warehouse."""
 
 
 class WarehouseViews:
@@ -92,11 +101,12 @@ class WarehouseViews:
             return f"{self.files.table_dir(table)}/{PLACEHOLDER_RUN}.parquet"
         return f"{self.files.partition_dir(table, PLACEHOLDER_RUN, 0)}/{PLACEHOLDER_RUN}.parquet"
 
-    def connect(self) -> duckdb.DuckDBPyConnection:
+    def connect(self, locked: bool = False) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB session with a view per table and the analysis views (storage/VIEWS.md).
 
         The views re-read the files on every query: a session kept open sees later writes. Close it
-        when done; it holds no lock on anything.
+        when done; it holds no lock on anything. ``locked``: once the views exist, the session may read
+        the warehouse's own files and nothing else, and cannot change its settings back (`_lock_down`).
         """
         if self._closed:
             raise DataError(f"Warehouse {self.root} is closed.")
@@ -116,7 +126,27 @@ class WarehouseViews:
         for kind in ("runs", "rounds", "stage_runs"):
             con.execute(f"CREATE VIEW {kind} AS {self._catalog_scan(kind)}")
         con.execute(VIEWS)
+        if locked:
+            self._lock_down(con)
         return con
+
+    def _lock_down(self, con: duckdb.DuckDBPyConnection) -> None:
+        """No file outside the warehouse, no extension, and no way to SET either back.
+
+        ``allowed_directories`` admits the warehouse root (which the views scan) to a session whose external
+        access is off. It admits writes there too, so the statement check of `sql` is the wall that keeps
+        COPY out, and this lock-down the one behind it. A filesystem registered from fsspec (an object
+        store) is matched by the URL its files are read by (``s3://bucket/prefix/...``), which is what
+        `TableFiles.url` gives.
+        """
+        root = (self.files.url(self.files.path).rstrip("/") + "/").replace("'", "''")
+        con.execute(f"SET allowed_directories = ['{root}']")
+        con.execute("SET enable_external_access = false")
+        # The extensions the views need (parquet, json, icu) are built into the duckdb wheel; anything else
+        # would be downloaded, and the project works offline.
+        con.execute("SET autoinstall_known_extensions = false")
+        con.execute("SET autoload_known_extensions = false")
+        con.execute("SET lock_configuration = true")
 
     def _catalog_scan(self, kind: str) -> str:
         columns = CATALOG_COLUMNS[kind]
@@ -135,19 +165,23 @@ class WarehouseViews:
         )
 
     def sql(self, query: str) -> pl.DataFrame:
-        """Runs an ad-hoc query (e.g. on the v_* views) and returns the result as a Polars frame."""
-        con = self.connect()
+        """Runs a read-only query (e.g. on the v_* views) and returns the result as a Polars frame.
+
+        The query door of `coevolve sql`: DuckDB's own parser types every statement, and a query holding
+        anything but reads (`READ_STATEMENTS`) is refused before any of it runs. The reads run in a locked
+        session (`connect(locked=True)`) that opens no file outside the warehouse. Either refusal is a
+        `QueryRefused`; nothing is ever written.
+        """
+        con = self.connect(locked=True)
         try:
+            self._refuse_all_but_reads(con, query)
             try:
-                # duckdb's stubs say a relation, but a statement without a result (SET, PRAGMA) gives None.
-                relation = cast("duckdb.DuckDBPyRelation | None", con.sql(query))
+                relation = con.sql(query)
             except duckdb.Error as exc:
-                damaged = self._damaged_table_file(exc, query)
-                if damaged is None:
+                refused = self._query_error(exc, query)
+                if refused is None:
                     raise
-                raise damaged from exc
-            if relation is None:  # a statement without a result, e.g. SET or PRAGMA
-                return pl.DataFrame()
+                raise refused from exc
             # Polars cannot import DuckDB's INTERVAL (e.g. a difference of timestamps): show it as text.
             if any(str(t) == "INTERVAL" for t in relation.types):
                 relation = relation.project(
@@ -159,12 +193,39 @@ class WarehouseViews:
             try:
                 return relation.pl()
             except duckdb.Error as exc:
-                damaged = self._damaged_table_file(exc, query)
-                if damaged is None:
+                refused = self._query_error(exc, query)
+                if refused is None:
                     raise
-                raise damaged from exc
+                raise refused from exc
         finally:
             con.close()
+
+    def _refuse_all_but_reads(self, con: duckdb.DuckDBPyConnection, query: str) -> None:
+        """`QueryRefused` naming the first statement that is not a read (a syntax error is DuckDB's own)."""
+        statements = con.extract_statements(query)
+        if not statements:
+            raise QueryRefused("query refused: it holds no statement")
+        for number, statement in enumerate(statements, start=1):
+            if statement.type in READ_STATEMENTS:
+                continue
+            text = " ".join(statement.query.split()).rstrip(";")
+            shown = text if len(text) <= 60 else f"{text[:59]}…"
+            where = "the statement" if len(statements) == 1 else f"statement {number} of {len(statements)}"
+            raise QueryRefused(
+                f"query refused: {where} ({shown}) is {statement.type.name}; the warehouse's query door runs "
+                f"reads only ({READ_FORMS}), and nothing was run. Derived tables go in a DuckDB file of your "
+                'own (docs/warehouse.md, "Derived tables").'
+            )
+
+    def _query_error(self, exc: duckdb.Error, query: str) -> PipelineError | None:
+        """What a failed read raises instead of DuckDB's error: a refusal for a file outside the warehouse, a
+        DataError naming a damaged file of the warehouse; None for any other failure (a typo, a type error)."""
+        if isinstance(exc, duckdb.PermissionException):
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            return QueryRefused(
+                f"query refused: {first}; the warehouse's query door reads the files under {self.root} only."
+            )
+        return self._damaged_table_file(exc, query)
 
     def _damaged_table_file(self, exc: Exception, query: str) -> DataError | None:
         """The DataError naming the file and the way back when DuckDB failed on a damaged file under tables/.

@@ -90,7 +90,9 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables, TaskStats):
         layout = self._layout()
         if layout is None:
             if read_only:
-                raise DataError(f"Warehouse {self.root} does not exist; run a round (or open it read-write) first.")
+                raise self._not_a_warehouse(
+                    self.root, "it holds no catalog/layout.json, which a warehouse has from its start"
+                )
             if publish_layout:
                 self._refuse_unmigrated()
                 self._refuse_foreign_files()
@@ -109,6 +111,8 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables, TaskStats):
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise self._damaged_layout(path) from exc
         except NotADirectoryError as exc:
+            if self.read_only:  # a reader names a path inside a file: nothing here is a warehouse to repair
+                raise self._not_a_warehouse(self.root, "a file stands where its folders would be") from exc
             raise self._damaged_file(root=self.root) from exc
         if layout is not None and not (isinstance(layout, dict) and isinstance(layout.get("version"), int)):
             raise self._damaged_layout(path)
@@ -126,15 +130,33 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables, TaskStats):
         text = os.fspath(root)
         if "://" in text or not os.path.isfile(text):
             return
-        with open(text, "rb") as handle:
-            head = handle.read(16)
-        if b"DUCK" in head:
+        if _is_single_file_warehouse(text):
             raise DataError(
                 f"{text} is a warehouse file of the single-file layout; convert it once with "
                 f"`coevolve warehouse migrate {text}` "
                 "(it writes the open-table layout beside it and compares every row)."
             )
         raise self._damaged_file(text)
+
+    @classmethod
+    def for_queries(cls, root: Path | str, storage_options: dict[str, Any] | None = None) -> Warehouse:
+        """The warehouse at ``root`` opened read-only for ad-hoc queries (`coevolve sql`).
+
+        A path that is not a warehouse folder (any other file, a folder without a layout record) is refused
+        as such: a reader that names the wrong path gets no advice to move it. A single-file warehouse
+        (``warehouse.duckdb``) names its conversion; a warehouse folder whose records are damaged says how to
+        recover, as for every reader.
+        """
+        text = os.fspath(root)
+        if "://" not in text and os.path.isfile(text) and not _is_single_file_warehouse(text):
+            raise cls._not_a_warehouse(text, "it is a file")
+        return cls(root, read_only=True, storage_options=storage_options)
+
+    @staticmethod
+    def _not_a_warehouse(root: str, why: str) -> DataError:
+        return DataError(
+            f"{root} is not a warehouse folder ({why}); a run's warehouse is <state_dir>/warehouse, or warehouse.uri."
+        )
 
     def _damaged_file(self, root: str) -> DataError:
         return DataError(
@@ -240,3 +262,12 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables, TaskStats):
         for stage in dropped:
             for table in _STAGE_TABLES.get(stage, ()):
                 self.files.delete(self.files.files(table, run_id, round))
+
+
+def _is_single_file_warehouse(path: str) -> bool:
+    """A DuckDB database file, as the single-file layout's ``warehouse.duckdb`` is (its header names DuckDB)."""
+    try:
+        with open(path, "rb") as handle:
+            return b"DUCK" in handle.read(16)
+    except OSError:  # a file this process cannot read is no warehouse it could open either
+        return False

@@ -21,9 +21,9 @@ from safetensors.torch import load_file
 from transformers.trainer_callback import TrainerState
 from trl import GRPOTrainer
 
-from agent.checkpoints import ADAPTER_SUBDIR, TRAINER_STATE_FILE, TRAINER_STATE_SUBDIR
+from agent.checkpoints import ADAPTER_SUBDIR, OPTIMIZER_STATE_FIX, TRAINER_STATE_FILE, TRAINER_STATE_SUBDIR
 from coevolve.config import PipelineConfig
-from coevolve.errors import DataError
+from coevolve.errors import DataError, disk_full_as_error
 
 # Keys of transformers' logs that measure wall-clock time.
 _WALL_CLOCK_LOG_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
@@ -33,8 +33,7 @@ def unusable_state(folder: str | None, exc: Exception) -> DataError:
     """The error of a trainer state that exists but cannot be resumed, naming the fix."""
     return DataError(
         f"The optimizer state {folder} could not be resumed ({type(exc).__name__}: {str(exc)[:300]}): it is damaged "
-        "or was written for another model or optimizer. Re-run the training step that wrote it, or set "
-        "training.carry_optimizer=false to train on with a fresh optimizer at every step."
+        f"or was written for another model or optimizer. To continue, {OPTIMIZER_STATE_FIX}."
     )
 
 
@@ -75,17 +74,22 @@ def save_trainer_state(trainer: GRPOTrainer, folder: Path) -> None:
     """Write the trainer state the next step resumes, with transformers' own checkpoint files and methods.
 
     Every rank calls it (DeepSpeed and FSDP write a shard each, every rank its RNG state); under DDP the
-    main process alone writes the optimizer, scheduler and trainer_state.json.
+    main process alone writes the optimizer, scheduler and trainer_state.json. A disk that fills up meanwhile
+    is a `DiskFullError` naming the checkpoints' folder (torch reports it as a failed zip write); a single
+    process then deletes what it wrote, ranks leave their shared folder to the next attempt, which starts
+    by deleting it.
     """
-    folder.mkdir(parents=True, exist_ok=True)
-    trainer._save_optimizer_and_scheduler(str(folder))
-    trainer._save_scaler(str(folder))
-    trainer._save_rng_state(str(folder))
-    if trainer.args.should_save:
-        # Wall-clock figures would make two identical updates write different checkpoints, whose digests the
-        # version stage records; the stage's statistics keep them.
-        history = [{k: v for k, v in e.items() if k not in _WALL_CLOCK_LOG_KEYS} for e in trainer.state.log_history]
-        dataclasses.replace(trainer.state, log_history=history).save_to_json(str(folder / TRAINER_STATE_FILE))
+    single = trainer.args.world_size == 1
+    with disk_full_as_error(folder.parent, remove=folder if single else None):
+        folder.mkdir(parents=True, exist_ok=True)
+        trainer._save_optimizer_and_scheduler(str(folder))
+        trainer._save_scaler(str(folder))
+        trainer._save_rng_state(str(folder))
+        if trainer.args.should_save:
+            # Wall-clock figures would make two identical updates write different checkpoints, whose digests
+            # the version stage records; the stage's statistics keep them.
+            history = [{k: v for k, v in e.items() if k not in _WALL_CLOCK_LOG_KEYS} for e in trainer.state.log_history]
+            dataclasses.replace(trainer.state, log_history=history).save_to_json(str(folder / TRAINER_STATE_FILE))
 
 
 def carry_state(checkpoint_in: Path, staging: Path) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from coevolve.config import PipelineConfig
-from coevolve.errors import ConfigError, DataError, PipelineError
+from coevolve.errors import ConfigError, DataError, DiskFullError, PipelineError
 from tasks.grpo_groups import RoundGroups
 
 logger = logging.getLogger(__name__)
@@ -190,6 +190,8 @@ def collect_ranks(work: Path, processes: int, returncode: int) -> list[dict[str,
             errors.append((json.loads(error.read_text()), rank))
     if errors:
         first, rank = min(errors, key=lambda e: e[0]["time"])
+        if first.get("disk_full"):
+            raise DiskFullError(first["disk_full"])
         log = work / f"rank-{rank}.log"
         raise RankFailedError(
             f"Rank {rank} of {processes} failed the update: {first['type']}: {first['message']}\n"

@@ -12,6 +12,8 @@ of training on it.
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,12 +22,12 @@ from prefect.cache_policies import NO_CACHE
 
 from agent.checkpoints import checkpoint_digest, checkpoint_folder, verify_checkpoint
 from agent.shipped_policy import SHIPPED_DIR, check_shipped, copy_shipped, ship
-from agent.tiny import build_tiny_policy, is_built
+from agent.tiny import build_digest, build_tiny_policy, is_built
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError, PipelineError
 from coevolve.optional import optional_module
 from coevolve.records import Task, digest
-from coevolve.stages import PrepareInput, PrepareOutput
+from coevolve.stages import PrepareInput, PrepareOutput, VersionOutput
 from tasks.common import open_warehouse
 from tasks.evaluate import evaluate_splits
 from tasks.registry import stage
@@ -99,14 +101,41 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
         return config.policy.model
     key, conversations = tiny_policy_inputs(config, seed_pool, heldout)
     out_dir = config.state_dir / "models" / f"tiny-{key[:12]}"
+    # Named by the recipe's digest too, so a build of an older recipe is never taken for today's.
+    recipe = build_digest(conversations, config.policy, config.start_seed)
+    cached = config.policy_cache_dir / f"tiny-{key[:16]}-{recipe[:16]}" if config.policy_cache_dir else None
     if not is_built(out_dir, conversations, config.policy, config.start_seed):
         shipped = check_shipped(key, conversations, config.policy, config.start_seed)
         if shipped.folder is not None:
             log.info("checkpoint 0: the shipped build %s, copied to %s", shipped.folder, out_dir)
             copy_shipped(shipped.folder, out_dir)
+        elif cached is not None and is_built(cached, conversations, config.policy, config.start_seed):
+            log.info("checkpoint 0: the build in policy_cache_dir %s, copied to %s", cached, out_dir)
+            copy_shipped(cached, out_dir)
         else:
             log.info("checkpoint 0: building from the recipe into %s (%s)", out_dir, shipped.reason)
-    return str(build_tiny_policy(out_dir, conversations, config.policy, config.start_seed))
+    built = build_tiny_policy(out_dir, conversations, config.policy, config.start_seed)
+    if cached is not None and not is_built(cached, conversations, config.policy, config.start_seed):
+        _add_to_cache(built, cached)
+    return str(built)
+
+
+def _add_to_cache(built: Path, cached: Path) -> None:
+    """Publish a build in the shared folder whole, never replacing one: runs of other processes may be copying it.
+
+    The copy fills a staging folder of its own and is renamed into place; when another run published the same
+    build first, the rename fails and its copy stays.
+    """
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{cached.name}-", dir=cached.parent))
+        try:
+            shutil.copytree(built, staging, dirs_exist_ok=True)
+            staging.rename(cached)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except OSError as exc:  # published first by another run, or a folder this run cannot write
+        log.info("checkpoint 0: not added to policy_cache_dir %s (%s)", cached.parent, exc)
 
 
 def rebuild_shipped_policy(config: PipelineConfig, scratch: Path, folder: Path = SHIPPED_DIR) -> dict[str, Any]:
@@ -220,6 +249,27 @@ def prepare_stage(config: PipelineConfig, wh: Warehouse, inputs: PrepareInput) -
         checkpoint0_scored_by=scored_by, final_heldout=len(final),
         final_heldout_digest=storage_pool.pool_digest(final) if final else None,
     )  # fmt: skip
+
+
+def finished_round_result(config: PipelineConfig, round_: int) -> dict[str, Any] | None:
+    """What the round flow returns for round ``round_`` once it is finished, read from its records; None before.
+
+    A finished round is never opened again (`Warehouse.finished_round`): a resumed ablation, a deployment run
+    or `coevolve round` asking for it gets what it recorded, even under a configuration with more training
+    steps than it ran, which would otherwise play and train steps into a round recorded as finished.
+    """
+    with open_warehouse(config) as wh:
+        record = wh.finished_round(config.run_id, round_)
+        if record is None:
+            return None
+        versioned = wh.stage_output(config.run_id, round_, "version")
+        prepared = wh.stage_output(config.run_id, 0, "prepare") if round_ == 0 else None
+    # The version record follows the summary's fields with what it registered (finish_round copies them).
+    result = VersionOutput.model_validate(versioned if versioned is not None else record["summary"])
+    return {
+        **result.model_dump(mode="json"),
+        "baseline_heldout_success": (prepared or {}).get("baseline_heldout_success"),
+    }
 
 
 def first_unfinished_round(finished: list[int]) -> int:

@@ -179,8 +179,8 @@ def write_report(
         f"{len(results)} runs: arms {', '.join(summary['arms'])}; seeds "
         f"{', '.join(str(s) for s in sorted({r['seed'] for r in results}))}; {len(results[0]['rounds'])} rounds each.",
         "",
-        "| arm | held-out success (final) | BFCL multi_turn_base | final pool | acceptance | signals f/b/r "
-        "| episodes played | optimizer steps |",
+        "| arm | held-out success after the last round, per-round split | BFCL multi_turn_base | final pool "
+        "| acceptance | signals f/b/r | episodes played | optimizer steps |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for arm, row in summary["arms"].items():

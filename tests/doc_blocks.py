@@ -58,3 +58,61 @@ def command_block(holding: str) -> CommandBlock:
         pages = ", ".join(str(p.relative_to(REPO)) for p in doc_pages())
         raise LookupError(f"{len(found)} bash blocks hold {holding!r} in {pages}; expected exactly one")
     return found[0]
+
+
+FENCED_BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+TABLE_RULE = re.compile(r"^\|[-:| ]+\|$")
+
+
+def sample_outputs(page: Path) -> list[str]:
+    """The fenced blocks of ``page`` that show what a command printed: those without a language tag."""
+    return [text for language, text in FENCED_BLOCK.findall(page.read_text()) if not language]
+
+
+def prose(page: Path) -> str:
+    """``page`` without its fenced blocks."""
+    return FENCED_BLOCK.sub("", page.read_text())
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences of markdown ``text`` outside its fenced blocks, each on one line: paragraphs, list items and
+    table rows apart, a sentence ending at a full stop before a capital, a backtick, ``*`` or ``(``."""
+    found: list[str] = []
+    for paragraph in re.split(r"\n\s*\n", FENCED_BLOCK.sub("", text)):
+        for item in re.split(r"\n(?=\s*(?:[-*] |\d+\. |\|))", paragraph):
+            found += re.split(r"(?<=\.)\s+(?=[A-Z*`(])", " ".join(item.split()))
+    return found
+
+
+def sentences(page: Path) -> list[str]:
+    return split_sentences(page.read_text())
+
+
+@dataclass(frozen=True)
+class Table:
+    page: Path
+    header: list[str]
+    rows: list[list[str]]
+
+    def column(self, index: int) -> dict[str, str]:
+        """First cell -> the cell at ``index``, for every row."""
+        return {row[0]: row[index] for row in self.rows if len(row) > index}
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def tables(page: Path) -> list[Table]:
+    """The markdown tables of ``page``'s prose (a header line, its rule, then rows)."""
+    lines = prose(page).splitlines()
+    found = []
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("|") and TABLE_RULE.match(lines[i + 1].strip()):
+            rows = []
+            for row in lines[i + 2 :]:
+                if not row.startswith("|"):
+                    break
+                rows.append(_cells(row))
+            found.append(Table(page, _cells(line), rows))
+    return found

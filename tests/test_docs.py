@@ -1,17 +1,48 @@
-"""The README and the docs/ pages: every page is reachable from the README, and every documented command is one
-the CLI accepts with a configuration that loads.
+"""The README and the docs/ pages: every page is reachable from the README, every documented command is one
+the CLI accepts with a configuration that loads, and the facts the pages state about the code say what the code
+and its configurations say.
 
 The commands are read from the fenced ``bash`` blocks wherever they live (tests/doc_blocks.py); nothing is run
 but the CLI's argument parser and the configuration loader, so a renamed flag, subcommand or setting fails here.
+The stated facts (the ablation's arms, options, run counts and settings, folder names, how the curriculum's prior
+is formed, the labels and figures of the result tables, where the README's sample output came from) are read from
+the code, configs/ablation.yaml and git, never copied into this file.
 """
 
 from __future__ import annotations
 
+import argparse
+import re
+import subprocess
+from pathlib import Path
+
 import pytest
+import yaml
 
 from coevolve.config import load_config
 from flows.cli import build_parser
-from tests.doc_blocks import REPO, command_blocks, doc_pages
+from storage import task_stats
+from tasks.arms import ARMS, CURRICULUM_SUFFIX
+from tasks.launch import launch_dir
+from tests.doc_blocks import (
+    FENCED_BLOCK,
+    REPO,
+    command_blocks,
+    doc_pages,
+    prose,
+    sample_outputs,
+    sentences,
+    split_sentences,
+    tables,
+)
+
+README = REPO / "README.md"
+EXPERIMENTS = REPO / "docs" / "experiments.md"
+ABLATION_REPORT = REPO / "docs" / "ablation_report.md"
+ABLATION_CONFIG = REPO / "configs" / "ablation.yaml"
+NUMBER_WORDS = {
+    word: n for n, word in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())
+}
 
 
 def _coevolve_commands() -> list[tuple[str, list[str], dict[str, str]]]:
@@ -56,3 +87,244 @@ def test_a_documented_command_parses_and_its_configuration_loads(where, args, ex
     if hasattr(parsed, "set"):
         environ = {k: v for k, v in exported.items() if k.startswith("COEVOLVE_")}
         load_config(parsed.config, parsed.set, environ=environ)
+
+
+def _ablation_parser() -> argparse.ArgumentParser:
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return commands.choices["ablation"]
+
+
+ABLATION_SEEDS = _ablation_parser().get_default("seeds").split(",")
+
+
+def _section(page: Path, heading: str) -> str:
+    """The text of ``page`` from the line ``heading`` to the next heading of its level or above."""
+    text = page.read_text()
+    start = text.index(f"\n{heading}\n")
+    level = heading.split(" ", 1)[0]
+    end = re.compile(rf"^#{{1,{len(level)}}} ", re.M).search(text, start + len(heading) + 2)
+    return text[start : end.start() if end else len(text)]
+
+
+def test_every_list_of_ablation_arms_is_the_registry():
+    """`coevolve ablation --help`, the README's headline table and experiments.md's arms are tasks/arms.py's ARMS."""
+    arms_help = str(next(a.help for a in _ablation_parser()._actions if a.dest == "arms"))
+    assert [name.strip(" .") for name in arms_help.split("):", 1)[1].split(",")] == list(ARMS)
+    headline = [t for t in tables(README) if t.header[0] == "arm" and "gain over checkpoint 0" in t.header]
+    assert len(headline) == 1 and [row[0] for row in headline[0].rows] == list(ARMS)
+    described = next(p for p in re.split(r"\n\s*\n", prose(EXPERIMENTS)) if p.startswith("Arms, "))
+    assert set(re.findall(r"`([a-z][a-z+-]*)`", described)) == set(ARMS)
+
+
+def test_every_ablation_option_is_documented_with_its_default():
+    """experiments.md's table of options names each option `coevolve ablation` takes, with its default."""
+    config = load_config(None, [], environ={})
+    options = {
+        a.option_strings[-1]: a
+        for a in _ablation_parser()._actions
+        if a.option_strings and a.dest not in {"help", "config", "set"}
+    }
+    documented = {
+        re.match(r"`(--[\w-]+)", row[0])[1]: row[1]  # type: ignore[index]
+        for table in tables(EXPERIMENTS)
+        if table.header[:2] == ["option", "default"]
+        for row in table.rows
+    }
+    assert sorted(documented) == sorted(options)
+    for option, action in options.items():
+        if action.default is not None:
+            assert f"`{action.default}`" in documented[option], option
+        else:  # the help names what stands in for it: all arms, or a configuration field
+            fallback = re.search(r"\(default: (\w+)\)", action.help or "")[1]  # type: ignore[index]
+            expected = "all" if fallback == "all" else f"`{fallback}` ({getattr(config, fallback)})"
+            assert documented[option].startswith(expected), option
+
+
+RUNS = re.compile(r"\b(\d+) runs\b")
+ARM_COUNT = re.compile(rf"\b({'|'.join(NUMBER_WORDS)})[ -]arms?\b", re.I)
+SEED_RANGE = re.compile(r"\bseeds (\d+)-(\d+)\b")
+GENERIC_RUNS = re.compile(r"\b(?:an|the) ablation's (\d+) runs\b", re.I)
+LISTED_RUNS = re.compile(r"\b(\d+) runs: arms ([^;]+); seeds ([^;]+);")
+
+
+def test_every_stated_number_of_ablation_runs_is_arms_times_seeds():
+    """A run is one (arm, seed): "N runs" is the arms times the seeds its sentence names, and an ablation's runs
+    in general are the registry's arms times the command's default seeds."""
+    checked, wrong = 0, []
+    for page in doc_pages():
+        for sentence in sentences(page):
+            if not RUNS.search(sentence):
+                continue
+            listed, arms, generic = (
+                LISTED_RUNS.search(sentence),
+                ARM_COUNT.search(sentence),
+                GENERIC_RUNS.search(sentence),
+            )
+            seeds = SEED_RANGE.search(sentence)
+            seed_count = int(seeds[2]) - int(seeds[1]) + 1 if seeds else len(ABLATION_SEEDS)
+            if listed:
+                expected, claims = len(listed[2].split(",")) * len(listed[3].split(",")), [int(listed[1])]
+            elif arms:
+                expected, claims = NUMBER_WORDS[arms[1].lower()] * seed_count, [int(n) for n in RUNS.findall(sentence)]
+                if generic and NUMBER_WORDS[arms[1].lower()] != len(ARMS):
+                    wrong.append((page.name, sentence))
+            elif generic:
+                expected, claims = len(ARMS) * seed_count, [int(generic[1])]
+            else:
+                continue
+            checked += 1
+            wrong += [(page.name, sentence) for claim in claims if claim != expected]
+    assert checked >= 8 and wrong == []
+
+
+SETS_VALUE = re.compile(r"`configs/ablation\.yaml`\)? sets (\d+)|(\d+) in `configs/ablation\.yaml`")
+SETTING = re.compile(r"`(?:\w+\.)?(\w+)(?:: \w+)?`")
+
+
+def test_every_value_quoted_from_configs_ablation_yaml_is_its_value():
+    """A value the pages quote from configs/ablation.yaml ("sets N", "N in") is the value of the setting they name
+    before it, and the ablation's "N dev tasks" is its rollout.dev_eval_tasks."""
+    settings = {
+        field: value
+        for section in yaml.safe_load(ABLATION_CONFIG.read_text()).values()
+        if isinstance(section, dict)
+        for field, value in section.items()
+    }
+    checked, wrong = 0, []
+    for page in doc_pages():
+        for sentence in sentences(page):
+            if "configs/ablation.yaml" not in sentence:
+                continue
+            for claim in SETS_VALUE.finditer(sentence):
+                named = [m[1] for m in SETTING.finditer(sentence[: claim.start()]) if m[1] in settings]
+                checked += 1
+                if not named or settings[named[-1]] != int(claim[1] or claim[2]):
+                    wrong.append((page.name, sentence))
+            for count in re.findall(r"\b(\d+) dev tasks\b", sentence):
+                checked += 1
+                if int(count) != settings["dev_eval_tasks"]:
+                    wrong.append((page.name, sentence))
+    assert checked >= 4 and wrong == []
+
+
+def test_documented_update_log_folders_are_the_ones_the_code_writes():
+    """Every `update/round-...` folder the pages name has the shape of tasks/launch.py's launch_dir."""
+    config = load_config(None, [], environ={})
+    written = re.sub(r"\d", "N", launch_dir(config, 7, 3).relative_to(config.run_dir()).as_posix())
+    documented = [
+        (page.name, m[0]) for page in doc_pages() for m in re.finditer(r"update/round-[\w-]*", page.read_text())
+    ]
+    assert documented and [folder for _, folder in documented if folder != written] == [], written
+
+
+def test_the_curriculum_prior_is_described_as_the_tasks_of_the_same_tools():
+    """The task statistics' prior is what a task's kind (the tools it calls) scored; its descriptions say so."""
+    sql = task_stats._TASK_DIFFICULTY
+    assert "list_distinct(tools)" in sql and "PARTITION BY kind" in sql  # the code: a task's kind is its tools
+    for page, heading in (
+        (README, "## Curriculum and dynamic sampling"),
+        (REPO / "storage" / "VIEWS.md", "## v_task_difficulty"),
+    ):
+        text = _section(page, heading)
+        comments = [line for _, block in FENCED_BLOCK.findall(text) for line in block.splitlines()]
+        said = [s for s in comments + split_sentences(text) if "prior" in s]
+        assert [s for s in said if "origin" in s] == [], page.name
+        assert any("same tools" in s for s in said), page.name
+
+
+def test_the_readme_curriculum_snippet_states_its_episode_budget(tmp_path):
+    """The README's curriculum settings say the most episodes they play a round on the default schedule, and what
+    the default plays without them."""
+    section = _section(README, "## Curriculum and dynamic sampling")
+    snippet = tmp_path / "curriculum.yaml"
+    snippet.write_text(next(block for language, block in FENCED_BLOCK.findall(section) if language == "yaml"))
+    curriculum, default = load_config(snippet, [], environ={}), load_config(None, [], environ={})
+    assert curriculum.rollout.dynamic_sampling and curriculum.training == default.training
+    steps, n = default.training.batches_per_round, default.rollout.group_size
+    most = steps * curriculum.rollout.tasks_per_batch * n * curriculum.rollout.max_rollout_factor
+    text = " ".join(split_sentences(section))
+    assert f"at most {most:g} episodes a round" in text
+    assert f"({steps} x {default.rollout.tasks_per_batch} tasks x {n} samples)" in text
+
+
+def _git_commit_exists(commit: str) -> bool:
+    found = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    return found.returncode == 0
+
+
+def test_sample_outputs_are_generic_and_the_readme_output_is_quoted_with_its_real_commit():
+    """No sample output holds a machine's own path; the commit named beside the README's `make run` output exists,
+    and experiments.md's table of figures quotes that output's rows, time and commit."""
+    machine_paths = [
+        (page.name, path)
+        for page in doc_pages()
+        for block in sample_outputs(page)
+        for path in re.findall(r"(?<![\w.])(?:/(?:work|root|home|Users)/\S*|~/\S*)", block)
+    ]
+    assert machine_paths == []
+    shallow = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--is-shallow-repository"], capture_output=True, text=True
+    )
+    if shallow.returncode != 0 or shallow.stdout.strip() == "true":
+        pytest.skip("not a full git checkout: the cited commits cannot be looked up")
+    text = README.read_text()
+    output = next(block for block in sample_outputs(README) if "checkpoint 0 held-out success" in block)
+    fence = text.rindex("```", 0, text.index(output))
+    intro = text[text.rindex("\n\n", 0, fence - 1) : fence]  # the paragraph that introduces the output
+    cited = re.findall(r"\bcommit ([0-9a-f]{7,40})\b", intro)
+    assert cited and all(_git_commit_exists(c) for c in cited), cited
+    checkpoint0 = re.search(r"checkpoint 0 held-out success: ([\d.]+)", output)[1]  # type: ignore[index]
+    rows = re.findall(r"^\s+\d+\s+(\d+)\s.*\s([\d.]+)\s+\d+s$", output, re.M)
+    pools, heldout = "/".join(r[0] for r in rows), "/".join(r[1] for r in rows)
+    timed = re.search(r"Measured time of the whole command from a fresh clone of (\w+)[^*]*\*\*([^(*]+)", text)
+    assert rows and timed and timed[1] in cited
+    figures = {row[0]: row for table in tables(EXPERIMENTS) if table.header[0] == "figure" for row in table.rows}
+    quoted = next(row for label, row in figures.items() if label.startswith("`make run` rows"))
+    assert f"checkpoint 0 at {checkpoint0}, pools {pools}, held-out {heldout}" in quoted[0]
+    assert quoted[3].split()[0] in cited
+    timing = next(row for label, row in figures.items() if label.startswith("`make run` time"))
+    assert timed[2].strip() in timing[0] and timing[3].split()[0] == timed[1]
+
+
+SPLITS = ("final split", "per-round split")
+
+
+def _final_split_results() -> dict[str, str]:
+    """Each arm's held-out success on the final split: the column `final` of ablation_report.md's tests against
+    checkpoint 0."""
+    table = next(t for t in tables(ABLATION_REPORT) if t.header[0] == "arm" and {"ckpt 0", "final"} <= set(t.header))
+    return table.column(table.header.index("final"))
+
+
+def test_held_out_success_labels_name_their_split_and_quote_the_report():
+    """A column or row of held-out success names its split (and the split's size where it gives one), and figures
+    labelled with the final split are the report's."""
+    config = load_config(ABLATION_CONFIG, [], environ={})
+    sizes = {"final split": config.rollout.final_heldout_tasks, "per-round split": config.rollout.heldout_tasks}
+    final = _final_split_results()
+    unnamed: list[tuple[str, str]] = []
+    wrong: list[tuple[str, ...]] = []
+    quoted: list[str] = []
+    for page in doc_pages():
+        for table in tables(page):
+            labels = [(cell, table.column(i)) for i, cell in enumerate(table.header) if table.header[0] == "arm"]
+            arms = [re.sub(r"\+l\.$", CURRICULUM_SUFFIX, cell) for cell in table.header[1:]]
+            labels += [(row[0], dict(zip(arms, row[1:], strict=False))) for row in table.rows]
+            for label, values in labels:
+                if "held-out success" not in label.lower():
+                    continue
+                split = next((s for s in SPLITS if s in label), None)
+                size = re.search(r"\((\d+) tasks", label)
+                if split is None:
+                    unnamed.append((page.name, label))
+                elif size and int(size[1]) != sizes[split]:
+                    wrong.append((page.name, label))
+                if split == "final split" and set(values) & set(final):
+                    quoted.append(page.name)
+                    wrong += [
+                        (page.name, label, arm)
+                        for arm in final
+                        if arm in values and values[arm].split()[:1] != [final[arm]]
+                    ]
+    assert unnamed == [] and wrong == []
+    assert "README.md" in quoted

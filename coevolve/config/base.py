@@ -36,12 +36,17 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def explain(exc: ValidationError) -> str:
-    """The ConfigError message for invalid values: each field with what is wrong and the value given."""
-    lines = ["The configuration is invalid:"]
+    """The ConfigError message for invalid values: each field with what is wrong and the value given.
+
+    One invalid field is one line, as every error is; several are listed one a line.
+    """
+    problems = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
         if err["type"] == "extra_forbidden":
-            lines.append(f"  - {where}: unknown field; check its spelling against `coevolve config --show`.")
+            problems.append(f"{where}: unknown field; check its spelling against `coevolve config --show`.")
         else:
-            lines.append(f"  - {where}: {err['msg']} (got {err.get('input')!r}).")
-    return "\n".join(lines)
+            problems.append(f"{where}: {err['msg']} (got {err.get('input')!r}).")
+    if len(problems) == 1:
+        return f"The configuration is invalid: {problems[0]}"
+    return "\n".join(["The configuration is invalid:", *(f"  - {problem}" for problem in problems)])

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from coevolve.config.base import Section, deep_merge, explain
 from coevolve.config.environment import EnvironmentConfig, derive_bfcl_handler
@@ -18,10 +20,23 @@ from coevolve.config.synthesis import PoolConfig, SignalConfig, SynthesisConfig,
 from coevolve.config.training import TrainingConfig
 from coevolve.errors import ConfigError
 
+# A run id names a folder (state_dir/runs/<run_id>), a Hive partition of every table (run_id=<run_id>), catalog
+# records (catalog/runs/<run_id>.json) and the run's registered model. So it takes only characters every one of
+# those keeps as they are, and starts with a letter or digit: '.' and '..' would put the run's files in other
+# folders, a leading '.' hides them, and '_' starts the warehouse's own names (its placeholder partition
+# run_id=_empty, which every view leaves out, so a run of that name would be invisible). The length keeps the
+# longest file name made from it (a catalog record's partial file) under the filesystems' 255 bytes.
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+RUN_ID_RULE = (
+    "Run ids are up to 100 letters, digits, '_', '.' and '-', starting with a letter or digit (so not '.', '..' or "
+    "'_empty', the warehouse's placeholder)"
+)
+
 
 class PipelineConfig(Section):
     run_id: str = Field(
-        "default", pattern=r"^[A-Za-z0-9_.-]+$", description="Names a run; rounds of one run share a pool."
+        "default",
+        description=f"Names a run; rounds of one run share a pool. {RUN_ID_RULE}.",
     )
     state_dir: Path = Field(
         Path(".coevolve"),
@@ -31,8 +46,25 @@ class PipelineConfig(Section):
             "missing would otherwise look like a hub model id)."
         ),
     )
+    # Off by default: a state folder then holds everything its run needs. A lab running many runs with the same
+    # builtin:tiny settings on one machine (an ablation's seeds, a test suite) builds checkpoint 0 once instead.
+    policy_cache_dir: Path | None = Field(
+        None,
+        description=(
+            "A folder shared by state folders where builds of the builtin tiny policy are kept by their recipe key: "
+            "round 0 copies a matching build from it into its state folder instead of building, and adds the builds "
+            "it makes. Only a build whose digest matches today's recipe is copied. None: no shared folder."
+        ),
+    )
     seed: int = Field(0, description="Seeds exploration, sampling and training.")
-    rounds: int = Field(3, ge=1, description="Rounds the evolve command runs.")
+    rounds: int = Field(
+        3,
+        ge=1,
+        description=(
+            "The evolve command's target: it runs until rounds 0..rounds-1 are finished, so the same command run "
+            "again after an interruption resumes and stops there (`--more K` asks for K more rounds instead)."
+        ),
+    )
     # Two: a round's torch work uses one thread (policy.torch_threads), so one seed's chain of runs keeps one
     # core busy, and two chains at once fill the 2-core machine this default is for. More than the cores
     # only makes the chains take turns. Never changes a result: each seed's runs are the same either way.
@@ -51,10 +83,28 @@ class PipelineConfig(Section):
     warehouse: WarehouseConfig = WarehouseConfig()
     placement: PlacementConfig = PlacementConfig()
 
+    @field_validator("run_id", mode="before")
+    @classmethod
+    def _digits_are_a_name(cls, value: Any) -> Any:
+        # `--set run_id=2024` and an unquoted `run_id: 2024` arrive as YAML integers; as a name they are text.
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("run_id", mode="after")
+    @classmethod
+    def _usable_run_id(cls, value: str) -> str:
+        if RUN_ID_PATTERN.fullmatch(value) is None:
+            raise PydanticCustomError("run_id", RUN_ID_RULE)
+        return value
+
     @field_validator("state_dir", mode="after")
     @classmethod
     def _absolute_state_dir(cls, value: Path) -> Path:
         return Path(os.path.abspath(value.expanduser()))
+
+    @field_validator("policy_cache_dir", mode="after")
+    @classmethod
+    def _absolute_cache_dir(cls, value: Path | None) -> Path | None:
+        return None if value is None else Path(os.path.abspath(value.expanduser()))
 
     @model_validator(mode="after")
     def _check_ranges(self) -> PipelineConfig:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from coevolve.config.base import Section
+from coevolve.errors import ConfigError
+from coevolve.redact import credential_keys
 
 
 class TrackingConfig(Section):
@@ -53,9 +55,9 @@ class WarehouseConfig(Section):
         description=(
             "fsspec options for uri (for s3://, s3fs.S3FileSystem's arguments), e.g. {'endpoint_url': "
             "'http://127.0.0.1:9000'} for an S3-compatible server (MinIO, moto), {'client_kwargs': {'region_name': "
-            "'eu-west-1'}} for a region. Credentials are better left to the usual AWS_* variables (or key/secret here "
-            "only in a private file). Listings are never cached (use_listings_cache defaults to False for URLs), so "
-            "every reader sees files other processes wrote since."
+            "'eu-west-1'}} for a region. Credentials are refused here: they come from the environment "
+            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN for s3://). Listings are never cached "
+            "(use_listings_cache defaults to False for URLs), so every reader sees files other processes wrote since."
         ),
     )
     flush_every: int = Field(
@@ -68,3 +70,18 @@ class WarehouseConfig(Section):
             "many small files (benchmarks/README.md, warehouse)."
         ),
     )
+
+    @field_validator("storage_options", mode="after")
+    @classmethod
+    def _no_credentials(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # The configuration is stored whole (Prefect's flow-run parameters, the warehouse's run record, MLflow
+        # params), so a credential in it would be kept in clear in all three. Raised as ConfigError, not
+        # ValueError, so the message is one line and never echoes the values given.
+        found = credential_keys(value)
+        if found:
+            raise ConfigError(
+                f"warehouse.storage_options holds credentials ({', '.join(found)}), which would be stored with the "
+                "configuration; remove them and set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and "
+                "AWS_SESSION_TOKEN) in the environment instead (another filesystem: its own credential variables)."
+            )
+        return value

@@ -14,8 +14,8 @@ Exhaustive version (opt-in, about an hour on 2 cores; figures in storage/README.
 the uninterrupted run is traced (``tests/crash_at.py trace:``), and the crashed run dies just before and
 just after every durable write that trace lists (each table file, stage record, round record, pool
 snapshot, checkpoint folder publish and MLflow registration), each death followed by the same command
-again (after the last point, the finished round record, ``coevolve round --round 0``: ``evolve`` would
-start round 1). Run it with
+again (after the last point, the finished round record, ``coevolve round --round 0``, which finds the round
+finished and does nothing). Run it with
 
     COEVOLVE_CRASH_EXHAUSTIVE=1 .venv/bin/python -m pytest -q tests/flows/test_crash_resume.py -k exhaustive
 """

@@ -41,8 +41,9 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
-def _command(config_file: Path) -> list[str]:
-    return [sys.executable, "-m", "flows.cli", "evolve", "--config", str(config_file), "--rounds", "1"]
+def _command(config_file: Path, rounds: int = 1) -> list[str]:
+    """Until rounds 0..rounds-1 are finished: round 0 first, then round 1 on the terminal."""
+    return [sys.executable, "-m", "flows.cli", "evolve", "--config", str(config_file), "--rounds", str(rounds)]
 
 
 def _check_table(lines: list[str], state_dir: Path, round_: int) -> Path:
@@ -100,7 +101,7 @@ def test_on_a_terminal_only_progress_bars_join_the_table(piped_run):
     master, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a terminal's size: bars draw
     process = subprocess.Popen(
-        _command(piped_run.config_file),
+        _command(piped_run.config_file, rounds=2),
         cwd=REPO,
         env=cli_env(piped_run.state_dir),
         stdin=subprocess.DEVNULL,

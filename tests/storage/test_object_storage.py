@@ -7,6 +7,8 @@ so no request leaves the machine.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 import subprocess
@@ -15,10 +17,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from agent.serve import free_port
 from coevolve.records import RoundSummary, Signal
+from flows.cli import main
 from storage.single_file_conversion import compare, migrate
 from storage.warehouse import Warehouse
 from tests.flows.conftest import cli_env, make_tiny_config, write_config_file
@@ -166,6 +171,36 @@ def test_a_single_file_warehouse_converts_onto_s3(s3: str, old_warehouse) -> Non
     assert compare(old_warehouse["path"], root, storage_options=options).ok
 
 
+def test_coevolve_sql_on_s3_reads_the_views_and_nothing_outside_the_warehouse(
+    s3: str, tmp_path: Path, capsys, make_trajectory
+) -> None:
+    root = f"s3://{BUCKET}/door"
+    options = {"endpoint_url": s3}
+    with Warehouse(root, storage_options=options) as wh:
+        wh.write_trajectories([make_trajectory("t0", 0, True), make_trajectory("t0", 1, False)])
+    # A Parquet file of the same bucket, beside the warehouse but not in it.
+    beside = io.BytesIO()
+    pq.write_table(pa.table({"secret": [1]}), beside)
+    boto3.client("s3", endpoint_url=s3).put_object(Bucket=BUCKET, Key="beside/x.parquet", Body=beside.getvalue())
+    client = boto3.client("s3", endpoint_url=s3)
+    stored = {k: client.head_object(Bucket=BUCKET, Key=k)["ETag"] for k in keys(s3, "door/")}
+    settings = ["--set", f"state_dir={tmp_path}", "--set", f"warehouse.uri={root}",
+                "--set", f"warehouse.storage_options={json.dumps(options)}"]  # fmt: skip
+
+    query = "SELECT run_id, trajectories, successes FROM v_success_by_round"
+    assert main(["sql", query, "--format", "json", *settings]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"run_id": RUN, "trajectories": 2, "successes": 1}]
+    for refused in (
+        f"COPY (SELECT 1 AS a) TO '{root}/tables/trajectories/x.parquet'",
+        f"SELECT * FROM read_parquet('s3://{BUCKET}/beside/x.parquet')",
+        "SELECT * FROM read_csv('/etc/passwd')",
+    ):
+        assert main(["sql", refused, *settings]) == 2, refused
+        err = capsys.readouterr().err
+        assert err.startswith("error: query refused:") and err.count("\n") == 1, err
+    assert {k: client.head_object(Bucket=BUCKET, Key=k)["ETag"] for k in keys(s3, "door/")} == stored
+
+
 # --- A whole round with its warehouse on s3 ------------------------------------------------------
 
 
@@ -198,14 +233,15 @@ def test_a_round_with_its_warehouse_on_s3_answers_coevolve_sql(s3: str, tmp_path
     )
 
     query = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "sql", "SELECT * FROM v_success_by_round", "--config", str(config_file)],
+        [sys.executable, "-m", "flows.cli", "sql", "SELECT * FROM v_success_by_round", "--format", "csv",
+         "--config", str(config_file)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert query.returncode == 0, query.stderr
-    rows = [line for line in query.stdout.splitlines() if "e2e" in line]
+    rows = [row for row in csv.DictReader(io.StringIO(query.stdout)) if row["run_id"] == "e2e"]
     assert len(rows) == 1, query.stdout
-    cells = [c.strip() for c in rows[0].strip("│ ").split("┆")]
-    assert cells[:3] == ["e2e", "0", str(config.rollout.tasks_per_batch * config.rollout.group_size)]
+    played = config.rollout.tasks_per_batch * config.rollout.group_size
+    assert (rows[0]["round"], rows[0]["trajectories"]) == ("0", str(played))
 
     with Warehouse(config.warehouse_path, read_only=True, storage_options=options) as wh:
         assert wh.round_status("e2e", 0) == "finished"

@@ -6,6 +6,7 @@ import polars as pl
 import pytest
 
 from coevolve.config import PipelineConfig
+from coevolve.errors import PipelineError
 from coevolve.records import Candidate, Signal, Verdict
 from storage.warehouse import Warehouse
 from tasks.mine import mine_signals
@@ -182,12 +183,13 @@ def test_bfcl_multi_turn_overall_is_the_unweighted_mean_with_missing_categories_
     assert rows.rows() == [(0.75, 0.5, None, 0.3125, False, 6)]
 
 
-def test_ad_hoc_sql_shows_intervals_as_text_and_answers_statements_without_rows(history: Warehouse) -> None:
+def test_ad_hoc_sql_shows_intervals_as_text_and_refuses_statements_that_are_not_reads(history: Warehouse) -> None:
     frame = history.sql("SELECT TIMESTAMP '2026-01-02 00:00:05' - TIMESTAMP '2026-01-01' AS spread, 1 AS one")
     assert frame.columns == ["spread", "one"]
     assert frame["spread"].dtype == pl.String
     assert frame.row(0) == ("1 day 00:00:05", 1)
-    assert history.sql("SET threads = 1").is_empty()
+    with pytest.raises(PipelineError, match="is SET"):  # tests/storage/test_sql_door.py has the rest
+        history.sql("SET threads = 1")
 
 
 @pytest.mark.parametrize("view", ["v_success_by_round", "v_signal_mix", "v_pool_growth", "v_acceptance_rates"])

@@ -20,7 +20,7 @@ from prefect.logging.loggers import disable_run_logger
 from safetensors.torch import load_file
 from transformers.trainer_callback import PrinterCallback
 
-from agent.checkpoints import TRAINER_STATE_SUBDIR
+from agent.checkpoints import OPTIMIZER_STATE_FIX, TRAINER_STATE_SUBDIR
 from agent.transformers_engine import load_policy
 from agent.weights import adapter_chain
 from coevolve.config import PipelineConfig
@@ -138,22 +138,36 @@ def test_the_global_step_and_the_optimizer_state_continue_from_step_to_step(poli
     assert all(int(m["step"]) == 3 for m in moments.values())  # AdamW's own count: three updates, not one
 
 
+def _follow_the_fix(policy_dir, batches, tmp_path) -> None:
+    """The fix the errors name: the run again from checkpoint 0 in a new state folder, fresh optimizer per step."""
+    fresh = _config(tmp_path / "new-state", carry_optimizer=False)
+    first = grpo_update(policy_dir, batches[0], fresh, tmp_path / "new-state" / "round-000-step-01")
+    second = grpo_update(
+        tmp_path / "new-state" / "round-000-step-01", batches[1], fresh, tmp_path / "new-state" / "round-001"
+    )
+    assert first["steps"] == second["steps"] == 1 and second["optimizer_resumed_from"] is None
+
+
 def test_a_step_without_state_where_one_is_expected_fails_naming_the_fix(policy_dir, batches, tmp_path):
     first = tmp_path / "round-000-step-01"
     grpo_update(policy_dir, batches[0], _config(tmp_path, carry_optimizer=False), first)
-    with pytest.raises(DataError, match="carry_optimizer=false"):
+    with pytest.raises(DataError, match="has no optimizer state") as refused:
         grpo_update(first, batches[1], _config(tmp_path), tmp_path / "round-001", state_expected=True)
+    assert OPTIMIZER_STATE_FIX in str(refused.value) and "--round" not in str(refused.value)
+    _follow_the_fix(policy_dir, batches, tmp_path)
 
 
 def test_a_damaged_optimizer_state_fails_naming_the_fix(policy_dir, batches, tmp_path):
     first = tmp_path / "round-000-step-01"
     grpo_update(policy_dir, batches[0], _config(tmp_path), first)
     (first / TRAINER_STATE_SUBDIR / "optimizer.pt").write_bytes(b"not a torch file")
-    with pytest.raises(DataError, match="could not be resumed.*Re-run the training step"):
+    with pytest.raises(DataError, match="could not be resumed") as refused:
         grpo_update(first, batches[1], _config(tmp_path), tmp_path / "round-001")
+    assert OPTIMIZER_STATE_FIX in str(refused.value)
     (first / TRAINER_STATE_SUBDIR / "optimizer.pt").unlink()
-    with pytest.raises(DataError, match="lacks optimizer.pt"):
+    with pytest.raises(DataError, match="lacks optimizer.pt") as refused:
         grpo_update(first, batches[1], _config(tmp_path), tmp_path / "round-001")
+    assert OPTIMIZER_STATE_FIX in str(refused.value)
 
 
 def test_a_skipped_step_carries_the_state_to_the_next(policy_dir, batches, tmp_path):

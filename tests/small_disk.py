@@ -1,0 +1,59 @@
+"""A real filesystem that fills up: a tmpfs of a chosen size mounted for one test, so writes fail with ENOSPC as
+they do on a full disk (not a mock, and not RLIMIT_FSIZE, whose EFBIG is another error).
+
+Mounting needs root (the test machines run as root); elsewhere the tests that need it skip, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+
+def mount(path: Path, size_kb: int) -> str | None:
+    """Mount a tmpfs of ``size_kb`` KiB at ``path`` (made if missing); None once mounted, else why it cannot be."""
+    if os.geteuid() != 0:
+        return "a full disk is made by mounting a small tmpfs, which needs root"
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)], capture_output=True, text=True
+    )
+    return None if done.returncode == 0 else f"cannot mount a tmpfs at {path}: {done.stderr.strip()}"
+
+
+def unmount(path: Path) -> None:
+    # Lazily: a process of the test still holding a file there must not keep the mount (or fail the test).
+    subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+@contextmanager
+def small_disk(path: Path, size_kb: int) -> Iterator[Path]:
+    """A tmpfs of ``size_kb`` KiB mounted at ``path`` until the block ends; the test skips where none can be."""
+    reason = mount(path, size_kb)
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        yield path
+    finally:
+        unmount(path)
+
+
+def resize(disk: Path, size_kb: int) -> None:
+    """Grow (or shrink) a mounted small disk: what an operator does who frees space."""
+    subprocess.run(["mount", "-o", f"remount,size={size_kb}k", str(disk)], check=True, capture_output=True)
+
+
+def fill(disk: Path, leave_bytes: int) -> Path:
+    """A file taking all but about ``leave_bytes`` of the disk's free space; deleting it frees that space again."""
+    filler = disk / "filler"
+    size = max(0, shutil.disk_usage(disk).free - leave_bytes)
+    with filler.open("wb") as handle:
+        handle.truncate(0)
+        handle.write(b"\0" * size)
+    return filler
