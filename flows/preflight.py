@@ -78,10 +78,12 @@ def stage_label(config: PipelineConfig, record: str) -> str:
 
 def _open(config: PipelineConfig) -> Warehouse | None:
     """The warehouse, read-only, or None where none has been made yet (a new run)."""
-    root = config.warehouse_path
+    root, options = config.warehouse_path, config.warehouse.storage_options
     if "://" not in str(root) and not Path(root).exists():
         return None
-    return storage_warehouse.Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options)
+    if "://" in str(root) and not storage_warehouse.Warehouse.made_at(root, options):
+        return None  # an object-store prefix has no folder to look for: its layout record says a warehouse is there
+    return storage_warehouse.Warehouse(root, read_only=True, storage_options=options)
 
 
 def _first_unfinished(wh: Warehouse, config: PipelineConfig) -> int:

@@ -39,10 +39,12 @@ def finished_rounds(config: PipelineConfig) -> int:
 
     Rounds run in order, so it is also the number of finished rounds (as tasks/prepare.next_round_task counts).
     """
-    root = config.warehouse_path
+    root, options = config.warehouse_path, config.warehouse.storage_options
     if "://" not in str(root) and not Path(root).exists():
         return 0
-    with storage_warehouse.Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh:
+    if "://" in str(root) and not storage_warehouse.Warehouse.made_at(root, options):
+        return 0  # an object-store prefix has no folder to look for: its layout record says a warehouse is there
+    with storage_warehouse.Warehouse(root, read_only=True, storage_options=options) as wh:
         finished = [summary.round for summary in wh.rounds(config.run_id)]
     return max(finished) + 1 if finished else 0
 

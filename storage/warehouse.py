@@ -153,6 +153,12 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables, TaskStats):
         return cls(root, read_only=True, storage_options=storage_options)
 
     @staticmethod
+    def made_at(root: Path | str, storage_options: dict[str, Any] | None = None) -> bool:
+        """Whether a warehouse has been made at ``root`` (its layout record exists); a new run's has not yet."""
+        files = TableFiles.open(root, storage_options)
+        return files.exists(Catalog(files).layout_path())
+
+    @staticmethod
     def _not_a_warehouse(root: str, why: str) -> DataError:
         return DataError(
             f"{root} is not a warehouse folder ({why}); a run's warehouse is <state_dir>/warehouse, or warehouse.uri."

@@ -45,6 +45,7 @@ from tasks.splits import (
 
 # Pool snapshots are Parquet files written with polars: loaded when a pool is written or checked.
 storage_pool = optional_module("storage.pool")
+storage_warehouse = optional_module("storage.warehouse")
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -258,7 +259,12 @@ def finished_round_result(config: PipelineConfig, round_: int) -> dict[str, Any]
     or `coevolve round` asking for it gets what it recorded, even under a configuration with more training
     steps than it ran, which would otherwise play and train steps into a round recorded as finished.
     """
-    with open_warehouse(config) as wh:
+    # Read-only, before the run's slot is held: rounds started at once on a new run must not both create the
+    # warehouse (each would find the other's first files), and a reader never blocks a writer.
+    root, options = config.warehouse_path, config.warehouse.storage_options
+    if not storage_warehouse.Warehouse.made_at(root, options):
+        return None
+    with storage_warehouse.Warehouse(root, read_only=True, storage_options=options) as wh:
         record = wh.finished_round(config.run_id, round_)
         if record is None:
             return None
