@@ -6,7 +6,7 @@ round lock's file, where the run has none yet):
 
 - another process holds the run's round lock (tasks/common.py `round_lock`);
 - the checkpoint or pool the round starts from is missing, or no longer matches its recorded digest (what the
-  prepare stage checks, tasks/prepare.py `verify_round_inputs`), or the round before it has not finished.
+  prepare stage checks, tasks/round_inputs.py `verify_round_inputs`), or the round before it has not finished.
 
 Nothing here imports Prefect: a command loads it only once its output goes to the log file (coevolve/console.py).
 
@@ -34,17 +34,16 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
-from agent.checkpoints import verify_checkpoint
 from coevolve.config import PipelineConfig
 from coevolve.console import shown
 from coevolve.errors import DataError, PipelineError, RoundLockedError
 from coevolve.optional import optional_module
 from coevolve.stages import STAGE_NAMES, STEP_STAGES, record_name
 from tasks.common import round_lock
+from tasks.round_inputs import verify_round_inputs
 
-# The warehouse and pool snapshots load duckdb, polars and pyarrow: only once a warehouse exists.
+# The warehouse loads duckdb and pyarrow: only once a warehouse exists.
 storage_warehouse = optional_module("storage.warehouse")
-storage_pool = optional_module("storage.pool")
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -124,33 +123,11 @@ def _moved(wh: Warehouse, config: PipelineConfig) -> bool:
 
 
 def check_inputs(wh: Warehouse, config: PipelineConfig, round_: int) -> None:
-    """The checkpoint and pool round ``round_`` starts from, against their recorded digests (the prepare stage's
-    checks); round 0 only once its prepare stage has recorded them. DataError naming the file otherwise."""
-    if round_ == 0:
-        recorded = wh.stage_output(config.run_id, 0, "prepare")
-        if recorded is None:
-            return  # round 0 makes checkpoint 0 and D_0 first
-    else:
-        recorded = wh.stage_output(config.run_id, round_ - 1, "version")
-        if recorded is None:
-            raise DataError(
-                f"The round {round_ - 1} of run {config.run_id!r} has not finished; run it before round {round_}."
-            )
-    what = f"Checkpoint {round_} of run {config.run_id!r}"
-    verify_checkpoint(str(recorded["checkpoint"]), recorded.get("checkpoint_digest"), what, local_only=round_ > 0)
-    path, expected = config.pool_path(round_), recorded.get("pool_digest")
-    if not expected:
-        raise DataError(
-            f"Pool {round_} of run {config.run_id!r} ({path}) has no recorded digest, so it cannot be verified."
-        )
-    storage_pool.read_pool_snapshot(path, expected_digest=expected)
-    actual = storage_pool.pool_digest(wh.pool(config.run_id, round_))
-    if actual != expected:
-        raise DataError(
-            f"Pool {round_} of run {config.run_id!r} in the warehouse {config.warehouse_path} has digest "
-            f"{actual[:16]}, but its snapshot {path} was recorded as {expected[:16]}: "
-            "the warehouse's pool membership or tasks changed after it was recorded."
-        )
+    """The prepare stage's checks of the checkpoint and pool round ``round_`` starts from; round 0 only once its
+    prepare stage has recorded them. DataError naming the file otherwise."""
+    if round_ == 0 and wh.stage_output(config.run_id, 0, "prepare") is None:
+        return  # round 0 makes checkpoint 0 and D_0 first
+    verify_round_inputs(config, wh, round_)
 
 
 def check(config: PipelineConfig, round_: int | None = None) -> str | None:

@@ -20,17 +20,18 @@ from typing import TYPE_CHECKING, Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from agent.checkpoints import checkpoint_digest, checkpoint_folder, verify_checkpoint
+from agent.checkpoints import checkpoint_digest, checkpoint_folder
 from agent.shipped_policy import SHIPPED_DIR, check_shipped, copy_shipped, ship
 from agent.tiny import build_digest, build_tiny_policy, is_built
 from coevolve.config import PipelineConfig
-from coevolve.errors import DataError, PipelineError
+from coevolve.errors import PipelineError
 from coevolve.optional import optional_module
 from coevolve.records import Task, digest
 from coevolve.stages import PrepareInput, PrepareOutput, VersionOutput
 from tasks.common import open_warehouse
 from tasks.evaluate import evaluate_splits
 from tasks.registry import stage
+from tasks.round_inputs import verify_round_inputs
 from tasks.splits import (
     BUILTIN_TINY,
     DEV_SPLIT,
@@ -150,48 +151,6 @@ def rebuild_shipped_policy(config: PipelineConfig, scratch: Path, folder: Path =
     key, conversations = tiny_policy_inputs(config, seed_pool, heldout)
     built = build_tiny_policy(scratch / f"tiny-{key[:12]}", conversations, config.policy, config.start_seed)
     return ship(built, key, folder)
-
-
-def verify_pool(config: PipelineConfig, wh: Warehouse, round_: int, expected: str | None) -> None:
-    """Pool ``round_``'s snapshot file and the warehouse's membership must both match the recorded digest."""
-    path = config.pool_path(round_)
-    if not expected:
-        raise DataError(
-            f"Pool {round_} of run {config.run_id!r} ({path}) has no recorded digest, so it cannot be verified."
-        )
-    storage_pool.read_pool_snapshot(path, expected_digest=expected)
-    actual = storage_pool.pool_digest(wh.pool(config.run_id, round_))
-    if actual != expected:
-        raise DataError(
-            f"Pool {round_} of run {config.run_id!r} in the warehouse {config.warehouse_path} has digest "
-            f"{actual[:16]}, but its snapshot {path} was recorded as {expected[:16]}: "
-            "the warehouse's pool membership or tasks changed after it was recorded."
-        )
-
-
-def verify_round_inputs(config: PipelineConfig, wh: Warehouse, round_: int) -> str:
-    """The checkpoint and pool round ``round_`` starts from, checked against their recorded digests.
-
-    Round 0 starts from checkpoint 0 and D_0 (digests recorded by the prepare stage); round r > 0 from
-    what round r-1's version stage recorded (its last training step's checkpoint). Returns the
-    checkpoint. Raises DataError naming the file when the previous round did not finish, or when a
-    checkpoint or pool is missing, has no recorded digest, or no longer matches it.
-    """
-    if round_ == 0:
-        prepared = wh.stage_output(config.run_id, 0, "prepare")
-        updated = versioned = prepared
-    else:
-        # The version record names checkpoint r: the one round r-1's last training step wrote.
-        versioned = wh.stage_output(config.run_id, round_ - 1, "version")
-        updated = versioned
-    if updated is None or versioned is None:
-        missing = "prepare stage of round 0" if round_ == 0 else f"round {round_ - 1}"
-        raise DataError(f"The {missing} of run {config.run_id!r} has not finished; run it before round {round_}.")
-    checkpoint = str(updated["checkpoint"])
-    what = f"Checkpoint {round_} of run {config.run_id!r}"
-    verify_checkpoint(checkpoint, versioned.get("checkpoint_digest"), what, local_only=round_ > 0)
-    verify_pool(config, wh, round_, versioned.get("pool_digest"))
-    return checkpoint
 
 
 # --- Prefect tasks ------------------------------------------------------------------------------

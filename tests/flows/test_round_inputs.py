@@ -21,7 +21,7 @@ from coevolve.records import Provenance, Task, ToolCall
 from storage.pool import write_pool_snapshot
 from storage.warehouse import Warehouse
 from tasks.common import open_warehouse
-from tasks.prepare import verify_round_inputs
+from tasks.round_inputs import verify_round_inputs
 
 
 def _verified(config, round_: int) -> str:
