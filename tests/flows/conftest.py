@@ -14,7 +14,7 @@ from prefect.testing.utilities import prefect_test_harness
 
 from coevolve.errors import PipelineError
 from storage.warehouse import Warehouse
-from tests.conftest import make_tiny_config
+from tests.conftest import make_tiny_config, migrated_prefect_home
 
 
 @pytest.fixture(scope="session")
@@ -39,9 +39,11 @@ def write_config_file(config, path: Path) -> Path:
     return path
 
 
-def cli_env(state_dir: Path, prefect_home: Path | None = None) -> dict[str, str]:
+def cli_env(state_dir: Path, prefect_home: Path | None = None, *, migrated: bool = True) -> dict[str, str]:
     """Offline switches plus a Prefect home of its own (default: the state folder's), for a temporary API per
-    process."""
+    process. The home's database comes migrated (`tests.conftest.migrated_prefect_home`) unless ``migrated`` is
+    False: a test that tells from the home whether Prefect started leaves it as a user's new home is."""
+    home = prefect_home or state_dir / "prefect"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
         HF_HUB_OFFLINE="1",
@@ -51,7 +53,7 @@ def cli_env(state_dir: Path, prefect_home: Path | None = None) -> dict[str, str]
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         MLFLOW_DISABLE_TELEMETRY="true",
         TOKENIZERS_PARALLELISM="false",
-        PREFECT_HOME=str(prefect_home or state_dir / "prefect"),
+        PREFECT_HOME=str(migrated_prefect_home(home) if migrated else home),
         BFCL_PROJECT_ROOT=str(state_dir / "bfcl"),
         PYTHONPATH=str(REPO),
     )

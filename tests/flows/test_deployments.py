@@ -20,6 +20,7 @@ import pytest
 
 from agent.serve import free_port as _free_port
 from storage.warehouse import Warehouse
+from tests.conftest import migrated_prefect_home
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,7 @@ def _env(home: Path, api_url: str, state_dir: Path) -> dict[str, str]:
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         MLFLOW_DISABLE_TELEMETRY="true",
         TOKENIZERS_PARALLELISM="false",
-        PREFECT_HOME=str(home),
+        PREFECT_HOME=str(migrated_prefect_home(home)),  # the server's database, migrated once per test process
         PREFECT_API_URL=api_url,
         PREFECT_WORKER_QUERY_SECONDS=WORKER_QUERY_SECONDS,
         BFCL_PROJECT_ROOT=str(state_dir / "bfcl"),

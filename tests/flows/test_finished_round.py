@@ -42,12 +42,16 @@ def current_versions() -> dict[str, int]:
     return {"layout": layouts.LATEST_VERSION, "records": layouts.LATEST_RECORDS, "schedule": layouts.LATEST_SCHEDULE}
 
 
-def coevolve(state_dir: Path, *args: str, crash_at: str | None = None) -> subprocess.CompletedProcess:
-    """``coevolve ARGS`` in its own process, as a user runs it (dying at ``crash_at`` when given)."""
+def coevolve(
+    state_dir: Path, *args: str, crash_at: str | None = None, migrated: bool = True
+) -> subprocess.CompletedProcess:
+    """``coevolve ARGS`` in its own process, as a user runs it (dying at ``crash_at`` when given); ``migrated``
+    as in `cli_env`."""
     entry = ["-m", "tests.crash_at", crash_at] if crash_at else ["-m", "flows.cli"]
     return subprocess.run(
-        [sys.executable, *entry, *args], cwd=REPO, env=cli_env(state_dir), capture_output=True, text=True, timeout=900
-    )
+        [sys.executable, *entry, *args], cwd=REPO, env=cli_env(state_dir, migrated=migrated), capture_output=True,
+        text=True, timeout=900,
+    )  # fmt: skip
 
 
 def tree(folder: Path) -> dict[str, bytes]:
@@ -79,7 +83,8 @@ def setup(tiny_config, tmp_path_factory):
 def test_a_state_folder_made_by_9079251_is_refused_before_any_work(setup, command):
     _, config_file, old, _ = setup
     before = tree(old)
-    done = coevolve(old, *command, "--config", str(config_file), "--set", f"state_dir={old}")
+    # A home without a database, as a user's: the folder must not change at all.
+    done = coevolve(old, *command, "--config", str(config_file), "--set", f"state_dir={old}", migrated=False)
     line = error_line(done)
     assert f"State folder {old} holds run 'e2e', made with " in line and "training schedule 1 (" in line
     assert "Start a new state folder (--set state_dir=NEW_FOLDER)" in line

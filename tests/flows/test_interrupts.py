@@ -203,7 +203,7 @@ def _refused(folder: Path, config, name: str, args: list[str]) -> SimpleNamespac
     It is stopped after a while if it is not refused by then, so the command it is refused beside runs on.
     """
     home = folder / f"prefect-{name}"
-    command = Command(folder, name, args, cli_env(config.state_dir, home))
+    command = Command(folder, name, args, cli_env(config.state_dir, home, migrated=False))
     t0 = time.monotonic()
     try:
         returncode = command.process.wait(timeout=2 * REFUSED_WITHIN_S)
