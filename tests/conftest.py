@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from agent.pretrained import materialize_smollm2, smollm2_available
 from agent.serve import ServeOptions, base_url, free_port, start_server, stop_server, wait_until_ready
@@ -297,9 +298,13 @@ def require_smollm2() -> None:
 
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory):
-    """The checkpoint, written once per test session (every module asking for it shares the folder)."""
+    """The checkpoint, written once per test session: every module asking for it, on any pytest-xdist worker,
+    shares the folder (the workers' temporary folders share their parent; the lock makes the second wait)."""
     require_smollm2()
-    return materialize_smollm2(tmp_path_factory.getbasetemp() / "smollm2-135m-instruct")
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "smollm2-135m-instruct"
+    with FileLock(f"{folder}.lock"):
+        return materialize_smollm2(folder)
 
 
 def run_vllm_probe(vllm_python: Path, environ: dict[str, str], script: str, job: dict, folder: Path) -> dict:
