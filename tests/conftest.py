@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
+from xdist.scheduler import LoadFileScheduling
 
 from agent.pretrained import materialize_smollm2, smollm2_available
 from agent.serve import ServeOptions, base_url, free_port, start_server, stop_server, wait_until_ready
@@ -52,6 +53,39 @@ SERVED_EXCHANGES = [
     ("go into the docs folder", "[cd(folder='docs')]"),
     ("make a folder logs", "[mkdir(dir_name='logs')]"),
 ]
+
+
+# The modules that use the session's vLLM server (`openai_server`): `make test` runs them on one pytest-xdist
+# worker, so the server starts once (about 35 s of CPU on this machine) instead of once on each worker that
+# runs one of them. tests/ci/test_makefile.py checks that the list names exactly the modules using the fixture.
+SESSION_SERVER_MODULES = frozenset(
+    {
+        "tests/agent/test_engines.py",
+        "tests/agent/test_http_engine.py",
+        "tests/agent/test_http_logprob_check.py",
+        "tests/agent/test_sampling_seeds.py",
+        "tests/tasks/test_synth_llm_server.py",
+    }
+)
+
+
+def work_unit(nodeid: str) -> str:
+    """What a worker is handed at once: a test's module, or every module of the session's vLLM server."""
+    module = nodeid.split("::", 1)[0]
+    return "openai_server" if module in SESSION_SERVER_MODULES else module
+
+
+class ModuleScheduling(LoadFileScheduling):
+    """``--dist loadfile``, with the modules of the session's vLLM server as one unit of work."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return work_unit(nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown to pytest without the plugin (-p no:xdist)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """The scheduler of ``--dist loadfile`` (`make test`); other modes keep pytest-xdist's own."""
+    return ModuleScheduling(config, log) if config.getoption("dist") == "loadfile" else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,8 +1,11 @@
 """The Makefile's contract with CI and fresh clones, read from `make -n` (commands printed, none run):
 `make test` lints before it tests, and every resolving install goes through the lock."""
 
+import ast
 import subprocess
 from pathlib import Path
+
+from tests.conftest import SESSION_SERVER_MODULES, work_unit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,3 +44,19 @@ def test_every_resolving_install_is_constrained_and_torch_stays_free_on_gpu_mach
     torch_line = next(line for line in installs if '"torch"' in line)
     assert "+cpu" not in torch_line
     assert "torch" not in (REPO / "constraints.txt").read_text().split()
+
+
+def _modules_using(fixture: str) -> set[str]:
+    """Test modules with a function (a test or a fixture) that takes ``fixture`` as a parameter."""
+    found = set()
+    for path in (REPO / "tests").rglob("test_*.py"):
+        functions = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)]
+        if any(arg.arg == fixture for f in functions for arg in f.args.args):
+            found.add(str(path.relative_to(REPO)))
+    return found
+
+
+def test_the_modules_of_the_session_vllm_server_are_one_unit_of_work_for_the_workers():
+    assert SESSION_SERVER_MODULES == _modules_using("openai_server")
+    assert len({work_unit(f"{module}::test_x") for module in SESSION_SERVER_MODULES}) == 1
+    assert work_unit("tests/flows/test_round.py::test_x[a]") == "tests/flows/test_round.py"
