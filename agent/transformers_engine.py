@@ -13,6 +13,7 @@ neighbours, the batch size or earlier calls. Without seeds the engine's own gene
 
 from __future__ import annotations
 
+import atexit
 import gc
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,9 +57,25 @@ def load_policy(model: str | Path) -> tuple[Any, Any]:
     return policy, tokenizer
 
 
+# Whether this process's long-lived objects are frozen out of the cycle collector yet (see free_device_memory).
+_FROZEN: list[bool] = []
+
+
 def free_device_memory() -> None:
-    """Collect the models an engine dropped and, on a GPU, hand their cached memory back for the update stage."""
+    """Collect the models an engine dropped and, on a GPU, hand their cached memory back for the update stage.
+
+    A dropped model is freed only by the cycle collector (its modules refer to each other), and a full
+    collection walks every object of the process: about 0.4 s with the pipeline's libraries loaded, a tenth of
+    a training step of the default configuration on CPU (benchmarks/README.md, "A training step by part").
+    So the first collection freezes what survives it (`gc.freeze`: the libraries' objects, which live as long
+    as the process) and later ones walk only what was made since; the frozen objects are handed back to the
+    collector at exit, where the interpreter's last collection frees them.
+    """
     gc.collect()
+    if not _FROZEN:
+        gc.freeze()
+        atexit.register(gc.unfreeze)
+        _FROZEN.append(True)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
