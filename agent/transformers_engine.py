@@ -65,11 +65,11 @@ def free_device_memory() -> None:
     """Collect the models an engine dropped and, on a GPU, hand their cached memory back for the update stage.
 
     A dropped model is freed only by the cycle collector (its modules refer to each other), and a full
-    collection walks every object of the process: about 0.4 s with the pipeline's libraries loaded, a tenth of
-    a training step of the default configuration on CPU (benchmarks/README.md, "A training step by part").
-    So the first collection freezes what survives it (`gc.freeze`: the libraries' objects, which live as long
-    as the process) and later ones walk only what was made since; the frozen objects are handed back to the
-    collector at exit, where the interpreter's last collection frees them.
+    collection walks every object of the process: 0.33-0.4 s with the pipeline's libraries loaded, at every
+    engine close (benchmarks/README.md, "A training step by part"). So the first collection freezes what
+    survives it (`gc.freeze`: the libraries' objects, which live as long as the process) and later ones walk
+    only what was made since; the frozen objects are handed back to the collector at exit, where the
+    interpreter's last collection frees them.
     """
     gc.collect()
     if not _FROZEN:
