@@ -19,6 +19,7 @@ built once per test session (all pytest-xdist workers together) and copied into 
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import re
@@ -240,27 +241,26 @@ def openai_server(start_servers, served_policy_dir: Path) -> OpenAIServer:
 
 # --- a Prefect database migrated once per process ----------------------------------------------------
 
+# The Prefect CLI of this environment (also the tests' `prefect server start`, `prefect deploy`, workers).
 PREFECT = Path(sys.executable).parent / "prefect"
-_MIGRATED_PREFECT_DB: list[Path] = []
 
 
+@functools.cache
 def _migrated_prefect_db() -> Path:
     """An empty Prefect database at the schema of the installed Prefect, made once per test process by
     ``prefect server database upgrade`` (the migrations a command's temporary API runs on a new home)."""
-    if not _MIGRATED_PREFECT_DB:
-        home = Path(tempfile.mkdtemp(prefix="prefect-home-template-"))
-        atexit.register(shutil.rmtree, home, True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-        env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="true")
-        done = subprocess.run(
-            [str(PREFECT), "server", "database", "upgrade", "-y"], env=env, capture_output=True, text=True, timeout=300
-        )
-        assert done.returncode == 0, f"prefect server database upgrade:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        single_file = home / "template.db"
-        with sqlite3.connect(home / "prefect.db") as source:
-            source.execute("VACUUM INTO ?", (str(single_file),))  # one file, with nothing left in a WAL beside it
-        _MIGRATED_PREFECT_DB.append(single_file)
-    return _MIGRATED_PREFECT_DB[0]
+    home = Path(tempfile.mkdtemp(prefix="prefect-home-template-"))
+    atexit.register(shutil.rmtree, home, True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="true")
+    done = subprocess.run(
+        [str(PREFECT), "server", "database", "upgrade", "-y"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, f"prefect server database upgrade:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    single_file = home / "template.db"
+    with sqlite3.connect(home / "prefect.db") as source:
+        source.execute("VACUUM INTO ?", (str(single_file),))  # one file, with nothing left in a WAL beside it
+    return single_file
 
 
 def migrated_prefect_home(home: Path) -> Path:
@@ -284,11 +284,17 @@ def migrated_prefect_home(home: Path) -> Path:
 _POLICY_CACHE: list[Path] = []
 
 
+def session_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder for the whole session, shared by every pytest-xdist worker: their temporary folders share their
+    parent."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+
+
 @pytest.fixture(scope="session", autouse=True)
 def policy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One folder for the whole session: pytest-xdist workers' temporary folders share their parent."""
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "policy-cache"
+    """One folder for the whole session (`session_folder`)."""
+    folder = session_folder(tmp_path_factory, "policy-cache")
     _POLICY_CACHE[:] = [folder]
     return folder
 
@@ -333,10 +339,9 @@ def require_smollm2() -> None:
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory):
     """The checkpoint, written once per test session: every module asking for it, on any pytest-xdist worker,
-    shares the folder (the workers' temporary folders share their parent; the lock makes the second wait)."""
+    shares the folder (`session_folder`; the lock makes the second wait)."""
     require_smollm2()
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "smollm2-135m-instruct"
+    folder = session_folder(tmp_path_factory, "smollm2-135m-instruct")
     with FileLock(f"{folder}.lock"):
         return materialize_smollm2(folder)
 

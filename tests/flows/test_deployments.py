@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,12 +19,11 @@ import pytest
 
 from agent.serve import free_port as _free_port
 from storage.warehouse import Warehouse
-from tests.conftest import migrated_prefect_home
+from tests.conftest import PREFECT, migrated_prefect_home
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-PREFECT = Path(sys.executable).parent / "prefect"
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 # How long a test waits for the Prefect server to answer: Prefect's own clients wait 60 s
 # (PREFECT_API_REQUEST_TIMEOUT). On two cores busy with rounds, workers and flow-run processes starting up,

@@ -30,6 +30,7 @@ from flows.evolve import coevolve_evolve
 from flows.rounds_target import evolve_target, finished_rounds, fixed_target, target_record
 from storage.pool import read_pool_snapshot, write_pool_snapshot
 from storage.warehouse import Warehouse
+from tests.conftest import PREFECT
 from tests.flows.conftest import REPO, cli_env
 
 pytestmark = pytest.mark.slow
@@ -131,7 +132,7 @@ def nightly(commands, cli, prefect_api):
         **cli_env(config.state_dir, folder / "prefect-retry"),
         "PREFECT_API_URL": str(get_current_settings().api.url),
     }
-    retry = [str(Path(sys.executable).parent / "prefect"), "flow-run", "retry", ns.flow_run_id,
+    retry = [str(PREFECT), "flow-run", "retry", ns.flow_run_id,
              "--entrypoint", "flows/evolve.py:coevolve_evolve"]  # fmt: skip
     ns.retry = _run(cli, retry, env, folder / "retry", 900)
     with get_client(sync_client=True) as client:
