@@ -10,7 +10,12 @@ scored by the rounds as always but not read here.
     .venv/bin/python benchmarks/schedule_choice.py --out /tmp/schedule-choice
     .venv/bin/python benchmarks/schedule_choice.py --candidates 1x24x4,3x8x1 --seeds 1 --rounds 2 --out /tmp/sc
 
-A candidate is ``FxBxU``: F training steps a round, B tasks a batch, U optimizer steps a batch.
+A candidate is ``FxBxU``: F training steps a round, B tasks a batch, U optimizer steps a batch; ``FxBxU@LR``
+also sets the learning rate (``10x16x1@1e-3``). ``--episodes 0`` compares candidates of different budgets
+(the run length's choice, docs/experiments.md "The run's length"):
+
+    .venv/bin/python benchmarks/schedule_choice.py --candidates 10x16x1,10x8x1,10x16x1@1e-3 --episodes 0 \
+        --rounds 12 --seeds 1 --out /tmp/length-choice-s1
 Writes ``choice.json`` and ``choice.md`` (one row per candidate: mean final dev success over seeds,
 its gain over checkpoint 0, mean wall time of a run) under ``--out``; the figures are recorded in
 docs/experiments.md.
@@ -37,8 +42,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_candidate(text: str) -> tuple[int, int, int]:
-    steps, batch, updates = (int(part) for part in text.lower().split("x"))
+    steps, batch, updates = (int(part) for part in text.lower().split("@")[0].split("x"))
     return steps, batch, updates
+
+
+def candidate_rate(text: str) -> list[str]:
+    """The learning-rate setting of an ``FxBxU@LR`` candidate; none (the configured rate) without ``@``."""
+    _, _, rate = text.partition("@")
+    return [f"training.learning_rate={float(rate)}"] if rate else []
 
 
 def candidate_settings(candidate: tuple[int, int, int], seed: int, pool_seed: int, dev_tasks: int) -> list[str]:
@@ -52,6 +63,16 @@ def candidate_settings(candidate: tuple[int, int, int], seed: int, pool_seed: in
         f"training.updates_per_batch={updates}",
         f"rollout.dev_eval_tasks={dev_tasks}",
     ]
+
+
+def with_rate(settings: list[str], name: str) -> list[str]:
+    """``settings`` with the candidate's learning rate, its run id named after it (``...-lr0.001-s1``)."""
+    rate = candidate_rate(name)
+    if not rate:
+        return settings
+    run_id, rest = settings[0], settings[1:]
+    stem, _, seed = run_id.rpartition("-")
+    return [f"{stem}-lr{float(name.partition('@')[2])}-{seed}", *rest, *rate]
 
 
 def run_candidate(settings: list[str], state_dir: Path, rounds: int, log: Path) -> float:
@@ -117,20 +138,23 @@ def main() -> int:
     parser.add_argument("--seeds", default="1,2", help="loop seeds, comma-separated")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per run (make run's 3)")
     parser.add_argument("--dev-tasks", type=int, default=100, help="dev tasks scored after every round")
-    parser.add_argument("--episodes", type=int, default=144, help="episodes a round (F x B x group size) to check")
+    parser.add_argument(
+        "--episodes", type=int, default=144, help="episodes a round (F x B x group size) to check; 0 checks nothing"
+    )
     parser.add_argument("--out", type=Path, required=True, help="state folder and report folder")
     args = parser.parse_args()
     defaults = load_config(environ={})
     pool_seed = defaults.start_seed
-    candidates = [parse_candidate(c) for c in args.candidates.split(",")]
+    names = args.candidates.split(",")
+    candidates = [parse_candidate(c) for c in names]
     for steps, batch, _ in candidates:
-        if steps * batch * defaults.rollout.group_size != args.episodes:
+        if args.episodes and steps * batch * defaults.rollout.group_size != args.episodes:
             parser.error(f"{steps}x{batch} plays {steps * batch * defaults.rollout.group_size} episodes a round, "
                          f"not {args.episodes}: compare candidates at the same budget")  # fmt: skip
     seeds = [int(s) for s in args.seeds.split(",")]
     runs = [
-        ("x".join(map(str, candidate)), seed, candidate_settings(candidate, seed, pool_seed, args.dev_tasks))
-        for candidate in candidates
+        (name, seed, with_rate(candidate_settings(candidate, seed, pool_seed, args.dev_tasks), name))
+        for name, candidate in zip(names, candidates, strict=True)
         for seed in seeds
     ]
     rows = run_choice(runs, args.out, args.rounds)
