@@ -1,4 +1,5 @@
-"""The per-round curves the ablation report tabulates and draws: held-out and dev success by round, mean over seeds.
+"""The per-round curves the ablation report tabulates and draws: held-out and dev success by round, mean over seeds,
+and the same success by optimizer step with its spread over seeds (`success_band`), which the figures draw.
 
 tasks/report.py writes the tables and tasks/plots.py draws the figures from these same numbers.
 """
@@ -7,7 +8,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from coevolve.records import SIGNAL_KINDS
 
@@ -56,3 +58,59 @@ def dev_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
     if not math.isnan(baseline):
         x, y = [0, *x], [baseline, *y]
     return x, y
+
+
+@dataclass(frozen=True)
+class Band:
+    """One arm's success after each round, by optimizer steps trained: the mean over its seeds and the sample sd
+    over them (0 with one seed). ``x_unit`` is "optimizer steps", or "rounds" for runs whose round summaries
+    predate the recorded step counts. The first point is checkpoint 0 (x = 0) when every seed scored it."""
+
+    x: list[float]
+    mean: list[float]
+    sd: list[float]
+    seeds: int
+    x_unit: Literal["optimizer steps", "rounds"]
+
+
+def _steps_after_each_round(runs: list[dict[str, Any]], rounds: int) -> list[float] | None:
+    """Optimizer steps trained after rounds 0..rounds-1, mean over ``runs`` (arms train equal steps per seed);
+    None when some round did not record its steps."""
+    per_run = []
+    for r in runs:
+        counts = [r["rounds"][i].get("optimizer_steps") for i in range(rounds)]
+        if any(c is None for c in counts):
+            return None
+        total, cumulative = 0, []
+        for c in counts:
+            total += int(c)
+            cumulative.append(total)
+        per_run.append(cumulative)
+    return [statistics.fmean(column) for column in zip(*per_run, strict=True)]
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    present = [v for v in values if not math.isnan(v)]
+    if not present:
+        return math.nan, math.nan
+    return statistics.fmean(present), statistics.stdev(present) if len(present) > 1 else 0.0
+
+
+def success_band(runs: list[dict[str, Any]], split: Literal["heldout", "dev"]) -> Band:
+    """``split`` success of ``runs`` (one arm's seeds) after each round, with checkpoint 0's first when every
+    seed has its score; a seed without a score at a point is left out of that point (nan when none has one)."""
+    key, baseline_key = f"{split}_success", f"baseline_{split}_success"
+    rounds = min(len(r["rounds"]) for r in runs)
+    steps = _steps_after_each_round(runs, rounds)
+    x: list[float] = steps if steps is not None else [float(i + 1) for i in range(rounds)]
+    points = [_mean_sd([number(r["rounds"][i].get(key)) for r in runs]) for i in range(rounds)]
+    baselines = [number(baseline_of(r, baseline_key)) for r in runs]
+    if not any(math.isnan(b) for b in baselines):
+        x, points = [0.0, *x], [_mean_sd(baselines), *points]
+    return Band(
+        x=x,
+        mean=[m for m, _ in points],
+        sd=[d for _, d in points],
+        seeds=len(runs),
+        x_unit="optimizer steps" if steps is not None else "rounds",
+    )

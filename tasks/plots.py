@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from coevolve.optional import optional_module
 from coevolve.records import SIGNAL_KINDS, RoundSummary
-from tasks.curves import ACCEPTED_KINDS, dev_curve, heldout_curve
+from tasks.curves import ACCEPTED_KINDS, Band, success_band
 
 # pyplot takes a while to import and picks a backend when it does: it is loaded on the first figure,
 # after the file-only Agg backend is chosen (workers and servers have no display).
@@ -60,26 +60,77 @@ def learning_curve(summaries: list[RoundSummary], path: Path) -> Path:
     return path
 
 
+# Two arms whose mean lines differ by less than this at every point are drawn as one line that is marked.
+SAME_LINE_TOLERANCE = 1e-9
+
+
+def _same_line(x: list[float], y: list[float], other: tuple[list[float], list[float]]) -> bool:
+    ox, oy = other
+    return x == ox and all(
+        (math.isnan(u) and math.isnan(v)) or abs(u - v) <= SAME_LINE_TOLERANCE for u, v in zip(y, oy, strict=True)
+    )
+
+
+def _arm_line(axis: Any, x: list[float], y: list[float], arm: str, colour: str, drawn: dict) -> None:
+    """One arm's line in its colour; a line that lies on an arm's already in ``drawn`` is dashed and named as such
+    in the legend, so both stay visible. Adds the line to ``drawn``."""
+    same = next((other for other, line in drawn.items() if _same_line(x, y, line)), None)
+    label = arm if same is None else f"{arm} (same line as {same})"
+    axis.plot(x, y, label=label, color=colour, marker="o", markersize=3, linestyle="-" if same is None else "--")
+    drawn[arm] = (x, y)
+
+
+def band_panel(axis: Any, bands: dict[str, Band], split: str) -> None:
+    """One arm per colour (``C0``, ``C1``, ... in ``bands``' order, as in every other panel): the mean over seeds as a
+    line with its mean +- sd over seeds shaded, y from 0. An arm whose line lies on an earlier arm's is drawn
+    dashed and says so in the legend; a split no arm was scored on says that instead."""
+    drawn: dict[str, tuple[list[float], list[float]]] = {}
+    for i, (arm, band) in enumerate(bands.items()):
+        if all(math.isnan(v) for v in band.mean):
+            continue
+        _arm_line(axis, band.x, band.mean, arm, f"C{i % 10}", drawn)
+        low = [m - d for m, d in zip(band.mean, band.sd, strict=True)]
+        high = [m + d for m, d in zip(band.mean, band.sd, strict=True)]
+        axis.fill_between(band.x, low, high, color=f"C{i % 10}", alpha=0.15, linewidth=0)
+    seeds = sorted({b.seeds for b in bands.values()})
+    unit = next(iter(bands.values())).x_unit if bands else "optimizer steps"
+    axis.set(
+        title=f"{split} success, mean +- sd over {'/'.join(map(str, seeds))} seeds",
+        xlabel=f"{unit} trained (0: checkpoint 0)",
+        ylabel="success (axis from 0)",
+    )
+    axis.set_ylim(bottom=0)
+    if drawn:
+        axis.legend(fontsize=7)
+    else:
+        hint = "\n(rollout.dev_eval_tasks = 0)" if split == "dev" else ""
+        axis.text(0.5, 0.5, f"no {split} evaluation{hint}", ha="center", va="center", transform=axis.transAxes)
+
+
+def _bands(results: list[dict[str, Any]], arms: list[str], split: Literal["heldout", "dev"]) -> dict[str, Band]:
+    return {arm: success_band([r for r in results if r["arm"] == arm], split) for arm in arms}
+
+
 def ablation_curves(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """learning_curves.png (held-out success and pool size per arm by round) and signal_mix.png (signals per arm)."""
+    """learning_curves.png (held-out and dev success per arm by optimizer step with their spread over seeds, and
+    pool size by round) and signal_mix.png (signals per arm)."""
     plt = _agg_pyplot()
 
     arms = sorted({r["arm"] for r in results})
     paths = []
-    fig, (heldout, pool) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (heldout, dev, pool) = plt.subplots(1, 3, figsize=(15, 4))
     try:
-        for arm in arms:
+        band_panel(heldout, _bands(results, arms, "heldout"), "held-out")
+        band_panel(dev, _bands(results, arms, "dev"), "dev")
+        drawn: dict[str, tuple[list[float], list[float]]] = {}
+        for k, arm in enumerate(arms):
             runs = [r for r in results if r["arm"] == arm]
             rounds = len(runs[0]["rounds"])
             mean_pool = [statistics.fmean(r["rounds"][i]["pool_size"] for r in runs) for i in range(rounds)]
-            heldout.plot(*heldout_curve(runs), marker="o", label=arm)
-            pool.plot(list(range(1, rounds + 1)), mean_pool, marker="o", label=arm)
-        heldout.set(
-            title="held-out success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success"
-        )
-        pool.set(title="pool size after each round", xlabel="round", ylabel="tasks")
-        heldout.legend(fontsize=8)
-        paths.append(_save_by_round(fig, (heldout, pool), out_dir / "learning_curves.png"))
+            _arm_line(pool, [float(i + 1) for i in range(rounds)], mean_pool, arm, f"C{k % 10}", drawn)
+        pool.set(title="pool size after each round (mean over seeds)", xlabel="round", ylabel="tasks")
+        pool.legend(fontsize=7)
+        paths.append(_save_by_round(fig, (pool,), out_dir / "learning_curves.png"))
     finally:
         plt.close(fig)
     totals = _totals_by_arm(results, "signals", SIGNAL_KINDS)
@@ -145,19 +196,14 @@ def mechanism_figures(
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     (informative, coverage), (dev, heldout) = axes
     try:
-        any_dev = False
         for i, arm in enumerate(arms):
             style = {"marker": "o", "label": arm, "color": f"C{i % 10}"}  # an arm keeps its colour in every panel
             rows = mechanism[arm]
-            runs = [r for r in results if r["arm"] == arm]
             x = [row["round"] for row in rows]
             informative.plot(x, [row["informative"] for row in rows], **style)
             coverage.plot(x, [row["coverage"] for row in rows], **style)
-            dev_x, dev_y = dev_curve(runs)
-            if any(not math.isnan(v) for v in dev_y):
-                any_dev = True
-                dev.plot(dev_x, dev_y, **style)
-            heldout.plot(*heldout_curve(runs), **style)
+        band_panel(dev, _bands(results, arms, "dev"), "dev")
+        band_panel(heldout, _bands(results, arms, "heldout"), "held-out")
         informative.set(
             title="informative GRPO groups (rewards not all equal)", xlabel="round", ylabel="share of groups"
         )
@@ -166,21 +212,8 @@ def mechanism_figures(
             xlabel="round (pool trained on)",
             ylabel="share of held-out bigrams",
         )
-        dev.set(title="dev success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success")
-        heldout.set(
-            title="held-out success (mean over seeds)", xlabel="rounds trained (0: checkpoint 0)", ylabel="success"
-        )
-        if not any_dev:
-            dev.text(
-                0.5,
-                0.5,
-                "no dev evaluation\n(rollout.dev_eval_tasks = 0)",
-                ha="center",
-                va="center",
-                transform=dev.transAxes,
-            )
         informative.legend(fontsize=8)
-        paths.append(_save_by_round(fig, axes.flat, out_dir / "mechanism.png"))
+        paths.append(_save_by_round(fig, (informative, coverage), out_dir / "mechanism.png"))
     finally:
         plt.close(fig)
     totals = _totals_by_arm(results, "accepted_by_kind", ACCEPTED_KINDS)
