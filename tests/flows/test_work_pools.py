@@ -68,6 +68,9 @@ PLACEMENT = {
 }
 GPU_STAGES, CPU_STAGES = ("rollout", "update", "evaluate"), ("mine", "synthesize", "validate")
 MLFLOW = Path(sys.executable).parent / "mlflow"
+# The tracking server without MLflow's job runner (seven huey consumer processes polling a queue), which serves
+# its GenAI jobs; registering runs, models and artifacts does not use it.
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 # Seconds the first attempt of the killed round waits for its rollout before failing the stage.
 KILLED_STAGE_TIMEOUT_S = 60.0
 
@@ -220,7 +223,7 @@ def cluster(tmp_path_factory):
                 "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
                 "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1",
             ],
-            cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=root, env={**env, **MLFLOW_SERVER_ENV}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     ns = SimpleNamespace(
         root=root,
