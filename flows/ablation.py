@@ -270,12 +270,13 @@ def seed_chain(
 def coevolve_ablation(
     arms: list[str] | None = None,
     seeds: list[int] | None = None,
-    rounds: int = 5,
+    rounds: int | None = None,
     official_limit: int | None = 50,
     name: str = "ablation",
     config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run every arm for every seed, score the final checkpoints, and write the report.
+    """Run every arm for every seed, ``rounds`` rounds each (default: the configuration's ``ablation_rounds``), score
+    the final checkpoints, and write the report.
 
     Checkpoint 0 is built and scored first; then each seed's arms run as one chain (seed_chain), up to
     ``ablation_workers`` seeds at the same time in their own processes. Each seed's runs are the same
@@ -285,6 +286,7 @@ def coevolve_ablation(
     apply_settings(base)  # a worker started anywhere runs like the CLI
     arms = list(arms or ARMS)
     seeds = list(seeds or [1, 2, 3, 4, 5])
+    rounds = base.ablation_rounds if rounds is None else rounds
     runs = arm_configs(base, arms, seeds, name)
     baseline = score_checkpoint0(base, name, runs[0][2]) if runs and rounds > 0 else {}
     # MLflow creates (migrates) a new SQLite store on first use; two chains doing that at once collide

@@ -176,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Comma-separated loop seeds (default: %(default)s); arms are paired by seed.",
     )
     p.add_argument(
-        "--rounds", type=int, default=5, help="Rounds per run (default: %(default)s); every arm gets the same number."
+        "--rounds",
+        type=int,
+        help="Rounds per run (default: ablation_rounds, 5 unless set); every arm gets the same number.",
     )
     p.add_argument(
         "--official-limit",

@@ -86,6 +86,13 @@ LINEAGE_TAGS = (
 _DATASET_DIGEST_CHARS = 32
 
 
+def is_duplicate_dataset(exc: BaseException) -> bool:
+    """Whether ``exc`` is the store refusing a second copy of a dataset (name and digest) in an experiment: SQLite's
+    and other databases' unique-key errors, as MLflow passes them on."""
+    text = str(exc).lower()
+    return "datasets" in text and ("unique constraint" in text or "duplicate key" in text)
+
+
 def _quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
@@ -276,7 +283,16 @@ class Tracker:
                 digest=pool_digest[:_DATASET_DIGEST_CHARS],
             )
         tags = [mlflow_entities.InputTag("mlflow.data.context", context)]
-        self.client.log_inputs(run_id, [mlflow_entities.DatasetInput(dataset._to_mlflow_entity(), tags=tags)])
+        inputs = [mlflow_entities.DatasetInput(dataset._to_mlflow_entity(), tags=tags)]
+        try:
+            self.client.log_inputs(run_id, inputs)
+        except mlflow_exceptions.MlflowException as exc:
+            # Runs of one experiment can log the same pool at the same moment (an ablation's seeds share D_0, and a
+            # static arm's pools stay D_0): both find no such dataset and insert it, and the second insert breaks
+            # the store's unique key. The dataset exists now, so logging again links this run to it.
+            if not is_duplicate_dataset(exc):
+                raise
+            self.client.log_inputs(run_id, inputs)
         self.client.log_artifact(run_id, str(pool_path), "pool")
 
     def _register(self, name: str, source: str, run_id: str, tags: dict[str, str]) -> str:

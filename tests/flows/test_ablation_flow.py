@@ -273,11 +273,13 @@ def test_round_0_is_shared_only_by_runs_whose_round_0_settings_and_inputs_match(
 def test_the_reports_numbers_do_not_depend_on_how_many_seeds_run_at_once(ablation_run, tiny_config, tmp_path):
 
     config, parallel = ablation_run
-    one_at_a_time = tiny_config(tmp_path, rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6}, ablation_workers=1)
+    # The rounds from the configuration this time (ablation_rounds), as `coevolve ablation` without --rounds does.
+    one_at_a_time = tiny_config(
+        tmp_path, rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6}, ablation_workers=1, ablation_rounds=1
+    )
     sequential = coevolve_ablation(
         arms=["static", "random"],
         seeds=[1, 2],
-        rounds=1,
         official_limit=2,
         name="t",
         config=one_at_a_time.model_dump(mode="json"),

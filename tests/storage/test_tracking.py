@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 
 from coevolve.errors import DataError
 from storage.pool import write_pool_snapshot
-from storage.tracking import CURRENT_ALIAS, RUN_NAME_TAG, Tracker
+from storage.tracking import CURRENT_ALIAS, RUN_NAME_TAG, Tracker, is_duplicate_dataset
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +135,43 @@ def test_a_second_tracker_reuses_the_experiment(store, tracker) -> None:
     name = tracker.client.get_experiment(tracker.experiment_id).name
     again = Tracker(f"sqlite:///{store / 'mlflow.db'}", name, store / "artifacts")
     assert again.experiment_id == tracker.experiment_id
+
+
+def test_a_pool_another_run_logs_at_the_same_moment_is_linked_not_lost(tracker, store, tmp_path, make_task) -> None:
+    """Two runs log the same pool (an ablation's seeds share D_0): both look the dataset up, find none and insert
+    it. Here the other process's insert lands, through its own connection, just before this run's, which then
+    breaks the store's unique key; the run is still linked to the one stored dataset."""
+    pool, digest, ckpt = _round(tmp_path, make_task, 1, 3)
+    engine = tracker.client._tracking_client.store.engine  # the store's SQLAlchemy engine, to time the other insert
+    inserted_first: list[str] = []
+
+    def other_process_inserts_first(conn, cursor, statement, parameters, context, executemany) -> None:
+        if statement.startswith("INSERT INTO datasets") and not inserted_first:
+            rows = parameters if executemany else [parameters]
+            with sqlite3.connect(store / "mlflow.db") as other:
+                for row in rows:
+                    other.execute(statement, (f"other-{row[0]}", *row[1:]))
+            inserted_first.append(rows[0][2])
+
+    sqlalchemy.event.listen(engine, "before_cursor_execute", other_process_inserts_first)
+    try:
+        result = _log(tracker, "round-1", "race-model", pool, digest, ckpt, 1)
+    finally:
+        sqlalchemy.event.remove(engine, "before_cursor_execute", other_process_inserts_first)
+    assert inserted_first, "the other insert did not happen: the test did not race"
+    run = tracker.client.get_run(result["mlflow_run_id"])
+    (logged,) = run.inputs.dataset_inputs
+    assert logged.dataset.name == inserted_first[0] and logged.dataset.digest == digest[: len(logged.dataset.digest)]
+    with sqlite3.connect(store / "mlflow.db") as db:
+        stored = db.execute(
+            "SELECT COUNT(*) FROM datasets WHERE experiment_id = ? AND name = ?",
+            (tracker.experiment_id, logged.dataset.name),
+        ).fetchone()
+    assert stored == (1,)
+
+
+def test_only_the_stores_duplicate_dataset_error_is_logged_again() -> None:
+    assert is_duplicate_dataset(Exception("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id"))
+    assert is_duplicate_dataset(Exception('duplicate key value violates unique constraint "datasets_pk" on datasets'))
+    assert not is_duplicate_dataset(Exception("UNIQUE constraint failed: model_versions.name"))
+    assert not is_duplicate_dataset(Exception("database is locked"))
