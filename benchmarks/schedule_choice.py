@@ -16,9 +16,9 @@ also sets the learning rate (``10x16x1@1e-3``). ``--episodes 0`` compares candid
 
     .venv/bin/python benchmarks/schedule_choice.py --candidates 10x16x1,10x8x1,10x16x1@1e-3 --episodes 0 \
         --rounds 12 --seeds 1 --out /tmp/length-choice-s1
-Writes ``choice.json`` and ``choice.md`` (one row per candidate: mean final dev success over seeds,
-its gain over checkpoint 0, mean wall time of a run) under ``--out``; the figures are recorded in
-docs/experiments.md.
+Writes ``choice.json``, ``choice.md`` (one row per candidate: mean final dev success over seeds,
+its gain over checkpoint 0, mean wall time of a run) and ``choice.png`` (each candidate's dev success by
+optimizer step, mean +- sd over seeds) under ``--out``; the figures are recorded in docs/experiments.md.
 """
 
 from __future__ import annotations
@@ -31,12 +31,17 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from statistics import mean
+from statistics import mean, stdev
 from typing import Any
+
+import matplotlib
+import matplotlib.pyplot as plt
 
 from coevolve.config import PipelineConfig, load_config
 from coevolve.settings import OFFLINE_ENV
 from storage.warehouse import Warehouse
+from tasks.curves import Band
+from tasks.plots import band_panel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -132,6 +137,36 @@ def run_choice(
     return rows
 
 
+def dev_band(rows: list[dict[str, Any]], steps_per_round: int) -> Band:
+    """One candidate's dev success by optimizer step over its seeds' rows (checkpoint 0 at step 0)."""
+    curves = [[r["dev_checkpoint0"], *r["dev_by_round"]] for r in rows]
+    points = list(zip(*curves, strict=True))
+    return Band(
+        x=[float(i * steps_per_round) for i in range(len(points))],
+        mean=[mean(p) for p in points],
+        sd=[stdev(p) if len(p) > 1 else 0.0 for p in points],
+        seeds=len(rows),
+        x_unit="optimizer steps",
+    )
+
+
+def draw_choice(rows: list[dict[str, Any]], path: Path) -> Path:
+    """choice.png: every candidate's dev success by optimizer step, as the ablation report draws its arms."""
+    matplotlib.use("Agg")
+    bands = {}
+    for name in dict.fromkeys(r["candidate"] for r in rows):
+        steps, _, updates = parse_candidate(name)
+        bands[name] = dev_band([r for r in rows if r["candidate"] == name], steps * updates)
+    fig, axis = plt.subplots(figsize=(7, 4))
+    try:
+        band_panel(axis, bands, "dev")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+    return path
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--candidates", default="1x24x4,2x12x2,3x8x1,3x8x2", help="FxBxU, comma-separated")
@@ -172,6 +207,7 @@ def main() -> int:
         )
     (args.out / "choice.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    print(f"figure: {draw_choice(rows, args.out / 'choice.png')}")
     return 0
 
 
