@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rounds",
         type=int,
-        help="Rounds per run (default: ablation_rounds, 5 unless set); every arm gets the same number.",
+        help="Rounds per run (default: ablation_rounds); every arm gets the same number.",
     )
     p.add_argument(
         "--official-limit",
