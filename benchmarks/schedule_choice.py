@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from statistics import mean, stdev
+from statistics import mean
 from typing import Any
 
 import matplotlib
@@ -40,7 +40,7 @@ import matplotlib.pyplot as plt
 from coevolve.config import PipelineConfig, load_config
 from coevolve.settings import OFFLINE_ENV
 from storage.warehouse import Warehouse
-from tasks.curves import Band
+from tasks.curves import Band, success_band
 from tasks.plots import band_panel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,10 +51,10 @@ def parse_candidate(text: str) -> tuple[int, int, int]:
     return steps, batch, updates
 
 
-def candidate_rate(text: str) -> list[str]:
-    """The learning-rate setting of an ``FxBxU@LR`` candidate; none (the configured rate) without ``@``."""
+def candidate_rate(text: str) -> float | None:
+    """The learning rate of an ``FxBxU@LR`` candidate; None (the configured rate) without ``@``."""
     _, _, rate = text.partition("@")
-    return [f"training.learning_rate={float(rate)}"] if rate else []
+    return float(rate) if rate else None
 
 
 def candidate_settings(candidate: tuple[int, int, int], seed: int, pool_seed: int, dev_tasks: int) -> list[str]:
@@ -73,11 +73,11 @@ def candidate_settings(candidate: tuple[int, int, int], seed: int, pool_seed: in
 def with_rate(settings: list[str], name: str) -> list[str]:
     """``settings`` with the candidate's learning rate, its run id named after it (``...-lr0.001-s1``)."""
     rate = candidate_rate(name)
-    if not rate:
+    if rate is None:
         return settings
     run_id, rest = settings[0], settings[1:]
     stem, _, seed = run_id.rpartition("-")
-    return [f"{stem}-lr{float(name.partition('@')[2])}-{seed}", *rest, *rate]
+    return [f"{stem}-lr{rate}-{seed}", *rest, f"training.learning_rate={rate}"]
 
 
 def run_candidate(settings: list[str], state_dir: Path, rounds: int, log: Path) -> float:
@@ -138,16 +138,16 @@ def run_choice(
 
 
 def dev_band(rows: list[dict[str, Any]], steps_per_round: int) -> Band:
-    """One candidate's dev success by optimizer step over its seeds' rows (checkpoint 0 at step 0)."""
-    curves = [[r["dev_checkpoint0"], *r["dev_by_round"]] for r in rows]
-    points = list(zip(*curves, strict=True))
-    return Band(
-        x=[float(i * steps_per_round) for i in range(len(points))],
-        mean=[mean(p) for p in points],
-        sd=[stdev(p) if len(p) > 1 else 0.0 for p in points],
-        seeds=len(rows),
-        x_unit="optimizer steps",
-    )
+    """One candidate's dev success by optimizer step over its seeds' rows (checkpoint 0 at step 0), computed as the
+    ablation report computes an arm's (`tasks.curves.success_band`)."""
+    runs = [
+        {
+            "baseline_dev_success": r["dev_checkpoint0"],
+            "rounds": [{"dev_success": d, "optimizer_steps": steps_per_round} for d in r["dev_by_round"]],
+        }
+        for r in rows
+    ]
+    return success_band(runs, "dev")
 
 
 def draw_choice(rows: list[dict[str, Any]], path: Path) -> Path:

@@ -1,7 +1,7 @@
-"""The per-round curves the ablation report tabulates and draws: held-out and dev success by round, mean over seeds,
-and the same success by optimizer step with its spread over seeds (`success_band`), which the figures draw.
+"""The per-round numbers the ablation report tabulates and draws: held-out and dev success by optimizer step with
+its spread over seeds (`success_band`), and the helpers for summaries that lack a field.
 
-tasks/report.py writes the tables and tasks/plots.py draws the figures from these same numbers.
+tasks/report_summary.py computes the tables and tasks/plots.py draws the figures from these same numbers.
 """
 
 from __future__ import annotations
@@ -36,30 +36,6 @@ def baseline_of(run: dict[str, Any], key: str = "baseline_heldout_success") -> f
     return None if value is None else float(value)
 
 
-def heldout_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
-    """Mean held-out success over ``runs`` by round:
-    x = 0 is checkpoint 0 (when recorded), x = r + 1 follows round r."""
-    rounds = len(runs[0]["rounds"])
-    x = list(range(1, rounds + 1))
-    y = [statistics.fmean(r["rounds"][i]["heldout_success"] for r in runs) for i in range(rounds)]
-    baseline = [r["rounds"][0].get("baseline_heldout_success") for r in runs]
-    if all(b is not None for b in baseline):
-        x, y = [0, *x], [statistics.fmean(baseline), *y]
-    return x, y
-
-
-def dev_curve(runs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
-    """Mean dev success by round like ``heldout_curve`` (x = 0 when checkpoint 0 was scored);
-    nan where no seed was scored."""
-    rounds = min(len(r["rounds"]) for r in runs)
-    x = list(range(1, rounds + 1))
-    y = [mean_present([number(r["rounds"][i].get("dev_success")) for r in runs]) for i in range(rounds)]
-    baseline = mean_present([number(baseline_of(r, "baseline_dev_success")) for r in runs])
-    if not math.isnan(baseline):
-        x, y = [0, *x], [baseline, *y]
-    return x, y
-
-
 @dataclass(frozen=True)
 class Band:
     """One arm's success after each round, by optimizer steps trained: the mean over its seeds and the sample sd
@@ -89,11 +65,15 @@ def _steps_after_each_round(runs: list[dict[str, Any]], rounds: int) -> list[flo
     return [statistics.fmean(column) for column in zip(*per_run, strict=True)]
 
 
-def _mean_sd(values: list[float]) -> tuple[float, float]:
-    present = [v for v in values if not math.isnan(v)]
-    if not present:
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    """Mean and sample sd of ``values`` (sd 0 for one value); nan for both when there are none."""
+    if not values:
         return math.nan, math.nan
-    return statistics.fmean(present), statistics.stdev(present) if len(present) > 1 else 0.0
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _present(values: list[float]) -> list[float]:
+    return [v for v in values if not math.isnan(v)]
 
 
 def success_band(runs: list[dict[str, Any]], split: Literal["heldout", "dev"]) -> Band:
@@ -103,10 +83,10 @@ def success_band(runs: list[dict[str, Any]], split: Literal["heldout", "dev"]) -
     rounds = min(len(r["rounds"]) for r in runs)
     steps = _steps_after_each_round(runs, rounds)
     x: list[float] = steps if steps is not None else [float(i + 1) for i in range(rounds)]
-    points = [_mean_sd([number(r["rounds"][i].get(key)) for r in runs]) for i in range(rounds)]
+    points = [mean_sd(_present([number(r["rounds"][i].get(key)) for r in runs])) for i in range(rounds)]
     baselines = [number(baseline_of(r, baseline_key)) for r in runs]
     if not any(math.isnan(b) for b in baselines):
-        x, points = [0.0, *x], [_mean_sd(baselines), *points]
+        x, points = [0.0, *x], [mean_sd(baselines), *points]
     return Band(
         x=x,
         mean=[m for m, _ in points],

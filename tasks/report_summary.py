@@ -12,18 +12,12 @@ from typing import Any
 
 from coevolve.records import SIGNAL_KINDS
 from tasks.arms import CURRICULUM_BASES, CURRICULUM_SUFFIX
-from tasks.curves import ACCEPTED_KINDS, baseline_of, mean_present, number
+from tasks.curves import ACCEPTED_KINDS, baseline_of, mean_present, mean_sd, number
 from tasks.inference import holm, two_way_test
 
 
 def final_heldout(run: dict[str, Any]) -> float:
     return float(run["rounds"][-1]["heldout_success"])
-
-
-def _mean_sd(values: list[float]) -> tuple[float, float]:
-    if not values:
-        return math.nan, math.nan
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def run_total(run: dict[str, Any], key: str) -> float:
@@ -56,9 +50,9 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         signals = {k: sum(s["signals"].get(k, 0) for r in runs for s in r["rounds"]) for k in SIGNAL_KINDS}
         table[arm] = {
             "seeds": [r["seed"] for r in runs],
-            "heldout": _mean_sd(heldout),
-            "official": _mean_sd(official),
-            "final_pool": _mean_sd([float(r["rounds"][-1]["pool_size"]) for r in runs]),
+            "heldout": mean_sd(heldout),
+            "official": mean_sd(official),
+            "final_pool": mean_sd([float(r["rounds"][-1]["pool_size"]) for r in runs]),
             "acceptance": accepted / judged if judged else math.nan,
             "signals": signals,
             "episodes": mean_present([run_total(r, "episodes_played") for r in runs]),

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from statsmodels.stats.multitest import multipletests
 
-from tasks.curves import dev_curve, heldout_curve
+from tasks.curves import success_band
 from tasks.inference import two_way_test
 from tasks.report import read_per_run_table, seed_level_recheck, write_report
 from tasks.report_summary import summarize
@@ -135,10 +135,12 @@ def test_the_report_prints_raw_and_adjusted_p_values_the_split_and_the_detectabl
 
 def test_the_learning_curve_starts_at_checkpoint_0_when_its_score_was_recorded():
     runs = [run("full", 1, [0.2, 0.3]), run("full", 2, [0.4, 0.5])]
-    assert heldout_curve(runs) == ([1, 2], pytest.approx([0.3, 0.4]))
+    band = success_band(runs, "heldout")
+    assert (band.x, band.mean) == ([1, 2], pytest.approx([0.3, 0.4]))
     for r, baseline in zip(runs, (0.1, 0.2), strict=True):
         r["rounds"][0]["baseline_heldout_success"] = baseline
-    assert heldout_curve(runs) == ([0, 1, 2], pytest.approx([0.15, 0.3, 0.4]))
+    band = success_band(runs, "heldout")
+    assert (band.x, band.mean) == ([0, 1, 2], pytest.approx([0.15, 0.3, 0.4]))
 
 
 # --- mechanism per arm and round, and each arm against checkpoint 0 ---------------------------------
@@ -207,9 +209,10 @@ def test_the_report_has_the_mechanism_table_and_figures(tmp_path):
 
 
 def test_the_dev_curve_starts_at_checkpoint_0_when_it_was_scored():
-    assert dev_curve(MECH[:2]) == ([0, 1, 2], pytest.approx([0.1, 0.3, 0.5]))
-    x, y = dev_curve(MECH[2:])
-    assert x == [1, 2] and all(math.isnan(v) for v in y)
+    band = success_band(MECH[:2], "dev")
+    assert (band.x, band.mean) == ([0, 1, 2], pytest.approx([0.1, 0.3, 0.5]))
+    unscored = success_band(MECH[2:], "dev")
+    assert unscored.x == [1, 2] and all(math.isnan(v) for v in unscored.mean)
 
 
 def test_each_arm_is_compared_with_checkpoint_0_by_its_mean_gain():
