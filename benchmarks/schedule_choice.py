@@ -11,14 +11,22 @@ scored by the rounds as always but not read here.
     .venv/bin/python benchmarks/schedule_choice.py --candidates 1x24x4,3x8x1 --seeds 1 --rounds 2 --out /tmp/sc
 
 A candidate is ``FxBxU``: F training steps a round, B tasks a batch, U optimizer steps a batch; ``FxBxU@LR``
-also sets the learning rate (``10x16x1@1e-3``). ``--episodes 0`` compares candidates of different budgets
-(the run length's choice, docs/experiments.md "The run's length"):
+also sets the learning rate (``10x16x1@1e-3``) and ``FxBxU+S`` the signals a round passes to synthesis
+(``signals.max_signals_per_round``, so how many tasks a round adds: ``10x8x1+48``). ``--episodes 0`` compares
+candidates of different budgets (the run length's choice, docs/experiments.md "The run's length"):
 
     .venv/bin/python benchmarks/schedule_choice.py --candidates 10x16x1,10x8x1,10x16x1@1e-3 --episodes 0 \
         --rounds 12 --seeds 1 --out /tmp/length-choice-s1
+
+and the synthesis volume's choice (docs/experiments.md "How much a round synthesizes"):
+
+    .venv/bin/python benchmarks/schedule_choice.py --candidates 10x8x1+48,10x8x1+96 --episodes 480 \
+        --rounds 12 --seeds 1 --out /tmp/volume-choice-s1
+
 Writes ``choice.json``, ``choice.md`` (one row per candidate: mean final dev success over seeds,
 its gain over checkpoint 0, mean wall time of a run) and ``choice.png`` (each candidate's dev success by
-optimizer step, mean +- sd over seeds) under ``--out``; the figures are recorded in docs/experiments.md.
+optimizer step, mean +- sd over seeds) under ``--out``; a row also gives the tasks each round added to the
+pool; the figures are recorded in docs/experiments.md.
 """
 
 from __future__ import annotations
@@ -47,14 +55,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_candidate(text: str) -> tuple[int, int, int]:
-    steps, batch, updates = (int(part) for part in text.lower().split("@")[0].split("x"))
+    steps, batch, updates = (int(part) for part in text.lower().split("+")[0].split("@")[0].split("x"))
     return steps, batch, updates
 
 
 def candidate_rate(text: str) -> float | None:
     """The learning rate of an ``FxBxU@LR`` candidate; None (the configured rate) without ``@``."""
-    _, _, rate = text.partition("@")
+    _, _, rate = text.split("+")[0].partition("@")
     return float(rate) if rate else None
+
+
+def candidate_signals(text: str) -> int | None:
+    """The signals a round synthesizes for in an ``FxBxU+S`` candidate; None (the configured number) without ``+``."""
+    _, _, signals = text.partition("+")
+    return int(signals) if signals else None
 
 
 def candidate_settings(candidate: tuple[int, int, int], seed: int, pool_seed: int, dev_tasks: int) -> list[str]:
@@ -70,14 +84,17 @@ def candidate_settings(candidate: tuple[int, int, int], seed: int, pool_seed: in
     ]
 
 
-def with_rate(settings: list[str], name: str) -> list[str]:
-    """``settings`` with the candidate's learning rate, its run id named after it (``...-lr0.001-s1``)."""
-    rate = candidate_rate(name)
-    if rate is None:
-        return settings
+def with_options(settings: list[str], name: str) -> list[str]:
+    """``settings`` with the candidate's learning rate and signals a round, its run id naming each one set
+    (``...-lr0.001-s1``, ``...-sig48-s1``)."""
+    rate, signals = candidate_rate(name), candidate_signals(name)
     run_id, rest = settings[0], settings[1:]
     stem, _, seed = run_id.rpartition("-")
-    return [f"{stem}-lr{rate}-{seed}", *rest, f"training.learning_rate={rate}"]
+    if rate is not None:
+        stem, rest = f"{stem}-lr{rate}", [*rest, f"training.learning_rate={rate}"]
+    if signals is not None:
+        stem, rest = f"{stem}-sig{signals}", [*rest, f"signals.max_signals_per_round={signals}"]
+    return [f"{stem}-{seed}", *rest]
 
 
 def run_candidate(settings: list[str], state_dir: Path, rounds: int, log: Path) -> float:
@@ -104,6 +121,12 @@ def dev_curve(config: PipelineConfig) -> tuple[float | None, list[float | None]]
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         prepared = wh.stage_output(config.run_id, 0, "prepare") or {}
         return prepared.get("baseline_dev_success"), [s.dev_success for s in wh.rounds(config.run_id)]
+
+
+def pool_supply(config: PipelineConfig) -> dict[str, Any]:
+    """The tasks every round of the finished run added to the pool (its validated candidates)."""
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        return {"added_by_round": [s.accepted for s in wh.rounds(config.run_id)]}
 
 
 def run_choice(
@@ -167,6 +190,12 @@ def draw_choice(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+def added_a_round(rows: list[dict[str, Any]]) -> str:
+    """Mean tasks a round added over the candidate's runs; "-" for rows recorded before they were measured."""
+    added = [n for r in rows for n in r.get("added_by_round", [])]
+    return f"{mean(added):.1f}" if added else "-"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--candidates", default="1x24x4,2x12x2,3x8x1,3x8x2", help="FxBxU, comma-separated")
@@ -188,14 +217,15 @@ def main() -> int:
                          f"not {args.episodes}: compare candidates at the same budget")  # fmt: skip
     seeds = [int(s) for s in args.seeds.split(",")]
     runs = [
-        (name, seed, with_rate(candidate_settings(candidate, seed, pool_seed, args.dev_tasks), name))
+        (name, seed, with_options(candidate_settings(candidate, seed, pool_seed, args.dev_tasks), name))
         for name, candidate in zip(names, candidates, strict=True)
         for seed in seeds
     ]
-    rows = run_choice(runs, args.out, args.rounds)
+    rows = run_choice(runs, args.out, args.rounds, pool_supply)
     lines = [
-        "| F x batch x updates | final dev success (mean over seeds) | gain over checkpoint 0 | per seed | run time |",
-        "|---|---|---|---|---|",
+        "| candidate | final dev success (mean over seeds) | gain over checkpoint 0 | per seed | tasks added a round "
+        "| run time |",
+        "|---|---|---|---|---|---|",
     ]
     for name in dict.fromkeys(r["candidate"] for r in rows):
         mine = [r for r in rows if r["candidate"] == name]
@@ -203,7 +233,7 @@ def main() -> int:
         gains = [f - r["dev_checkpoint0"] for f, r in zip(finals, mine, strict=True)]
         lines.append(
             f"| {name} | {mean(finals):.3f} | {mean(gains):+.3f} | {', '.join(f'{f:.2f}' for f in finals)} | "
-            f"{mean(r['wall_s'] for r in mine):.0f} s |"
+            f"{added_a_round(mine)} | {mean(r['wall_s'] for r in mine):.0f} s |"
         )
     (args.out / "choice.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
