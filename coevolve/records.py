@@ -12,12 +12,6 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-SignalKind = Literal["forgetting", "boundary", "rare"]
-SIGNAL_KINDS: tuple[str, ...] = ("forgetting", "boundary", "rare")
-
-# Where a task came from: the seed explorer, a signal kind, the random control, or a held-out split.
-Origin = Literal["seed", "forgetting", "boundary", "rare", "random", "heldout", "official"]
-
 FinishReason = Literal["done", "max_steps", "length", "error"]
 
 
@@ -75,6 +69,8 @@ class Message:
 class Provenance:
     """Why a task exists: its origin, the round that made it, and the evidence it came from."""
 
+    # The seed explorer ("seed"), a signal kind's name (coevolve/signals/), the random control ("random"), or a
+    # held-out split ("heldout", "official").
     origin: str
     round: int = 0
     parent_trajectory_id: str | None = None

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-COLUMNS = ("round", "pool", "rollouts", "success", "signals f/b/r", "accepted", "rejected", "held-out", "time")
-WIDTHS = (5, 6, 8, 7, 13, 8, 8, 8, 7)
+from coevolve.signals import SIGNAL_KINDS, letters
+
+# The signals column counts every registered kind (coevolve/signals/), "f/b/r" for the built-in three.
+SIGNALS_COLUMN = f"signals {letters()}"
+COLUMNS = ("round", "pool", "rollouts", "success", SIGNALS_COLUMN, "accepted", "rejected", "held-out", "time")
+WIDTHS = (5, 6, 8, 7, max(13, len(SIGNALS_COLUMN)), 8, 8, 8, 7)
 
 
 def format_row(values: tuple[Any, ...]) -> str:
@@ -20,7 +24,7 @@ def summary_row(summary: dict[str, Any], seconds: float) -> str:
             summary["pool_size"],
             summary["rollouts"],
             f"{summary['success_rate']:.3f}",
-            f"{s.get('forgetting', 0)}/{s.get('boundary', 0)}/{s.get('rare', 0)}",
+            "/".join(str(s.get(kind, 0)) for kind in SIGNAL_KINDS),
             summary["accepted"],
             summary["rejected"],
             f"{summary['heldout_success']:.3f}",

@@ -13,6 +13,8 @@ pool growth, acceptance) list their rows by run and round, so `SELECT *` prints 
 
 from __future__ import annotations
 
+from coevolve.signals import SIGNAL_KINDS
+
 # Layout versions of the open-table warehouse: (version, what changed). A column added to a table
 # without converting its files is listed in storage/columns.py (_ADDED_COLUMNS, with the value a file
 # without it means) and keeps the version: trajectories.later_segments (an episode's segments after the
@@ -58,7 +60,8 @@ SCHEDULES: list[tuple[int, str]] = [
 LATEST_SCHEDULE: int = SCHEDULES[-1][0]
 
 # The analysis views of layout 3, created in every session over the table views.
-VIEWS = """
+VIEWS = (
+    """
 -- Purpose: the learning curve. Training-rollout success and reward per round.
 CREATE VIEW v_success_by_round AS
 SELECT run_id, round,
@@ -122,16 +125,18 @@ WITH member AS (
 SELECT run_id, round,
        count(*)                                                             AS pool_size,
        count(*) FILTER (WHERE round = first_round)                          AS new_tasks,
-       count(*) FILTER (WHERE round = first_round AND origin = 'seed')       AS new_seed,
-       count(*) FILTER (WHERE round = first_round AND origin = 'forgetting') AS new_forgetting,
-       count(*) FILTER (WHERE round = first_round AND origin = 'boundary')   AS new_boundary,
-       count(*) FILTER (WHERE round = first_round AND origin = 'rare')       AS new_rare,
-       count(*) FILTER (WHERE round = first_round AND origin = 'random')     AS new_random
+"""
+    + "".join(
+        # One column per origin: the seed explorer, every registered signal kind (coevolve/signals/), then random.
+        f"       count(*) FILTER (WHERE round = first_round AND origin = '{origin}') AS new_{origin},\n"
+        for origin in ("seed", *SIGNAL_KINDS)
+    )
+    + """       count(*) FILTER (WHERE round = first_round AND origin = 'random')     AS new_random
 FROM member
 GROUP BY run_id, round
 ORDER BY run_id, round;
 
--- Purpose: the forgetting signal's rule (tasks/mine.py) over the stored trajectories: a trajectory
+-- Purpose: the forgetting signal's rule (coevolve/signals/forgetting.py) over the stored trajectories: a trajectory
 -- of round r with reward < 0.5 whose task had a reward >= 0.5 among its last W rewards before
 -- round r (W = signals.forgetting_window of the run's recorded configuration; every earlier reward
 -- for a run without a record), with whether the miner stored that forgetting signal.
@@ -231,3 +236,4 @@ FROM task_difficulty AS d
 LEFT JOIN observed AS o USING (run_id, round, task_id)
 ORDER BY d.run_id, d.round, d.task_id;
 """
+)

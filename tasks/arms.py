@@ -1,14 +1,16 @@
 """The built-in ablation's arms: each arm's name and the configuration overrides that make it.
 
 The one registry of arms: flows/ablation.py runs them, tasks/report_summary.py groups them into families
-of comparisons, and `coevolve ablation --help` lists them. It imports nothing heavy, so the command line
-can name the arms before the flows (and Prefect) load.
+of comparisons, and `coevolve ablation --help` lists them. The leave-one-out arms follow from the signal kinds'
+registry. It imports nothing heavy, so the command line can name the arms before the flows (and Prefect) load.
 """
 
 from __future__ import annotations
 
 import copy
 from typing import Any
+
+from coevolve.signals import SIGNAL_KINDS
 
 # The suffix of an arm that is its base arm with the learnability curriculum on.
 CURRICULUM_SUFFIX = "+learnability"
@@ -34,8 +36,10 @@ ARMS: dict[str, dict[str, Any]] = {
     "static": {"synthesis": {"mode": "off"}},
     "random": {"synthesis": {"mode": "random"}},
     "full": {"synthesis": {"mode": "signal"}},
-    "no-forgetting": {"synthesis": {"mode": "signal"}, "signals": {"enabled": ["boundary", "rare"]}},
-    "no-boundary": {"synthesis": {"mode": "signal"}, "signals": {"enabled": ["forgetting", "rare"]}},
-    "no-rare": {"synthesis": {"mode": "signal"}, "signals": {"enabled": ["forgetting", "boundary"]}},
+}
+# One leave-one-out arm per registered signal kind (coevolve/signals/): signal-guided with that kind left out.
+ARMS |= {
+    f"no-{kind}": {"synthesis": {"mode": "signal"}, "signals": {"enabled": [k for k in SIGNAL_KINDS if k != kind]}}
+    for kind in SIGNAL_KINDS
 }
 ARMS |= {f"{arm}{CURRICULUM_SUFFIX}": _with_curriculum(ARMS[arm]) for arm in CURRICULUM_BASES}

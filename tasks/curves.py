@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from coevolve.records import SIGNAL_KINDS
+from coevolve.signals import SIGNAL_KINDS
 
 # The kinds an accepted task is counted under: one per signal, and the random arm's.
 ACCEPTED_KINDS = (*SIGNAL_KINDS, "random")

@@ -34,14 +34,7 @@ from envs.bfcl import BfclEnvironment
 from envs.explorer import Triplet, abstract, is_ok
 from tasks.llm_client import LLMRequestError
 from tasks.llm_replies import parse_abstraction, parse_context, parse_next_call
-from tasks.synthesis_base import GUIDANCE, provenance_of, synthesize_each, tools_of
-
-SIGNAL_MEANING: dict[str, str] = {
-    "forgetting": "the agent solved this task in an earlier round and fails it now",
-    "boundary": "among the agent's samples of this task some succeeded and some failed",
-    "rare": "the agent used an action pattern that almost never occurs in its rollouts",
-    "random": "no signal: this target was drawn uniformly at random (control arm)",
-}
+from tasks.synthesis_base import guidance, meaning, provenance_of, synthesize_each, tools_of
 
 
 class Chat(Protocol):
@@ -61,13 +54,13 @@ def context_messages(signal: Signal, task: Task, tool_sequence: list[str], tools
     reference = "; ".join(c.render() for turn in task.reference for c in turn)
     user = "\n".join(
         [
-            f"Signal: {signal.kind} ({SIGNAL_MEANING.get(signal.kind, signal.kind)}).",
+            f"Signal: {signal.kind} ({meaning(signal.kind)}).",
             f"Evidence: {json.dumps(signal.evidence, ensure_ascii=False)[:600]}",
             f"Task the agent played: {(task.description or task.turns[0])[:400]}",
             f"Reference calls of that task: {reference[:600]}",
             f"Tools the agent called in the marked trajectory: {' > '.join(tool_sequence) or '(none)'}",
             f"Available tools: {', '.join(tools)}",
-            f"Exploration guidance for this signal: {GUIDANCE.get(signal.kind, '')}",
+            f"Exploration guidance for this signal: {guidance(signal.kind)}",
             "",
             "Reply with one JSON object with exactly these keys:",
             '"summary": one sentence on what the evidence shows;',
@@ -92,7 +85,7 @@ def step_messages(
         [
             f"Objectives: {' '.join(context['exploration_objectives'])[:600]}",
             f"Focus tools: {', '.join(context['focus_patterns'])}",
-            f"Guidance: {GUIDANCE.get(kind, '')}",
+            f"Guidance: {guidance(kind)}",
             f"Do not repeat: {'; '.join(context['do_not_repeat'])[:400] or '(nothing)'}",
             "Tools:",
             *tool_lines,

@@ -1,30 +1,23 @@
-"""Mining stage: the three failure signals of the method, computed with Polars over the warehouse.
+"""Mining stage: the failure signals of the method, computed with Polars over the warehouse.
 
 Input is a run's trajectories (one row per trajectory: trajectory_id, round, task_id, sample,
 reward, tool_sequence), as a frame or as a lazy scan of the warehouse's files (the mine stage:
-`mine_warehouse`). Each signal kind is computed independently; a trajectory may carry several.
-
-- forgetting: a task's last W scores before this round include one >= 0.5, and this
-  trajectory scored < 0.5. The current trajectory is marked.
-- boundary: this round's samples of a task include a reward > 0.5 and one < 0.5. All of them
-  are marked.
-- rare: an action pattern p (the tool sequence, or its tool bigrams) with cumulative count c_p
-  out of N trajectories; once N >= N_min, p is rare when 0 < c_p / N < theta / 100, compared
-  exactly (in integers). Every trajectory of this round containing p is marked.
+`mine_warehouse`). Each enabled signal kind (coevolve/signals/: forgetting, boundary, rare and any
+kind a package registers) is computed independently; a trajectory may carry several.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
-from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from prefect import get_run_logger
 
 from coevolve.config import PipelineConfig, SignalConfig
 from coevolve.optional import optional_module
-from coevolve.records import SIGNAL_KINDS, Signal
+from coevolve.records import Signal
+from coevolve.signals import KINDS, SIGNAL_KINDS
 from coevolve.stages import MineInput, MineOutput
 from tasks.registry import stage
 
@@ -35,26 +28,6 @@ if TYPE_CHECKING:
 else:
     # polars takes about half a second to import; the flows import this module, and only mining needs it.
     pl = optional_module("polars")
-
-PATTERNS = ("tool_sequence", "tool_bigrams")
-
-
-def _patterns(frame: pl.LazyFrame, kind: str) -> pl.LazyFrame:
-    """Add a ``patterns`` column: the distinct action patterns of each trajectory.
-
-    A trajectory that called no tool has no pattern: there is nothing to explore around it.
-    """
-    seq = pl.col("tool_sequence")
-    patterns: pl.Expr
-    if kind == "tool_sequence":
-        patterns = pl.when(seq.list.len() > 0).then(pl.concat_list([seq.list.join(">")]))
-    elif kind == "tool_bigrams":
-        pairs = seq.list.eval((pl.element() + ">" + pl.element().shift(-1)).drop_nulls().unique(maintain_order=True))
-        patterns = pl.when(seq.list.len() == 1).then(seq).otherwise(pairs)
-    else:
-        raise ValueError(f"unknown action pattern {kind!r}; use one of {PATTERNS}")
-    return frame.with_columns(patterns.fill_null(pl.lit([], dtype=pl.List(pl.String))).alias("patterns"))
-
 
 # Columns mining reads; everything else in the trajectory frame is dropped before any work.
 COLUMNS = ("trajectory_id", "round", "task_id", "sample", "reward", "tool_sequence")
@@ -69,9 +42,10 @@ def mine_frames(source: pl.DataFrame | pl.LazyFrame, round_: int, config: Signal
     evidence (forgetting: window, reward; boundary: rewards; rare: pattern, count, total).
 
     This round's rows are read first (they are few); the history (earlier rounds) is then scanned
-    once per kind with grouped aggregations, the kinds' plans in parallel: forgetting reads each
-    played task's past rewards, rare counts the patterns (trajectory_id is never read for the
-    history). Linear in the rows; benchmarks/mining.py and benchmarks/warehouse.py measure it.
+    once for all kinds' grouped aggregations (`SignalKind.history_plans`), their plans collected in
+    parallel: forgetting reads each played task's past rewards, rare counts the patterns
+    (trajectory_id is never read for the history). Linear in the rows; benchmarks/mining.py and
+    benchmarks/warehouse.py measure it.
     """
     lazy = source.lazy().select(COLUMNS)
     # Sorted once here; every kind's rows then keep this order through their joins.
@@ -79,56 +53,34 @@ def mine_frames(source: pl.DataFrame | pl.LazyFrame, round_: int, config: Signal
     if current.is_empty():
         return {}
     history = lazy.filter(pl.col("round") < round_)
-    enabled = config.enabled
-    plans: dict[str, pl.LazyFrame] = {}
-    if "forgetting" in enabled:
-        plans["forgetting"] = _forgetting_history(history, current, config.forgetting_window)
-    if "rare" in enabled:
-        plans["rare"] = _history_counts(history, config.pattern)
-        if config.pattern != "tool_sequence":  # every trajectory is in one sequence's count, not so for bigrams
-            plans["total"] = history.select(pl.len().alias("count"))
+    kinds = [(kind, kind.settings(config)) for name, kind in KINDS.items() if name in config.enabled]
+    plans = {(kind.name, key): plan for kind, settings in kinds
+             for key, plan in kind.history_plans(history, current, settings).items()}  # fmt: skip
     # The streaming engine reads the files and aggregates as it goes: faster here on millions of rows.
     done = dict(zip(plans, pl.collect_all(list(plans.values()), engine="streaming"), strict=True)) if plans else {}
     frames: dict[str, pl.DataFrame] = {}
-    if "forgetting" in done:
-        frames["forgetting"] = _forgetting(current, done["forgetting"])
-    if "boundary" in enabled:
-        frames["boundary"] = _boundary(current)
-    if "rare" in done:
-        total = int(done.get("total", done["rare"])["count"].sum()) + current.height
-        if total >= config.rare_min_total:
-            frames["rare"] = _rare(current, done["rare"], config, total)
+    for kind, settings in kinds:
+        own = {key: frame for (name, key), frame in done.items() if name == kind.name}
+        fired = kind.fire(current, own, settings)
+        if fired is not None:
+            frames[kind.name] = fired
     return frames
 
 
 def signals_from_frames(frames: dict[str, pl.DataFrame], round_: int, run_id: str) -> list[Signal]:
-    """Signal records from mine_frames' output, kinds in SIGNAL_KINDS order."""
+    """Signal records from mine_frames' output, kinds in the registry's order."""
     signals: list[Signal] = []
     # Hundreds of thousands of small records at once: the cycle collector would walk the whole heap
     # again and again while they are built (it doubled this function's time), and they hold no cycles.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        for kind in SIGNAL_KINDS:
-            fired = frames.get(kind)
+        for name, kind in KINDS.items():
+            fired = frames.get(name)
             if fired is None or fired.is_empty():
                 continue
             ids, tasks = fired["trajectory_id"].to_list(), fired["task_id"].to_list()
-            if kind == "forgetting":
-                evidence = [
-                    {"window": w, "score": r}
-                    for w, r in zip(fired["window"].to_list(), fired["reward"].to_list(), strict=True)
-                ]
-            elif kind == "boundary":
-                evidence = [{"group_rewards": r} for r in fired["rewards"].to_list()]
-            else:
-                evidence = [
-                    {"pattern": p, "count": c, "total": t}
-                    for p, c, t in zip(
-                        fired["pattern"].to_list(), fired["count"].to_list(), fired["total"].to_list(), strict=True
-                    )
-                ]
-            signals += _signals(run_id, round_, kind, ids, tasks, evidence)
+            signals += _signals(run_id, round_, name, ids, tasks, kind.evidence(fired))
     finally:
         if collecting:
             gc.enable()
@@ -175,100 +127,6 @@ def mine_warehouse(wh: Warehouse, run_id: str, round_: int, config: SignalConfig
         return mine_signals(wh.trajectory_scan(run_id, upto_round=round_), round_, run_id, config)
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise wh.trajectory_read_error(exc, run_id) from exc
-
-
-def _forgetting_history(history: pl.LazyFrame, current: pl.DataFrame, window: int) -> pl.LazyFrame:
-    """The last ``window`` past rewards of each task played this round, for the tasks that passed in them."""
-    # Only tasks played this round can fire, so the history is cut to them before grouping.
-    return (
-        history.select("task_id", "round", "sample", "reward")
-        .join(current.lazy().select("task_id").unique(), on="task_id", how="semi")
-        .group_by("task_id")
-        .agg(pl.col("reward").sort_by(["round", "sample"]).tail(window).alias("window"))
-        .filter(pl.col("window").list.max() >= 0.5)
-    )
-
-
-def _forgetting(current: pl.DataFrame, history: pl.DataFrame) -> pl.DataFrame:
-    return (
-        current.lazy()
-        .filter(pl.col("reward") < 0.5)
-        .join(history.lazy(), on="task_id", how="inner", maintain_order="left")
-        .select("trajectory_id", "task_id", "window", "reward")
-        .collect()
-    )
-
-
-def _boundary(current: pl.DataFrame) -> pl.DataFrame:
-    groups = (
-        current.lazy()
-        .group_by("task_id")
-        .agg(
-            (pl.col("reward") > 0.5).any().alias("has_high"),
-            (pl.col("reward") < 0.5).any().alias("has_low"),
-            pl.col("reward").sort_by("sample").alias("rewards"),
-        )
-        .filter(pl.col("has_high") & pl.col("has_low"))
-        .select("task_id", "rewards")
-    )
-    return (
-        current.lazy()
-        .join(groups, on="task_id", how="inner", maintain_order="left")
-        .select("trajectory_id", "task_id", "rewards")
-        .collect()
-    )
-
-
-def _keyed(frame: pl.LazyFrame, kind: str) -> pl.LazyFrame:
-    """One row per (trajectory, pattern it contains), the pattern in column ``key``.
-
-    For whole tool sequences the list itself is the key: grouping a list column is faster than
-    joining millions of sequences into strings, and only the rare ones are joined into their
-    ``a>b>c`` text. Trajectories without a tool call keep their empty key here (it counts towards the
-    total); the rare filter drops it.
-    """
-    if kind == "tool_sequence":
-        return frame.with_columns(pl.col("tool_sequence").alias("key"))
-    return _patterns(frame, kind).with_columns(pl.col("patterns").alias("key")).explode("key").drop_nulls("key")
-
-
-def _history_counts(history: pl.LazyFrame, kind: str) -> pl.LazyFrame:
-    """How many earlier trajectories contain each pattern (columns key, count)."""
-    if kind not in PATTERNS:
-        raise ValueError(f"unknown action pattern {kind!r}; use one of {PATTERNS}")
-    return _keyed(history.select("tool_sequence"), kind).group_by("key").agg(pl.len().alias("count"))
-
-
-def _rare(current: pl.DataFrame, history_counts: pl.DataFrame, config: SignalConfig, total: int) -> pl.DataFrame:
-    """This round's trajectories that contain a rare pattern (the first one, by text, when several).
-
-    A pattern's count is its earlier trajectories (``history_counts``) plus this round's; only
-    patterns played this round can fire.
-    """
-    keyed = _keyed(current.lazy().select("trajectory_id", "task_id", "tool_sequence"), config.pattern)
-    # c_p / N < theta / 100 in integers: theta as written (1.1 is 11/10), so a pattern at exactly
-    # theta percent never fires, whatever the last bit of a float division would say.
-    theta = Fraction(str(config.rare_theta))
-    rare = pl.col("count").cast(pl.Int64) * (100 * theta.denominator) < total * theta.numerator
-    pattern = pl.col("key")
-    if config.pattern == "tool_sequence":
-        rare, pattern = rare & (pl.col("key").list.len() > 0), pattern.list.join(">")
-    counts = (
-        keyed.group_by("key")
-        .agg(pl.len().alias("now"))
-        .join(history_counts.lazy(), on="key", how="left")
-        .select("key", (pl.col("now").cast(pl.Int64) + pl.col("count").cast(pl.Int64).fill_null(0)).alias("count"))
-        .filter(rare)
-        .with_columns(pattern.alias("pattern"))
-    )
-    fired = keyed.join(counts, on="key", how="inner", maintain_order="left").select(
-        "trajectory_id", "task_id", "pattern", "count", pl.lit(total, dtype=pl.Int64).alias("total")
-    )
-    if config.pattern != "tool_sequence":  # several patterns per trajectory: keep the first by text
-        fired = fired.sort(["trajectory_id", "pattern"]).unique(
-            subset=["trajectory_id"], keep="first", maintain_order=True
-        )
-    return fired.collect()
 
 
 def select_for_synthesis(signals: list[Signal], limit: int) -> list[Signal]:

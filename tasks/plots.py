@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from coevolve.optional import optional_module
-from coevolve.records import SIGNAL_KINDS, RoundSummary
+from coevolve.records import RoundSummary
+from coevolve.signals import SIGNAL_KINDS
 from tasks.curves import ACCEPTED_KINDS, Band, success_band
 
 # pyplot takes a while to import and picks a backend when it does: it is loaded on the first figure,

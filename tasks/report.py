@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from coevolve.records import SIGNAL_KINDS
+from coevolve.signals import SIGNAL_KINDS, letters
 from tasks.curves import ACCEPTED_KINDS
 from tasks.inference import detectable_effect, holm, seed_level_array_test
 from tasks.plots import ablation_curves, curriculum_figure, mechanism_figures
@@ -180,7 +180,7 @@ def write_report(
         f"{', '.join(str(s) for s in sorted({r['seed'] for r in results}))}; {len(results[0]['rounds'])} rounds each.",
         "",
         "| arm | held-out success after the last round, per-round split | BFCL multi_turn_base | final pool "
-        "| acceptance | signals f/b/r | episodes played | optimizer steps |",
+        f"| acceptance | signals {letters()} | episodes played | optimizer steps |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for arm, row in summary["arms"].items():
@@ -188,7 +188,7 @@ def write_report(
         lines.append(
             f"| {arm} | {_fmt(row['heldout'])} | {_fmt(row['official'])} | {row['final_pool'][0]:.0f} | "
             f"{'n/a' if math.isnan(row['acceptance']) else format(row['acceptance'], '.2f')} | "
-            f"{s['forgetting']}/{s['boundary']}/{s['rare']} | {_cell(row['episodes'], '.0f')} | "
+            f"{'/'.join(str(s[kind]) for kind in SIGNAL_KINDS)} | {_cell(row['episodes'], '.0f')} | "
             f"{_cell(row['optimizer_steps'], '.0f')} |"
         )
     lines += [
@@ -270,14 +270,14 @@ def write_report(
         "",
         "informative: share of the round's GRPO groups (one task's rollouts) whose rewards are not all equal; "
         "coverage: share of the held-out split's distinct tool bigrams present in pool r; "
-        "signals f/b/r: forgetting/boundary/rare signals mined; "
-        "accepted f/b/r/random: accepted candidates by the kind of signal they answer; "
+        f"signals {letters()}: {'/'.join(SIGNAL_KINDS)} signals mined; "
+        f"accepted {letters()}/random: accepted candidates by the kind of signal they answer; "
         "dev and held-out: success of the checkpoint the round produced; "
         "episodes and groups: what the round's rollouts played; ep./informative: episodes played per informative "
         "group; calibration: mean absolute error of the curriculum's estimate of each played task's success against "
         "its success in the round, weighted by episodes. n/a: not recorded.",
         "",
-        "| arm | round | informative | coverage | signals f/b/r | accepted f/b/r/random | dev | held-out "
+        f"| arm | round | informative | coverage | signals {letters()} | accepted {letters()}/random | dev | held-out "
         "| episodes | groups | ep./informative | calibration |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]

@@ -10,7 +10,7 @@ import math
 import statistics
 from typing import Any
 
-from coevolve.records import SIGNAL_KINDS
+from coevolve.signals import SIGNAL_KINDS
 from tasks.arms import CURRICULUM_BASES, CURRICULUM_SUFFIX
 from tasks.curves import ACCEPTED_KINDS, baseline_of, mean_present, mean_sd, number
 from tasks.inference import holm, two_way_test

@@ -1,4 +1,4 @@
-"""What every synthesizer shares: the guidance per signal kind, the Synthesizer protocol, the outer loop over signals.
+"""What every synthesizer shares: the guidance per target kind, the Synthesizer protocol, the outer loop over signals.
 
 The programmatic synthesizer (tasks/synthesize.py) and the LLM synthesizer (tasks/llm_synthesis.py)
 both build on this module; neither imports the other.
@@ -13,17 +13,22 @@ from tqdm.auto import tqdm
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Candidate, Provenance, Signal, Task
+from coevolve.signals import signal_kind
 from envs.bfcl import BfclEnvironment
 
-# Exploration guidance per signal kind, as in the method description.
-GUIDANCE: dict[str, str] = {
-    "forgetting": (
-        "Practise the exact operations the agent used to master, with varied parameters, from simple to complex."
-    ),
-    "rare": "Explore variations of the rarely used actions: parameter combinations and edge cases.",
-    "boundary": "Explore what separates success from failure on this task, at several difficulty levels.",
-    "random": "Explore uniformly drawn tools from a uniformly drawn state (control arm).",
-}
+# The random control's target is no signal: what its context says in place of a kind's guidance and meaning.
+RANDOM_GUIDANCE = "Explore uniformly drawn tools from a uniformly drawn state (control arm)."
+RANDOM_MEANING = "no signal: this target was drawn uniformly at random (control arm)"
+
+
+def guidance(kind: str) -> str:
+    """The exploration objective for a target of ``kind`` (a signal kind's, or the random control's)."""
+    return RANDOM_GUIDANCE if kind == "random" else signal_kind(kind).guidance
+
+
+def meaning(kind: str) -> str:
+    """What a target of ``kind`` says about its task, for the LLM synthesizer."""
+    return RANDOM_MEANING if kind == "random" else signal_kind(kind).meaning
 
 
 class Synthesizer(Protocol):

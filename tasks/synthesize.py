@@ -27,12 +27,13 @@ from prefect import get_run_logger
 from coevolve.config import PipelineConfig, SynthesisConfig
 from coevolve.errors import DataError
 from coevolve.records import Candidate, Provenance, Signal, Task
+from coevolve.signals import signal_kind
 from coevolve.stages import SynthesizeInput, SynthesizeOutput
 from envs.explorer import abstract, explore, in_turns
 from tasks.llm_client import ChatClient
 from tasks.llm_synthesis import LLMSynthesizer
 from tasks.registry import stage
-from tasks.synthesis_base import GUIDANCE, Synthesizer, provenance_of, synthesize_each, tools_of
+from tasks.synthesis_base import Synthesizer, guidance, provenance_of, synthesize_each, tools_of
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -45,27 +46,15 @@ def build_context(signal: Signal, task: Task, tool_sequence: list[str], known_to
     if signal.kind == "random":
         cause = "none: the target was drawn uniformly (control arm)"
         focus = [t for t in signal.evidence.get("focus_tools", []) if t in known_tools] or reference_tools
-    elif signal.kind == "forgetting":
-        cause = (
-            f"scored {signal.evidence.get('score')} after scoring {max(signal.evidence.get('window') or [0])} before"
-        )
-        focus = reference_tools
-    elif signal.kind == "boundary":
-        rewards = signal.evidence.get("group_rewards") or []
-        cause = f"{sum(r < 0.5 for r in rewards)} of {len(rewards)} samples failed the same task"
-        focus = list(dict.fromkeys(reference_tools + used))
     else:
-        pattern = str(signal.evidence.get("pattern", ""))
-        count, total = signal.evidence.get("count"), signal.evidence.get("total")
-        cause = f"pattern {pattern} appears in {count} of {total} trajectories"
-        focus = [t for t in dict.fromkeys(pattern.split(">")) if t in known_tools] or reference_tools
+        cause, focus = signal_kind(signal.kind).context(signal, task, used, known_tools)
     missing = [t for t in reference_tools if t not in used]
     return {
         "summary": f"{signal.kind} signal on task {task.task_id}: {task.description or task.turns[0][:120]}",
         "failure_cause": cause,
         "instability_pattern": {"called": used, "reference": reference_tools, "missed": missing},
         "focus_patterns": focus,
-        "exploration_objectives": GUIDANCE[signal.kind],
+        "exploration_objectives": guidance(signal.kind),
         "do_not_repeat": [[c.render() for c in turn] for turn in task.reference],
     }
 

@@ -33,7 +33,8 @@ from agent.checkpoints import TRAINER_STATE_SUBDIR, checkpoint_digest
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from coevolve.optional import optional_module
-from coevolve.records import SIGNAL_KINDS, RoundSummary
+from coevolve.records import RoundSummary
+from coevolve.signals import SIGNAL_KINDS
 from coevolve.stages import VersionInput, VersionOutput
 from tasks.common import open_warehouse
 from tasks.registry import stage

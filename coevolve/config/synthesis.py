@@ -2,28 +2,44 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
 from coevolve.config.base import Section
+from coevolve.signals.registry import KINDS, SIGNAL_KINDS
 
 
-class SignalConfig(Section):
-    enabled: list[Literal["forgetting", "boundary", "rare"]] = Field(
-        ["forgetting", "boundary", "rare"], description="Signals to mine; leave one out for an ablation."
+def _signal_config() -> type[Section]:
+    """The ``signals`` block: which kinds to mine, every registered kind's thresholds (coevolve/signals/), and how
+    many signals a round passes to synthesis. A kind's settings are fields of this block, named as it names them."""
+    enabled = Literal[SIGNAL_KINDS]  # type: ignore[valid-type]
+    fields: dict[str, Any] = {
+        "enabled": (
+            list[enabled],
+            Field(list(SIGNAL_KINDS), description="Signals to mine; leave one out for an ablation."),
+        ),
+    }
+    for kind in KINDS.values():
+        fields |= {name: (info.annotation, info) for name, info in kind.settings_type.model_fields.items()}
+    fields["max_signals_per_round"] = (
+        int,
+        Field(24, ge=1, description="Signals passed to synthesis per round, kinds interleaved."),
     )
-    forgetting_window: int = Field(10, ge=1, description="W: past scores per task; the paper gives no value.")
-    rare_theta: float = Field(
-        5.0, gt=0, lt=100, description="A pattern is rare below theta percent of trajectories (paper: 5)."
-    )
-    rare_min_total: int = Field(20, ge=1, description="N_min: trajectories seen before rarity is judged.")
-    pattern: Literal["tool_sequence", "tool_bigrams"] = Field(
-        "tool_sequence", description="Action pattern of a trajectory: its tool-name sequence, or its tool-name bigrams."
-    )
-    max_signals_per_round: int = Field(
-        24, ge=1, description="Signals passed to synthesis per round, kinds interleaved."
-    )
+    model: type[Section] = create_model("SignalConfig", __base__=Section, __module__=__name__, **fields)
+    return model
+
+
+if TYPE_CHECKING:
+
+    class SignalConfig(Section):
+        """What the pipeline reads of the block itself; each kind reads its own settings (`SignalKind.settings`)."""
+
+        enabled: list[str] = []
+        max_signals_per_round: int = 24
+
+else:
+    SignalConfig = _signal_config()
 
 
 class SynthesisConfig(Section):
