@@ -38,17 +38,23 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import weights
 from agent.chat import ChatFormat
+from agent.engine import Engine, Generation
 from agent.fleet import Fleet
-from agent.transformers_engine import ClosedOnExit, Generation, load_policy
+from agent.serve import start_managed
+from agent.transformers_engine import load_policy
 from coevolve.errors import ConfigError, InfrastructureError
 from coevolve.optional import optional_module
+
+if TYPE_CHECKING:
+    from coevolve.config import PipelineConfig
 
 torch = optional_module("torch")
 transformers = optional_module("transformers")
@@ -133,8 +139,70 @@ def has_local_weights(path: str | Path) -> bool:
     return (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()
 
 
-class OpenAICompatibleEngine(ClosedOnExit):
+def fleet_urls(rollout: Any) -> list[str]:
+    """The servers of engine 'openai': ``base_urls``, with ``base_url`` first when both are set."""
+    urls = ([rollout.base_url] if rollout.base_url else []) + list(rollout.base_urls)
+    return list(dict.fromkeys(u.rstrip("/") for u in urls))
+
+
+def weight_sync_mode(config: PipelineConfig) -> str:
+    """``rollout.weight_sync`` with 'auto' decided by the training mode and who runs the servers.
+
+    LoRA runs load adapters; with managed servers, full fine-tuning restarts them on each checkpoint
+    (they were just started on it, so nothing is pushed).
+    """
+    mode = config.rollout.weight_sync
+    if mode == "auto" and config.training.use_lora:
+        return "lora"
+    if mode == "auto" and config.rollout.managed_servers > 0:
+        return "restart"
+    return mode
+
+
+class OpenAICompatibleEngine(Engine):
     """Batched sampling from an OpenAI-compatible completions endpoint, with per-token logprobs."""
+
+    name = "openai"
+
+    @classmethod
+    def from_config(cls, checkpoint: str | Path, config: PipelineConfig) -> OpenAICompatibleEngine:
+        """The servers of ``rollout.base_url(s)``, or with ``rollout.managed_servers: N`` N servers started on the
+        checkpoint itself (`agent.serve.start_managed`), which the engine stops, by process group, when closed."""
+        rollout = config.rollout
+        managed = None
+        if rollout.managed_servers > 0:
+            # The pipeline's own servers, started on this checkpoint; the engine stops them in close().
+            managed = start_managed(config, checkpoint)
+            urls = managed.urls
+        else:
+            urls = fleet_urls(rollout)
+        if not urls:
+            raise ValueError("rollout.engine is 'openai' but neither rollout.base_url nor rollout.base_urls is set.")
+        # The checkpoint folder supplies the tokenizer; the servers are asked for the same weights by name
+        # (the folder's resolved path, matched against each server's list), or by what a weight push loaded.
+        try:
+            return cls(
+                urls,
+                rollout.served_model or weights.served_name(checkpoint),
+                api_key=os.environ.get(rollout.api_key_env) or None,
+                tokenizer_path=checkpoint,
+                timeout_s=rollout.request_timeout_s,
+                max_retries=rollout.request_retries,
+                concurrency=rollout.concurrency,
+                logprob_tolerance=rollout.logprob_tolerance,
+                control_timeout_s=rollout.control_timeout_s,
+                managed=managed,
+            )
+        except BaseException:
+            if managed is not None:
+                managed.stop()
+            raise
+
+    def prepare(self, checkpoint: str | Path, config: PipelineConfig) -> None:
+        """Push the checkpoint's weights to every server (`sync_weights`), unless rollout.served_model names
+        what the servers serve."""
+        if config.rollout.served_model is None:
+            self.sync_weights(checkpoint, weight_sync_mode(config), config.run_dir() / "served-adapters")
 
     def __init__(
         self,
@@ -218,19 +286,11 @@ class OpenAICompatibleEngine(ClosedOnExit):
             self.managed.stop()
 
     # --- generation ---------------------------------------------------------------------------------
-    def generate(
-        self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None
+    def _generate(
+        self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None
     ) -> list[Generation]:
-        """Continue every prompt until EOS or max_new_tokens; one Generation per prompt, in order.
-
-        ``seeds`` (one per prompt) goes into each request; without seeds the server's own randomness decides.
-        """
-        if not prompts:
-            return []
-        if any(not p for p in prompts):
-            raise ValueError("Every prompt needs at least one token.")
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"Got {len(seeds)} seeds for {len(prompts)} prompts; pass one seed per prompt.")
+        """One request per prompt, ``seeds`` in each request's body; without seeds the server's own randomness
+        decides."""
         # Seeds are paired with their prompts here, before any request is in flight.
         jobs = list(zip(prompts, seeds if seeds is not None else [None] * len(prompts), strict=True))
         if len(jobs) == 1:

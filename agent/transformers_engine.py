@@ -15,25 +15,19 @@ from __future__ import annotations
 
 import atexit
 import gc
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 from agent.chat import ChatFormat
+from agent.engine import Engine, Generation
 from coevolve.optional import optional_module
+
+if TYPE_CHECKING:
+    from coevolve.config import PipelineConfig
 
 peft = optional_module("peft")
 torch = optional_module("torch")
 transformers = optional_module("transformers")
-
-
-@dataclass
-class Generation:
-    """One sampled continuation: its tokens (EOS included when it stopped) and their logprobs."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" (EOS generated) or "length"
 
 
 def load_policy(model: str | Path) -> tuple[Any, Any]:
@@ -80,21 +74,14 @@ def free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-class ClosedOnExit:
-    """Engines are context managers: leaving the ``with`` block releases the engine through its ``close``."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class TransformersEngine(ClosedOnExit):
+class TransformersEngine(Engine):
     """Batched sampling from a local policy checkpoint with per-token behaviour logprobs."""
+
+    name = "transformers"
+
+    @classmethod
+    def from_config(cls, checkpoint: str | Path, config: PipelineConfig) -> TransformersEngine:
+        return cls(checkpoint, torch_threads=config.policy.torch_threads, seed=config.seed)
 
     def __init__(self, model_path: str | Path, torch_threads: int = 1, seed: int = 0) -> None:
         torch.set_num_threads(torch_threads)
@@ -114,20 +101,15 @@ class TransformersEngine(ClosedOnExit):
         self.model = None
         free_device_memory()
 
-    def generate(
-        self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None
-    ) -> list[Generation]:
-        """Continue every prompt until EOS or max_new_tokens; one Generation per prompt, in order.
+    @property
+    def max_context_tokens(self) -> int | None:
+        return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
 
-        ``seeds`` (one per prompt) fixes each row's sample whatever batch it is generated in; greedy
-        decoding (temperature 0) ignores them.
-        """
-        if not prompts:
-            return []
-        if any(not p for p in prompts):
-            raise ValueError("Every prompt needs at least one token.")
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"Got {len(seeds)} seeds for {len(prompts)} prompts; pass one seed per prompt.")
+    def _generate(
+        self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None
+    ) -> list[Generation]:
+        """One decoding loop over the left-padded batch; ``seeds`` fix each row's sample whatever batch it is
+        generated in."""
         eos = self.chat.eos_token_id
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
         width = max(len(p) for p in prompts)

@@ -29,12 +29,16 @@ processes).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.chat import ChatFormat
-from agent.transformers_engine import ClosedOnExit, Generation, free_device_memory
-from agent.weights import stale_tied_output
+from agent.engine import Engine, Generation
+from agent.transformers_engine import free_device_memory
+from agent.weights import stale_tied_output, vllm_dtype
 from coevolve.optional import optional_module
+
+if TYPE_CHECKING:
+    from coevolve.config import PipelineConfig
 
 transformers = optional_module("transformers")
 vllm = optional_module("vllm")
@@ -59,8 +63,23 @@ def _whole_prefills_on_cpu(model_path: str | Path, args: dict[str, Any]) -> dict
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(context), 4096)}
 
 
-class VLLMEngine(ClosedOnExit):
+class VLLMEngine(Engine):
     """Batched sampling from a local checkpoint through ``vllm.LLM``."""
+
+    name = "vllm"
+
+    @classmethod
+    def from_config(cls, checkpoint: str | Path, config: PipelineConfig) -> VLLMEngine:
+        rollout = config.rollout
+        return cls(
+            checkpoint,
+            seed=config.seed,
+            dtype=vllm_dtype(checkpoint, rollout.vllm_dtype),
+            max_model_len=rollout.vllm_max_model_len,
+            gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
+            tensor_parallel_size=rollout.vllm_tensor_parallel_size,
+            data_parallel_size=rollout.vllm_data_parallel_size,
+        )
 
     def __init__(
         self,
@@ -157,19 +176,10 @@ class VLLMEngine(ClosedOnExit):
     def close(self) -> None:
         self.shutdown()
 
-    def generate(
-        self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None
+    def _generate(
+        self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None
     ) -> list[Generation]:
-        """Continue every prompt until EOS or max_new_tokens; one Generation per prompt, in order.
-
-        ``seeds`` (one per prompt) seeds each request's sampling; greedy decoding ignores them.
-        """
-        if not prompts:
-            return []
-        if any(not p for p in prompts):
-            raise ValueError("Every prompt needs at least one token.")
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"Got {len(seeds)} seeds for {len(prompts)} prompts; pass one seed per prompt.")
+        """One ``LLM.generate`` call; ``seeds`` seed each request's sampling."""
         eos = self.chat.eos_token_id
 
         def params(seed: int | None) -> Any:

@@ -1,6 +1,6 @@
 """The curriculum's settings for the ablation, chosen on the dev split: sampler rule and dynamic sampling.
 
-Every candidate runs the ablation's schedule (configs/ablation.yaml: one batch a round, 4 optimizer
+Every candidate runs the ablation's schedule (configs/ablation_20steps.yaml: one batch a round, 4 optimizer
 steps, at most 144 episodes a round) for ``--rounds`` rounds with ``coevolve evolve``, for each loop
 seed, in one state folder (checkpoint 0, the seed pool and the splits built once and shared). The
 curriculum candidates draw 12 tasks a batch and may play up to twice that (``max_rollout_factor`` 2),

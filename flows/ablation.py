@@ -12,7 +12,7 @@ are their base arm with the curriculum on: the batch is drawn by estimated learn
 the step has ``rollout.tasks_per_batch`` informative groups (``rollout.dynamic_sampling``). Compute stays
 equal: such an arm's batch is the base batch divided by ``CURRICULUM_ROLLOUT_FACTOR``
 (``curriculum_batch``), so the most episodes it may play per step, tasks_per_batch x group_size x
-max_rollout_factor, is what a base arm plays (configs/ablation.yaml: 12 x 6 x 2 = 24 x 6 = 144), and the
+max_rollout_factor, is what a base arm plays (configs/ablation.yaml: 4 x 6 x 2 = 8 x 6 = 48 a step), and the
 optimizer steps per round are the same. The report prints each arm's episodes played and optimizer steps,
 so a reader sees both. A curriculum arm plays another rollout in round 0 than its base arm, so it
 computes its own round 0 instead of copying it. Run ids spell ``+`` as ``_`` (``arm_run_label``): run ids,

@@ -7,26 +7,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
-from agent.chat import ChatFormat
+from agent.engine import Engine
 from coevolve.config import EnvironmentConfig
 from coevolve.records import Segment, Step, Task, Trajectory
 from envs.bfcl import BfclEnvironment
 
 if TYPE_CHECKING:
     from envs.bfcl_prompts import BfclConversation
-
-
-class Engine(Protocol):
-    """What rollout needs from a generation backend (agent/transformers_engine.py)."""
-
-    tokenizer: Any  # a Hugging Face tokenizer, as ChatFormat wraps it
-    chat: ChatFormat
-
-    def generate(
-        self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seeds: list[int] | None = None
-    ) -> list: ...
 
 
 @dataclass

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from prefect import get_run_logger
 from tqdm.auto import tqdm
 
+from agent.engine import Engine
 from agent.engines import context_length, open_engine
 from coevolve.config import EnvironmentConfig, PipelineConfig, RolloutConfig
 from coevolve.errors import ConfigError, DataError
@@ -49,7 +50,7 @@ from coevolve.optional import optional_module
 from coevolve.records import Task, Trajectory
 from coevolve.stages import RolloutInput, RolloutOutput, step_samples
 from tasks.common import make_environment
-from tasks.episode import Engine, Episode, advance_episode, to_trajectory
+from tasks.episode import Episode, advance_episode, to_trajectory
 from tasks.grpo_groups import has_reward_variance
 from tasks.registry import stage
 from tasks.samplers import draw_key, estimates_of, pool_sampler

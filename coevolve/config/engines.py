@@ -6,24 +6,46 @@ These are fields of the ``rollout`` section (`RolloutConfig` composes them), so 
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from coevolve.config.base import Section
+
+# The engines agent/engines.py builds in (tests/flows/test_engine_plugin.py checks the two lists agree), and the
+# entry-point group under which an installed package declares another; its names are read here without importing
+# the package, so the configuration stays light.
+BUILT_IN_ENGINES: tuple[str, ...] = ("transformers", "vllm", "openai")
+ENGINE_ENTRY_POINTS = "coevolve.engines"
+
+
+def engine_names() -> list[str]:
+    """Every value rollout.engine may take here: the built-in engines, then those installed packages declare."""
+    return [*BUILT_IN_ENGINES, *sorted(p.name for p in entry_points(group=ENGINE_ENTRY_POINTS))]
 
 
 class EngineSettings(Section):
     # The generation backend and its settings: the client of an OpenAI-compatible server, and vLLM's.
-    engine: Literal["transformers", "vllm", "openai"] = Field(
+    engine: str = Field(
         "transformers",
         description=(
             "Generation backend. 'transformers' runs anywhere; 'vllm' runs vllm.LLM in-process, so only in an "
             "interpreter that has vLLM (.venv-vllm, .venv-gpu-vllm: vLLM cannot share an environment with the "
             "project's prefect); 'openai' sends token-id prompts to OpenAI-compatible vLLM servers at base_url(s) or "
-            "started by the pipeline (managed_servers), as `make gpu-run` does."
+            "started by the pipeline (managed_servers), as `make gpu-run` does; an installed package may add others "
+            "(docs/extending.md)."
         ),
     )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        known = engine_names()
+        if value not in known:
+            raise ValueError(f"unknown engine {value!r}; use one of {known}, or install the package that declares it")
+        return value
+
     base_url: str | None = Field(
         None, description="Server URL for engine 'openai', e.g. http://127.0.0.1:8000/v1 (required for that engine)."
     )

@@ -22,8 +22,7 @@ import pytest
 import torch
 from prefect.testing.utilities import prefect_test_harness
 
-from agent.engines import weight_sync_mode
-from agent.http_engine import local_logprobs
+from agent.http_engine import local_logprobs, weight_sync_mode
 from agent.serve import free_port, managed_ports, start_managed
 from agent.transformers_engine import load_policy
 from coevolve.config import load_config

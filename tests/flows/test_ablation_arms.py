@@ -47,5 +47,5 @@ def test_a_curriculum_arm_plays_at_most_the_episodes_its_base_arm_plays_per_step
     plain, curriculum = (arm_config(base, arm, 1, "abl").rollout for arm in ("full", "full+learnability"))
     most = curriculum.tasks_per_batch * curriculum.group_size * curriculum.max_rollout_factor
     assert most <= plain.tasks_per_batch * plain.group_size  # 25: a batch of 12, never 12.5
-    if tasks_per_batch == 24:  # configs/ablation.yaml: 12 x 6 x 2 = 24 x 6
+    if tasks_per_batch == 24:  # configs/ablation_20steps.yaml: 12 x 6 x 2 = 24 x 6
         assert curriculum.tasks_per_batch == 12 and most == plain.tasks_per_batch * plain.group_size
