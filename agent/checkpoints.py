@@ -54,7 +54,7 @@ def _digested(file: Path) -> bool:
     return not (file.parent.name == TRAINER_STATE_SUBDIR and file.name.startswith(_RNG_STATE_PREFIX))
 
 
-def save_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
+def save_atomically(out_dir: Path, write: Callable[[Path], object]) -> None:
     """Publish a checkpoint folder whole:
     ``write(staging)`` fills a folder beside ``out_dir``, which then replaces it.
 

@@ -313,7 +313,8 @@ class OpenAICompatibleEngine(Engine):
         ``logprob_tolerance``; skipped (with a warning) when the checkpoint is not on this machine.
         """
         with self._check_lock:
-            if self.logprob_check != "pending":
+            tolerance = self.logprob_tolerance
+            if self.logprob_check != "pending" or tolerance is None:
                 return
             if not has_local_weights(self.model_path):
                 log.warning(
@@ -330,7 +331,7 @@ class OpenAICompatibleEngine(Engine):
             local = local_logprobs(model, [p for p, _ in picked], completions, temperature)
             del model
             difference = logprob_difference(served, local)
-            if not math.isfinite(difference) or difference > float(self.logprob_tolerance):
+            if not math.isfinite(difference) or difference > float(tolerance):
                 raise ConfigError(
                     f"The server at {self.base_url} returned logprobs that differ from a local forward pass of "
                     f"{self.model_path} at temperature {temperature} by {difference:.4f} per token on average "

@@ -140,7 +140,7 @@ class TransformersEngine(Engine):
                 )
                 past = out.past_key_values
                 logits = out.logits[:, -1, :].float()
-                if temperature > 0:
+                if uniforms is not None:  # sampling (temperature > 0)
                     logprobs = torch.log_softmax(logits / temperature, dim=-1)
                     # Inverse CDF: the first token whose cumulative probability reaches the row's uniform.
                     # Uniforms lie in (0, 1], so a zero-probability token is never chosen.

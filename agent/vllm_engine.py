@@ -106,6 +106,9 @@ class VLLMEngine(Engine):
             **(extra_args or {}),
         }
         self.llm: Any = None
+        # The checkpoint the engine generates with, and the folder its tied output layer was built from.
+        self.model_path: str | Path = model_path
+        self._built_from: str | Path = model_path
         self.reload(model_path)
 
     def reload(self, model_path: str | Path) -> None:

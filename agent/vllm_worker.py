@@ -6,9 +6,14 @@ imports nothing of its own: the worker already holds torch and the model.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class CoevolveWorkerExtension:
     """Mixed into vLLM's worker class; ``self`` is the worker."""
+
+    # The worker's own attribute: its model runner, which holds the loaded model.
+    model_runner: Any
 
     def refresh_tied_output(self) -> bool:
         """Rebuild the output layer of a model that ties it to its input embeddings from the current weights.

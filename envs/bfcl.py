@@ -95,6 +95,12 @@ class BfclEnvironment:
         self._truth: dict[str, Any] = {}
 
     # -- episode -------------------------------------------------------------------------------
+    def _reset_task(self) -> Task:
+        """The task the environment was last reset with."""
+        if self._task is None:
+            raise RuntimeError("The environment has no task yet; call reset(task) first.")
+        return self._task
+
     def reset(self, task: Task) -> list[Message]:
         meta = official_meta(task)
         long_context = bool(meta and meta.long_context)
@@ -121,7 +127,7 @@ class BfclEnvironment:
                 hidden.update(names)
         lines = [
             bfcl_api.tool_line(doc, self.tool_list)
-            for cls in self._task.involved_classes
+            for cls in self._reset_task().involved_classes
             for doc in bfcl_api.func_docs(cls)
             if doc["name"] not in hidden
         ]
@@ -146,11 +152,10 @@ class BfclEnvironment:
             outcome.messages.append(Message("tool", "\n".join(lines)))
         if not calls or self._steps_in_turn >= self.max_steps_per_turn:
             outcome.turn_ended = True
-            self._end_turn()
-            if self._done:
+            if self._end_turn():
                 outcome.done = True
             else:
-                outcome.messages.append(Message("user", self._task.turns[self._turn]))
+                outcome.messages.append(Message("user", self._reset_task().turns[self._turn]))
         return outcome
 
     def _bfcl_step(self, model_text: str) -> StepOutcome:
@@ -164,8 +169,7 @@ class BfclEnvironment:
         outcome = StepOutcome(calls=calls, error=error)
         if not calls:
             outcome.turn_ended = True
-            self._end_turn()
-            outcome.done = self._done
+            outcome.done = self._end_turn()
             return outcome
         outcome.observations = self.execute(calls)
         self._all_results.extend(outcome.observations)
@@ -179,17 +183,20 @@ class BfclEnvironment:
             outcome.turn_ended = outcome.done = True
         return outcome
 
-    def _end_turn(self) -> None:
+    def _end_turn(self) -> bool:
+        """Score the turn that ends and move to the next; whether the episode is over."""
+        task = self._reset_task()
         turn = self._turn
-        reference = self._task.reference[turn] if turn < len(self._task.reference) else []
+        reference = task.reference[turn] if turn < len(task.reference) else []
         truth_results = [bfcl_api.run_call(self._truth_table, self._tool_classes, c) for c in reference]
         if self._failure is None:
             self._failure = self._check_turn(turn, reference, truth_results)
         self._turn += 1
         self._steps_in_turn = 0
         self._turn_called = False
-        if self._turn >= len(self._task.turns) or (self._failure is not None and self.stop_on_failure):
+        if self._turn >= len(task.turns) or (self._failure is not None and self.stop_on_failure):
             self._done = True
+        return self._done
 
     def _check_turn(self, turn: int, reference: list[ToolCall], truth_results: list[str]) -> dict[str, Any] | None:
         if not reference:

@@ -160,7 +160,7 @@ class BfclConversation:
 
     def text(self) -> str:
         """The prompt of the next step, ending where the model's reply begins."""
-        if self.handler == "chat":
+        if self.render_chat is not None and self.handler == "chat":  # the constructor requires it for 'chat'
             return self.render_chat(copy.deepcopy(self.messages))
         return _formatter(self.handler)._format_prompt(self.messages, self.functions)
 

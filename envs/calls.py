@@ -241,7 +241,7 @@ def _parse(text: str, bracketed: bool = False) -> list[ToolCall]:
 
 
 def parse_tool_calls(
-    text: str, allowed: set[str] | None = None, bracketed: bool = False
+    text: object, allowed: set[str] | None = None, bracketed: bool = False
 ) -> tuple[list[ToolCall], str | None]:
     """Tool calls in ``text`` and an error text, or ([], None) when the text calls nothing.
 

@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import cast
 
 import numpy as np
 import statsmodels.api as sm
@@ -41,15 +42,17 @@ def outcome_matrix(a: Outcomes, b: Outcomes | Mapping[str, bool]) -> tuple[np.nd
     ``b`` is either outcomes by seed (another arm) or one outcome per task (checkpoint 0, shared by
     every seed), which is repeated for each seed.
     """
-    shared = not b or not isinstance(next(iter(b.values())), Mapping)
-    seeds = sorted(set(a) if shared else set(a) & set(b))
+    if b and isinstance(next(iter(b.values())), Mapping):
+        per_seed = cast(Outcomes, b)
+        seeds = sorted(set(a) & set(per_seed))
+    else:
+        seeds = sorted(a)
+        per_seed = dict.fromkeys(seeds, cast(Mapping[str, bool], b))
     if not seeds:
         return np.zeros((0, 0)), np.zeros((0, 0))
-    tasks = set.intersection(*(set(a[s]) for s in seeds))
-    tasks &= set(b) if shared else set.intersection(*(set(b[s]) for s in seeds))
-    tasks = sorted(tasks)
+    tasks = sorted(set.intersection(*(set(a[s]) & set(per_seed[s]) for s in seeds)))
     left = np.array([[float(a[s][t]) for t in tasks] for s in seeds])
-    right = np.array([[float((b if shared else b[s])[t]) for t in tasks] for s in seeds])
+    right = np.array([[float(per_seed[s][t]) for t in tasks] for s in seeds])
     return left, right
 
 
