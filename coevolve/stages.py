@@ -18,7 +18,7 @@ warehouse session.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,14 +30,16 @@ class Contract(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
-class StageInput(Contract):
-    """What every stage takes: the round it is a step of, and what that stage needs besides."""
+# The output model of the stage an input is for.
+OutputT = TypeVar("OutputT", bound=Contract)
+
+
+class StageInput(Contract, Generic[OutputT]):
+    """What every stage takes: the round it is a step of, and what that stage needs besides. Its type parameter
+    is the stage's output model (``PrepareInput`` is a ``StageInput[PrepareOutput]``), so a call that runs a stage
+    (`tasks.registry.Stage`, `flows.stage.run_stage`) is typed by what it is given."""
 
     round_: int
-
-
-class PrepareInput(StageInput):
-    pass
 
 
 class PrepareOutput(Contract):
@@ -55,14 +57,14 @@ class PrepareOutput(Contract):
     final_heldout_digest: str | None = None
 
 
-class StepInput(StageInput):
+class PrepareInput(StageInput[PrepareOutput]):
+    pass
+
+
+class StepInput(StageInput[OutputT]):
     """A stage of one training step of a round: a round runs training.batches_per_round steps, 0 first."""
 
     step: int = 0
-
-
-class RolloutInput(StepInput):
-    checkpoint: str  # the policy the previous step produced (checkpoint ``round_`` at step 0): a folder or a model id
 
 
 class RolloutOutput(Contract):
@@ -103,13 +105,13 @@ class RolloutOutput(Contract):
         )
 
 
+class RolloutInput(StepInput[RolloutOutput]):
+    checkpoint: str  # the policy the previous step produced (checkpoint ``round_`` at step 0): a folder or a model id
+
+
 def _total(counts: list[int | None]) -> int | None:
     """The sum of the steps' counts; None when a step's record (of an older version) lacks it."""
     return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
-
-
-class MineInput(StageInput):
-    pass
 
 
 class MineOutput(Contract):
@@ -117,8 +119,8 @@ class MineOutput(Contract):
     selected: list[str]  # signal ids synthesis follows, in order
 
 
-class SynthesizeInput(StageInput):
-    selected: list[str]
+class MineInput(StageInput[MineOutput]):
+    pass
 
 
 class SynthesizeOutput(Contract):
@@ -126,8 +128,8 @@ class SynthesizeOutput(Contract):
     contexts: dict[str, Any]  # signal id -> how its candidates were made
 
 
-class ValidateInput(StageInput):
-    candidates: list[dict[str, Any]]
+class SynthesizeInput(StageInput[SynthesizeOutput]):
+    selected: list[str]
 
 
 class ValidateOutput(Contract):
@@ -137,10 +139,8 @@ class ValidateOutput(Contract):
     rejections: dict[str, int]
 
 
-class UpdateInput(StepInput):
-    checkpoint: str  # the policy step ``step``'s batch was played with
-    # The groups to train on (`RolloutOutput.train_tasks`); None: every group of the step with reward variance.
-    tasks: list[str] | None = None
+class ValidateInput(StageInput[ValidateOutput]):
+    candidates: list[dict[str, Any]]
 
 
 class UpdateOutput(Contract):
@@ -184,8 +184,10 @@ class UpdateOutput(Contract):
         )
 
 
-class EvaluateInput(StageInput):
-    checkpoint: str
+class UpdateInput(StepInput[UpdateOutput]):
+    checkpoint: str  # the policy step ``step``'s batch was played with
+    # The groups to train on (`RolloutOutput.train_tasks`); None: every group of the step with reward variance.
+    tasks: list[str] | None = None
 
 
 class EvaluateOutput(Contract):
@@ -196,16 +198,8 @@ class EvaluateOutput(Contract):
     dev_tasks: int | None = None
 
 
-class VersionInput(StageInput):
-    """The outputs of the round's earlier stages that its summary and lineage are made from."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-    rollout: RolloutOutput
-    mine: MineOutput
-    validate_: ValidateOutput = Field(alias="validate")  # ``validate`` is a BaseModel method
-    update: UpdateOutput
-    evaluate: EvaluateOutput
+class EvaluateInput(StageInput[EvaluateOutput]):
+    checkpoint: str
 
 
 class VersionOutput(Contract):
@@ -217,6 +211,18 @@ class VersionOutput(Contract):
     model_version: str | None = None
     mlflow_run_id: str | None = None
     best_version: Any = None
+
+
+class VersionInput(StageInput[VersionOutput]):
+    """The outputs of the round's earlier stages that its summary and lineage are made from."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    rollout: RolloutOutput
+    mine: MineOutput
+    validate_: ValidateOutput = Field(alias="validate")  # ``validate`` is a BaseModel method
+    update: UpdateOutput
+    evaluate: EvaluateOutput
 
 
 # Update statistics a round adds up over its steps; the others are averaged.
@@ -247,7 +253,7 @@ def step_of(inputs: StageInput) -> int:
 
 # stage -> (input model, output model), in the order a round runs them: prepare, then rollout and
 # update once per training step (training.batches_per_round), then the stages that feed the pool.
-CONTRACTS: dict[str, tuple[type[StageInput], type[Contract]]] = {
+CONTRACTS: dict[str, tuple[type[StageInput[Any]], type[Contract]]] = {
     "prepare": (PrepareInput, PrepareOutput),
     "rollout": (RolloutInput, RolloutOutput),
     "update": (UpdateInput, UpdateOutput),

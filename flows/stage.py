@@ -36,7 +36,7 @@ from prefect.states import Cancelled, Cancelling
 from coevolve.config import PipelineConfig
 from coevolve.errors import InfrastructureError, RoundLockedError
 from coevolve.settings import apply_settings
-from coevolve.stages import PLACEABLE, Contract, StageInput, record_name, step_of
+from coevolve.stages import PLACEABLE, Contract, OutputT, StageInput, record_name, step_of
 from tasks.common import open_warehouse
 from tasks.evaluate import evaluate_stage
 from tasks.mine import mine_stage
@@ -65,7 +65,7 @@ STAGES: dict[str, Stage] = stage_registry(
     version_stage,
 )
 # A stage is found by its input model: the round flow hands over typed inputs, never a stage's name.
-_BY_INPUT: dict[type[Contract], Stage] = {s.inputs: s for s in STAGES.values()}
+_BY_INPUT: dict[type[Contract], Stage[Any, Any]] = {s.inputs: s for s in STAGES.values()}
 
 
 def placement_target(cfg: PipelineConfig, stage: Stage) -> str:
@@ -91,9 +91,9 @@ def coevolve_stage(stage: str, inputs: dict[str, Any], config: dict[str, Any] | 
     return registered(cfg, registered.inputs.model_validate(inputs)).model_dump(mode="json")
 
 
-def run_stage(cfg: PipelineConfig, inputs: StageInput) -> Any:
+def run_stage(cfg: PipelineConfig, inputs: StageInput[OutputT]) -> OutputT:
     """Run the stage ``inputs`` are for, where ``cfg.placement`` says, and return its typed (recorded) output."""
-    stage = _BY_INPUT[type(inputs)]
+    stage: Stage[StageInput[OutputT], OutputT] = _BY_INPUT[type(inputs)]
     round_, record = inputs.round_, record_name(stage.name, step_of(inputs))
     target = placement_target(cfg, stage)
     if target == "inline":

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -32,7 +32,10 @@ from tasks.common import open_warehouse
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
 
-StageFunction = Callable[[PipelineConfig, "Warehouse", Any], Any]
+# A stage's input model and output model (the input is a StageInput[its output], coevolve/stages.py).
+InputT = TypeVar("InputT", bound=StageInput[Any])
+OutputT = TypeVar("OutputT", bound=Contract)
+StageFunction = Callable[[PipelineConfig, "Warehouse", InputT], OutputT]
 # (config, warehouse, inputs, output) -> None: a check run after the output is recorded or read back.
 StageCheck = Callable[[PipelineConfig, "Warehouse", Any, Any], None]
 
@@ -42,21 +45,22 @@ def _always(inputs: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class Stage:
+class Stage(Generic[InputT, OutputT]):
     """One registered stage: its typed function, its contract and its Prefect task."""
 
     name: str
-    function: StageFunction
-    inputs: type[StageInput]
-    outputs: type[Contract]
+    function: StageFunction[InputT, OutputT]
+    inputs: type[InputT]
+    outputs: type[OutputT]
     task: Any  # prefect.Task taking (config, inputs) and returning the output model
     recorded: Callable[[Any], bool]
 
-    def __call__(self, config: PipelineConfig, inputs: StageInput) -> Any:
+    def __call__(self, config: PipelineConfig, inputs: InputT) -> OutputT:
         """Run the stage's Prefect task in this process and return its (recorded) output."""
         if not isinstance(inputs, self.inputs):
             raise TypeError(f"Stage {self.name} takes {self.inputs.__name__}, not {type(inputs).__name__}.")
-        return self.task(config, inputs)
+        output: OutputT = self.task(config, inputs)
+        return output
 
 
 def stage(
@@ -66,7 +70,7 @@ def stage(
     retry_delay_seconds: float = 0,
     recorded: Callable[[Any], bool] = _always,
     check: StageCheck | None = None,
-) -> Callable[[StageFunction], Stage]:
+) -> Callable[[StageFunction[InputT, OutputT]], Stage[InputT, OutputT]]:
     """Declare the stage ``name`` of coevolve/stages.py: ``@stage("mine", retries=2)`` on its function.
 
     ``recorded(inputs)`` says whether this call keeps a stage record (and so resumes from one); ``check``
@@ -74,10 +78,13 @@ def stage(
     """
     if name not in CONTRACTS:
         raise ValueError(f"Unknown stage {name!r}; the stages are {', '.join(STAGE_NAMES)} (coevolve/stages.py).")
-    input_model, output_model = CONTRACTS[name]
 
-    def declare(function: StageFunction) -> Stage:
-        def run(config: PipelineConfig, inputs: StageInput) -> Contract:
+    def declare(function: StageFunction[InputT, OutputT]) -> Stage[InputT, OutputT]:
+        # The contract's models, typed by the function they are declared on (a test checks they agree).
+        input_model = cast(type[InputT], CONTRACTS[name][0])
+        output_model = cast(type[OutputT], CONTRACTS[name][1])
+
+        def run(config: PipelineConfig, inputs: InputT) -> OutputT:
             round_, record = inputs.round_, record_name(name, step_of(inputs))
             keep = recorded(inputs)
             with open_warehouse(config) as wh:

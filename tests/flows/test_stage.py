@@ -20,6 +20,15 @@ def test_the_registry_holds_every_stage_of_the_contracts_in_round_order():
     assert {name: (s.inputs, s.outputs) for name, s in STAGES.items()} == CONTRACTS
 
 
+def test_every_stage_function_is_annotated_with_its_contracts_models():
+    """The types a round is checked against (`run_stage`'s output follows its input) are the functions' own."""
+    for name, registered in STAGES.items():
+        annotations = registered.function.__annotations__  # names: the stage modules postpone annotations
+        assert (annotations["inputs"], annotations["return"]) == tuple(m.__name__ for m in CONTRACTS[name]), name
+        # The input model is a StageInput parametrized by the output model (pydantic keeps the argument here).
+        assert registered.inputs.__mro__[1].__pydantic_generic_metadata__["args"] == (registered.outputs,), name
+
+
 def test_a_registry_that_lacks_a_stage_is_refused_naming_the_stages():
     with pytest.raises(ValueError, match="does not match coevolve/stages.py"):
         stage_registry(*(s for name, s in STAGES.items() if name != "mine"))
