@@ -48,12 +48,12 @@ from coevolve.config import EnvironmentConfig, PipelineConfig, RolloutConfig
 from coevolve.errors import ConfigError, DataError
 from coevolve.optional import optional_module
 from coevolve.records import Task, Trajectory
-from coevolve.stages import RolloutInput, RolloutOutput, step_samples
+from coevolve.stages import RolloutInput, RolloutOutput
 from tasks.common import make_environment
+from tasks.curriculum import StepCurriculum, informative_tasks
 from tasks.episode import Episode, advance_episode, to_trajectory
-from tasks.grpo_groups import has_reward_variance
 from tasks.registry import stage
-from tasks.samplers import draw_key, estimates_of, pool_sampler
+from tasks.samplers import estimates_of
 
 # The BFCL prompt handlers load bfcl-eval's model handlers (and openai's types): seconds, needed only
 # when a rollout plays with prompt_style 'bfcl'.
@@ -218,22 +218,6 @@ def round_statistics(config: PipelineConfig, wh: Warehouse, round_: int) -> pa.T
     )
 
 
-def informative_tasks(outcomes: dict[str, list], samples: range, group_size: int) -> set[str]:
-    """Tasks whose episodes numbered ``samples`` (one training step's) form a whole group with reward variance:
-    the groups GRPO learns from (the rule of tasks/grpo_groups.group_trajectories)."""
-    rewards: dict[str, list[float]] = {}
-    for task_id, sample, reward in zip(outcomes["task_id"], outcomes["sample"], outcomes["reward"], strict=True):
-        if sample in samples:
-            rewards.setdefault(task_id, []).append(reward)
-    return {task_id for task_id, r in rewards.items() if len(r) == group_size and has_reward_variance(r)}
-
-
-def episode_budget(config: RolloutConfig) -> int:
-    """The most episodes one training step plays: its batch, times rollout.max_rollout_factor with dynamic sampling."""
-    base = config.tasks_per_batch * config.group_size
-    return int(base * config.max_rollout_factor) if config.dynamic_sampling else base
-
-
 # --- Prefect task -------------------------------------------------------------------------------
 
 
@@ -241,32 +225,29 @@ def episode_budget(config: RolloutConfig) -> int:
 def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -> RolloutOutput:
     """Play training step ``step``'s batch with the policy the previous step produced and store the trajectories.
 
-    The batch is drawn by ``pool.sampler`` from the round's task statistics (`Warehouse.task_difficulty`). With
-    ``rollout.dynamic_sampling``, replacement tasks not yet played in the step are drawn and played until the step
-    has ``tasks_per_batch`` groups with reward variance or has spent its episode budget (`episode_budget`). Every
-    draw is seeded by (seed, round, step, draw) and decided by stored outcomes only, so a resumed stage draws and
-    plays exactly the same tasks.
+    The step's curriculum (`tasks.curriculum.StepCurriculum`) hands out what to play: the batch ``pool.sampler``
+    draws from the round's task statistics (`Warehouse.task_difficulty`), then, with gates
+    (``rollout.dynamic_sampling``, ``rollout.gates``), replacement tasks until the step has ``tasks_per_batch``
+    admitted groups or has spent its episode budget. Every draw is seeded by (seed, round, step, draw) and decided
+    by stored outcomes only, so a resumed stage draws and plays exactly the same tasks.
     """
     round_, step = inputs.round_, inputs.step
     pool = wh.pool(config.run_id, round_)
     if not pool:
         raise DataError(f"Pool {round_} of run {config.run_id!r} is empty; round {round_ - 1} must finish first.")
-    estimates = estimates_of(round_statistics(config, wh, round_))
-    sampler = pool_sampler(config.pool)
-    group_size, target = config.rollout.group_size, config.rollout.tasks_per_batch
-    samples = step_samples(step, group_size)
+    curriculum = StepCurriculum.for_step(config, estimates_of(round_statistics(config, wh, round_)), round_, step)
+    group_size, samples = config.rollout.group_size, curriculum.samples
     # Episodes stored by an earlier, interrupted attempt are kept; only the missing ones are played.
     stored = {(task_id, sample) for task_id, sample in wh.stored_episodes(config.run_id, round_) if sample in samples}
     if stored:
         get_run_logger().info(
             "round %d step %d: %d episodes already stored, playing the rest", round_, step, len(stored)
         )
-    played: list[Task] = []
-    batch = sampler.draw(pool, estimates, target, draw_key(config.seed, round_, step, 0))
+    batch = curriculum.first_draw(pool)
     draws = 0
     # Released when the block ends, before the update stage trains: vLLM shut down, GPU memory and connections freed.
     with open_engine(inputs.checkpoint, config) as engine:
-        while batch:  # the batch, then (dynamic sampling) rounds of replacements
+        while batch:  # the batch, then (with gates) rounds of replacements
             draws += 1
             play_episodes(
                 engine,
@@ -286,27 +267,14 @@ def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -
                 first_sample=samples.start,
                 desc="rollout" if draws == 1 else f"rollout (replacements {draws - 1})",
             )
-            played += batch
             outcomes = wh.outcomes(config.run_id, round_)
-            informative = informative_tasks(outcomes, samples, group_size)
-            room = (episode_budget(config.rollout) - len(played) * group_size) // group_size
-            wanted = min(target - len(informative), room) if config.rollout.dynamic_sampling else 0
-            drawn = {t.task_id for t in played}
-            batch = (
-                sampler.draw(
-                    [t for t in pool if t.task_id not in drawn], estimates, wanted,
-                    draw_key(config.seed, round_, step, draws),
-                )
-                if wanted > 0
-                else []
-            )  # fmt: skip
+            batch = curriculum.next_draw(pool, outcomes)
+    informative = informative_tasks(outcomes, samples, group_size)
+    played = curriculum.played
     mine = [i for i, sample in enumerate(outcomes["sample"]) if sample in samples]  # this step's episodes
     successes = [outcomes["success"][i] for i in mine]
     reasons = dict(sorted(Counter(outcomes["finish_reason"][i] for i in mine).items()))
     rate = sum(successes) / len(successes) if successes else 0.0
-    train_tasks = (
-        [t.task_id for t in played if t.task_id in informative][:target] if config.rollout.dynamic_sampling else None
-    )
     get_run_logger().info(
         "round %d step %d: %d episodes of %d tasks in %d draw(s), %d groups with reward variance, success %.3f, "
         "finish reasons %s",
@@ -322,5 +290,5 @@ def rollout_stage(config: PipelineConfig, wh: Warehouse, inputs: RolloutInput) -
         groups_played=len(played),
         informative_groups=len(informative),
         draws=draws,
-        train_tasks=train_tasks,
+        train_tasks=curriculum.train_tasks(outcomes),
     )

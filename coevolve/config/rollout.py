@@ -8,13 +8,24 @@ are listed in reverse and the section shows its fields in their usual order.
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from coevolve.config.base import Section
 from coevolve.config.engines import EngineSettings, ServerSettings
 from coevolve.config.evaluation import EvaluationSettings
+
+# The gates tasks/curriculum.py builds in (tests/flows/test_gate_plugin.py checks the lists agree), and the
+# entry-point group under which an installed package declares another; the names are read without importing it.
+BUILT_IN_GATES: tuple[str, ...] = ("informative",)
+GATE_ENTRY_POINTS = "coevolve.gates"
+
+
+def gate_names() -> list[str]:
+    """Every gate rollout.gates may name here: the built-in ones, then those installed packages declare."""
+    return [*BUILT_IN_GATES, *sorted(p.name for p in entry_points(group=GATE_ENTRY_POINTS))]
 
 
 class SamplingSettings(Section):
@@ -52,10 +63,27 @@ class SamplingSettings(Section):
         2.0,
         ge=1,
         description=(
-            "With dynamic_sampling, the most episodes a step plays, in multiples of tasks_per_batch x group_size: "
-            "bounds what a step costs when few groups carry reward variance."
+            "With dynamic_sampling or gates, the most episodes a step plays, in multiples of tasks_per_batch x "
+            "group_size: bounds what a step costs when few groups are admitted."
         ),
     )
+    gates: list[str] = Field(
+        [],
+        description=(
+            "Admission gates besides dynamic_sampling's (which is the gate 'informative'): a group counts toward the "
+            "update only when every gate admits it, and replacements are drawn as dynamic_sampling draws them. "
+            "Installed packages declare gates (entry-point group coevolve.gates, docs/extending.md); none by default."
+        ),
+    )
+
+    @field_validator("gates")
+    @classmethod
+    def _known_gates(cls, value: list[str]) -> list[str]:
+        known = gate_names()
+        unknown = [name for name in value if name not in known]
+        if unknown:
+            raise ValueError(f"unknown gate(s) {unknown}; use {known}, or install the package that declares them")
+        return value
 
 
 class RolloutConfig(EvaluationSettings, SamplingSettings, ServerSettings, EngineSettings):
