@@ -12,7 +12,7 @@ seconds) or on a local model folder (``--model PATH``; no hub is contacted):
    the pipeline's `OpenAICompatibleEngine` through `agent.engines.make_engine`, and the mean
    difference between served logprobs and a local transformers forward pass of the same checkpoint;
 4. the update stage under torchrun with one process (``training.launcher: torchrun``,
-   ``num_processes: 1``; `tasks.launch.launch_update`), for ``--rounds`` rounds, each on the previous
+   ``num_processes: 1``; `tasks.training.launch.launch_update`), for ``--rounds`` rounds, each on the previous
    round's checkpoint, trained on the in-process engine's samples with alternating rewards so every
    group has reward variance.
 
@@ -265,8 +265,8 @@ def part_update(
     from coevolve.config import PipelineConfig
     from coevolve.records import Trajectory
     from tasks.common import open_warehouse
-    from tasks.grpo_groups import group_round
-    from tasks.launch import launch_update
+    from tasks.training.grpo_groups import group_round
+    from tasks.training.launch import launch_update
 
     config = PipelineConfig(
         run_id="gpu-smoke", state_dir=work / "update-state", seed=0,

@@ -48,8 +48,8 @@ import matplotlib.pyplot as plt
 from coevolve.config import PipelineConfig, load_config
 from coevolve.settings import OFFLINE_ENV
 from storage.warehouse import Warehouse
-from tasks.curves import Band, success_band
-from tasks.plots import band_panel
+from tasks.ablation.curves import Band, success_band
+from tasks.ablation.plots import band_panel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -162,7 +162,7 @@ def run_choice(
 
 def dev_band(rows: list[dict[str, Any]], steps_per_round: int) -> Band:
     """One candidate's dev success by optimizer step over its seeds' rows (checkpoint 0 at step 0), computed as the
-    ablation report computes an arm's (`tasks.curves.success_band`)."""
+    ablation report computes an arm's (`tasks.ablation.curves.success_band`)."""
     runs = [
         {
             "baseline_dev_success": r["dev_checkpoint0"],

@@ -2,9 +2,9 @@
 
 Each training step's update builds a TRL GRPOTrainer on the previous step's checkpoint, resumes the
 trainer state saved beside it (optimizer, scheduler, global step, RNG) and writes its own checkpoint
-and state (tasks/grpo_trainer.py). This measures, for a random-init policy of the builtin default's
+and state (tasks/training/grpo_trainer.py). This measures, for a random-init policy of the builtin default's
 shape (unless told otherwise) on one batch of synthetic groups, the parts of one step as
-tasks/grpo_trainer.train runs them:
+tasks/training/grpo_trainer.train runs them:
 
 - ``policy_load_s``: loading the checkpoint (`load_policy`);
 - ``trainer_build_s``: constructing the trainer (TRL's reference model included when beta > 0);
@@ -46,11 +46,11 @@ from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig, PolicyConfig
 from coevolve.optional import optional_module
 from coevolve.records import Message, Trajectory
-from tasks.grpo_groups import group_round
+from tasks.training.grpo_groups import group_round
 from tasks.update import grpo_update
 
-grpo_trainer = optional_module("tasks.grpo_trainer")
-grpo_resume = optional_module("tasks.grpo_resume")
+grpo_trainer = optional_module("tasks.training.grpo_trainer")
+grpo_resume = optional_module("tasks.training.grpo_resume")
 datasets = optional_module("datasets")
 
 # Qwen3-4B: 36 layers, hidden 2560, 32 query and 8 key/value heads of 128, MLP 9728. (in, out) of each linear layer.
@@ -98,7 +98,7 @@ def _size(folder: Path) -> int:
 
 
 def _build(checkpoint: Path, trajectories: list[Trajectory], config: PipelineConfig, scratch: str) -> Any:
-    """The trainer tasks/grpo_trainer.train builds, on a fresh copy of the checkpoint's policy."""
+    """The trainer tasks/training/grpo_trainer.train builds, on a fresh copy of the checkpoint's policy."""
     round_groups = group_round(trajectories, config.rollout.group_size)
     model, tokenizer = load_policy(checkpoint)
     with warnings.catch_warnings():

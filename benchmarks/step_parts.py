@@ -50,9 +50,9 @@ from typing import Any
 
 import flows.round as round_flow
 import tasks.evaluate as evaluate_module
-import tasks.grpo_trainer as grpo_trainer
 import tasks.prepare as prepare_module
 import tasks.rollout as rollout_module
+import tasks.training.grpo_trainer as grpo_trainer
 from agent.transformers_engine import TransformersEngine
 from coevolve.config import PipelineConfig, load_config
 from envs.bfcl import BfclEnvironment

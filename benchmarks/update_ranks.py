@@ -1,4 +1,4 @@
-"""Update time on two training ranks against one, in one run: `tasks/launch.py` under torchrun (gloo on CPU).
+"""Update time on two training ranks against one, in one run: `tasks/training/launch.py` under torchrun (gloo on CPU).
 
 Builds a random-init tiny policy (the builtin default's shape unless told otherwise), stores one
 round of synthetic groups (random completion tokens, rewards with variance in every group) in a
@@ -34,8 +34,8 @@ from coevolve.config import PipelineConfig, PolicyConfig
 from coevolve.optional import optional_module
 from coevolve.records import Message, Trajectory
 from tasks.common import open_warehouse
-from tasks.grpo_groups import group_round
-from tasks.launch import launch_update
+from tasks.training.grpo_groups import group_round
+from tasks.training.launch import launch_update
 from tasks.update import grpo_update
 
 safetensors_torch = optional_module("safetensors.torch")

@@ -4,7 +4,7 @@ Every arm runs the same rounds with the same group size and update steps, from t
 checkpoint 0 (``pool.seed``); the random arm explores as many targets as the signal arms select (equal
 task volume). Each (arm, seed) pair is its own run in the warehouse, so everything is queryable
 afterwards; the report compares arms paired by seed and task. The arms and their overrides are
-registered in tasks/arms.py (``ARMS``).
+registered in tasks/ablation/arms.py (``ARMS``).
 
 The ``+learnability`` arms (``static+learnability``, ``random+learnability``, ``full+learnability``)
 are their base arm with the curriculum on: the batch is drawn by estimated learnability
@@ -59,11 +59,11 @@ from flows.evaluate import coevolve_evaluate
 from flows.round import coevolve_round
 from flows.stage import run_slot, run_stage
 from storage.tracking import Tracker
-from tasks.arms import ARMS
+from tasks.ablation.arms import ARMS
+from tasks.ablation.report import FINAL_SPLIT
+from tasks.ablation.report_task import report_task
 from tasks.common import open_warehouse, round_lock
 from tasks.evaluate import evaluate_checkpoint
-from tasks.report import FINAL_SPLIT
-from tasks.report_task import report_task
 from tasks.splits import FINAL_HELDOUT_ROUND, HELDOUT_ROUND
 
 

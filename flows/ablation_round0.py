@@ -21,9 +21,9 @@ from coevolve.errors import DataError
 from coevolve.records import digest
 from storage.pool import pool_digest
 from tasks.common import open_warehouse
-from tasks.grpo_groups import trained_on
 from tasks.rollout import round_statistics
 from tasks.splits import DEV_ROUND, DEV_SPLIT, HELDOUT_ROUND, HELDOUT_SPLIT
+from tasks.training.grpo_groups import trained_on
 from tasks.version import round_settings
 
 if TYPE_CHECKING:

@@ -40,7 +40,7 @@ from flows.commands import (
     cmd_warehouse_migrate,
 )
 from flows.preflight import Interrupted
-from tasks.arms import ARMS
+from tasks.ablation.arms import ARMS
 
 
 def _round_count(text: str) -> int:

@@ -29,8 +29,8 @@ from coevolve.config.rollout import GATE_ENTRY_POINTS
 from coevolve.errors import ConfigError
 from coevolve.records import Task
 from coevolve.stages import step_samples
-from tasks.grpo_groups import has_reward_variance
 from tasks.samplers import PoolSampler, TaskEstimate, draw_key, pool_sampler
+from tasks.training.grpo_groups import has_reward_variance
 
 
 class Gate(ABC):
@@ -102,7 +102,7 @@ def step_groups(outcomes: dict[str, list[Any]], samples: range) -> dict[str, lis
 
 def informative_tasks(outcomes: dict[str, list[Any]], samples: range, group_size: int) -> set[str]:
     """Tasks whose episodes numbered ``samples`` form a whole group with reward variance: the groups GRPO learns
-    from (the rule of tasks/grpo_groups.group_trajectories), measured for every step whatever its gates."""
+    from (the rule of tasks/training/grpo_groups.group_trajectories), measured for every step whatever its gates."""
     return {
         task_id
         for task_id, rewards in step_groups(outcomes, samples).items()

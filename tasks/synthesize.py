@@ -12,7 +12,7 @@ The random control (``synthesis.mode = "random"``) draws the same number of expl
 targets uniformly from the pool and the tools, with everything else unchanged.
 
 Both synthesizers implement the ``Synthesizer`` protocol; ``synthesis.synthesizer`` picks one:
-"programmatic" (this file) or "llm" (tasks/llm_synthesis.py, any OpenAI-compatible endpoint).
+"programmatic" (this file) or "llm" (tasks/synthesis/llm_synthesis.py, any OpenAI-compatible endpoint).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from coevolve.records import Candidate, Provenance, Signal, Task
 from coevolve.signals import signal_kind
 from coevolve.stages import SynthesizeInput, SynthesizeOutput
 from envs.explorer import abstract, explore, in_turns
-from tasks.llm_client import ChatClient
-from tasks.llm_synthesis import LLMSynthesizer
 from tasks.registry import stage
-from tasks.synthesis_base import Synthesizer, guidance, provenance_of, synthesize_each, tools_of
+from tasks.synthesis.llm_client import ChatClient
+from tasks.synthesis.llm_synthesis import LLMSynthesizer
+from tasks.synthesis.synthesis_base import Synthesizer, guidance, provenance_of, synthesize_each, tools_of
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse

@@ -3,7 +3,7 @@
 Read top to bottom, the stage (`update_stage`) for step k of round r is:
 
 1. read round r's trajectories of step k (samples k*group_size ..) and group them, once
-   (tasks/grpo_groups.py): a task's group_size episodes are one group; groups whose rewards are all
+   (tasks/training/grpo_groups.py): a task's group_size episodes are one group; groups whose rewards are all
    equal have zero advantage and are dropped;
 2. pick the checkpoint the KL penalty is taken against (`kl_reference_checkpoint`):
    checkpoint 0 of the run ('initial') or the round's input checkpoint ('round');
@@ -11,12 +11,12 @@ Read top to bottom, the stage (`update_stage`) for step k of round r is:
    ``training.carry_optimizer``), so optimizer, scheduler and global step continue across steps and rounds;
 4. train, or skip: with no group left the input checkpoint is copied, its trainer state too, and the
    stage reports itself skipped (`skip_update`); otherwise TRL's GRPOTrainer trains on the stored
-   rollouts, in this process (tasks/grpo_trainer.py) or on several ranks (tasks/launch.py) when
+   rollouts, in this process (tasks/training/grpo_trainer.py) or on several ranks (tasks/training/launch.py) when
    ``training.num_processes > 1`` or a launcher is configured;
 5. record the step's checkpoint (`PipelineConfig.checkpoint_after`: checkpoint r+1 at the last step),
    the statistics and the lineage (which stored trajectories it trained on).
 
-How the round maps onto TRL's groups, losses and ranks is told in tasks/grpo_trainer.py, which
+How the round maps onto TRL's groups, losses and ranks is told in tasks/training/grpo_trainer.py, which
 imports torch and trl; it is named here with `optional_module` so that importing the flows stays cheap.
 """
 
@@ -43,16 +43,16 @@ from coevolve.errors import DataError
 from coevolve.optional import optional_module
 from coevolve.records import Trajectory
 from coevolve.stages import UpdateInput, UpdateOutput, step_samples
-from tasks.grpo_groups import RoundGroups, check_segments, group_round
-from tasks.launch import launch_update
 from tasks.registry import stage
+from tasks.training.grpo_groups import RoundGroups, check_segments, group_round
+from tasks.training.launch import launch_update
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
 
 # Torch, trl and peft are imported on first use, only where the stage trains.
-grpo_trainer = optional_module("tasks.grpo_trainer")
-grpo_resume = optional_module("tasks.grpo_resume")
+grpo_trainer = optional_module("tasks.training.grpo_trainer")
+grpo_resume = optional_module("tasks.training.grpo_resume")
 peft = optional_module("peft")
 
 
@@ -78,7 +78,8 @@ def kl_reference_checkpoint(
 
 
 def uses_launcher(config: PipelineConfig) -> bool:
-    """Whether the update trains in a launched process group (tasks/launch.py) rather than in the stage's process."""
+    """Whether the update trains in a launched process group (tasks/training/launch.py) rather than in the stage's
+    process."""
     return config.training.launcher != "none" or config.training.num_processes > 1
 
 

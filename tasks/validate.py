@@ -8,8 +8,8 @@ initial state, classes and normalized calls), so a reworded held-out or dev task
 Every rejection carries its reason.
 
 Two optional checks (``validation`` section, both off by default): an LLM judge on the paper's
-five criteria (tasks/judge.py) after a clean replay, and a near-duplicate check of the query by
-embedding similarity (tasks/similarity.py).
+five criteria (tasks/synthesis/judge.py) after a clean replay, and a near-duplicate check of the query by
+embedding similarity (tasks/synthesis/similarity.py).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from coevolve.config import PipelineConfig, PoolConfig, SynthesisConfig
 from coevolve.records import Candidate, Task, Verdict, digest, normal_value
 from coevolve.stages import ValidateInput, ValidateOutput
 from envs.explorer import replay
-from tasks.judge import judge_from_config
 from tasks.registry import stage
-from tasks.similarity import NearDuplicateIndex
 from tasks.splits import sealed_splits
+from tasks.synthesis.judge import judge_from_config
+from tasks.synthesis.similarity import NearDuplicateIndex
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -67,7 +67,7 @@ def validate_candidates(
 
     ``heldout`` and ``dev`` are the run's sealed splits: a candidate with the identity of one of
     their tasks (whatever its wording) is refused. ``near_duplicates`` holds the pool's queries
-    (tasks/similarity.py); ``llm_judge`` has the last word on candidates that replayed cleanly.
+    (tasks/synthesis/similarity.py); ``llm_judge`` has the last word on candidates that replayed cleanly.
     """
     sealed = {t.identity: "same as a dev task" for t in dev}
     sealed.update({t.identity: "same as a held-out task" for t in heldout})

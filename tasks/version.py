@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 torch = optional_module("torch")
 # MLflow, matplotlib and the warehouse's data libraries take seconds to import; only the version stage needs them.
 tracking = optional_module("storage.tracking")
-plots = optional_module("tasks.plots")
+plots = optional_module("tasks.ablation.plots")
 mechanism = optional_module("storage.mechanism")
 storage_pool = optional_module("storage.pool")
 

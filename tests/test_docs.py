@@ -22,8 +22,8 @@ import yaml
 from coevolve.config import load_config
 from flows.cli import build_parser
 from storage import task_stats
-from tasks.arms import ARMS, CURRICULUM_SUFFIX
-from tasks.launch import launch_dir
+from tasks.ablation.arms import ARMS, CURRICULUM_SUFFIX
+from tasks.training.launch import launch_dir
 from tests.doc_blocks import (
     FENCED_BLOCK,
     REPO,
@@ -107,7 +107,8 @@ def _section(page: Path, heading: str) -> str:
 
 
 def test_every_list_of_ablation_arms_is_the_registry():
-    """`coevolve ablation --help`, the README's headline table and experiments.md's arms are tasks/arms.py's ARMS."""
+    """`coevolve ablation --help`, the README's headline table and experiments.md's arms are tasks/ablation/arms.py's
+    ARMS."""
     arms_help = str(next(a.help for a in _ablation_parser()._actions if a.dest == "arms"))
     assert [name.strip(" .") for name in arms_help.split("):", 1)[1].split(",")] == list(ARMS)
     headline = [t for t in tables(README) if t.header[0] == "arm" and "gain over checkpoint 0" in t.header]
@@ -208,7 +209,7 @@ def test_every_value_quoted_from_configs_ablation_yaml_is_its_value():
 
 
 def test_documented_update_log_folders_are_the_ones_the_code_writes():
-    """Every `update/round-...` folder the pages name has the shape of tasks/launch.py's launch_dir."""
+    """Every `update/round-...` folder the pages name has the shape of tasks/training/launch.py's launch_dir."""
     config = load_config(None, [], environ={})
     written = re.sub(r"\d", "N", launch_dir(config, 7, 3).relative_to(config.run_dir()).as_posix())
     documented = [

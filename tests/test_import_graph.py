@@ -112,11 +112,11 @@ GRAPH = import_graph()
 
 def test_imports_inside_functions_and_optional_module_names_are_edges():
     source = (
-        "import json\ndef draw():\n    from tasks.plots import learning_curve\n"
+        "import json\ndef draw():\n    from tasks.ablation.plots import learning_curve\n"
         "round_flow = optional_module('flows.round')\n"
     )
-    assert {"tasks.plots", "tasks.plots.learning_curve", "flows.round"} <= imported_names(
-        ast.parse(source), "tasks.report", False
+    assert {"tasks.ablation.plots", "tasks.ablation.plots.learning_curve", "flows.round"} <= imported_names(
+        ast.parse(source), "tasks.ablation.report", False
     )
 
 

@@ -16,8 +16,8 @@ from flows.ablation_round0 import copy_round0, round0_key
 from storage.pool import pool_digest
 from storage.tracking import Tracker
 from storage.warehouse import Warehouse
+from tasks.ablation.report import FINAL_SPLIT, read_per_run_table
 from tasks.prepare import prepare_stage
-from tasks.report import FINAL_SPLIT, read_per_run_table
 from tasks.splits import FINAL_HELDOUT_ROUND, build_final_heldout
 from tests.crash_at import CRASH_EXIT
 from tests.flows.conftest import REPO, cli_env

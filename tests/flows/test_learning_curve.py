@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from coevolve.records import RoundSummary
-from tasks.plots import learning_curve
+from tasks.ablation.plots import learning_curve
 
 
 def _summary(r: int) -> RoundSummary:

@@ -24,8 +24,8 @@ from coevolve.errors import DiskFullError, InfrastructureError, is_retryable
 from storage.pool import read_pool_snapshot, write_pool_snapshot
 from storage.tracking import Tracker
 from storage.warehouse import Warehouse
-from tasks.grpo_resume import save_trainer_state
-from tasks.grpo_trainer import write_trained
+from tasks.training.grpo_resume import save_trainer_state
+from tasks.training.grpo_trainer import write_trained
 from tests.small_disk import fill, resize, small_disk
 
 RUN = "run-a"

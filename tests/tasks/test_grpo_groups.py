@@ -8,7 +8,7 @@ import pytest
 
 from coevolve.errors import DataError
 from coevolve.records import Segment, Trajectory
-from tasks.grpo_groups import RoundGroups, group_round, replay_rows
+from tasks.training.grpo_groups import RoundGroups, group_round, replay_rows
 
 GROUP_SIZE = 2
 

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from tasks.inference import (
+from tasks.ablation.inference import (
     Structure,
     detectable_effect,
     holm,

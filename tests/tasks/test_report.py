@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 from statsmodels.stats.multitest import multipletests
 
-from tasks.curves import success_band
-from tasks.inference import two_way_test
-from tasks.report import read_per_run_table, seed_level_recheck, write_report
-from tasks.report_summary import summarize
+from tasks.ablation.curves import success_band
+from tasks.ablation.inference import two_way_test
+from tasks.ablation.report import read_per_run_table, seed_level_recheck, write_report
+from tasks.ablation.report_summary import summarize
 
 
 def run(arm, seed, heldout, pool=(110, 120), official=0.0):

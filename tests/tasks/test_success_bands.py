@@ -7,8 +7,8 @@ import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 
-from tasks.curves import success_band
-from tasks.plots import ablation_curves, band_panel
+from tasks.ablation.curves import success_band
+from tasks.ablation.plots import ablation_curves, band_panel
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,14 @@ from coevolve.config import SynthesisConfig
 from coevolve.records import Candidate, Provenance
 from envs.bfcl import BfclEnvironment
 from envs.explorer import abstract, build_tasks
-from tasks.llm_replies import CONTEXT_KEYS, extract_json_object, parse_abstraction, parse_context, parse_next_call
-from tasks.llm_synthesis import run_step, write_query
+from tasks.synthesis.llm_replies import (
+    CONTEXT_KEYS,
+    extract_json_object,
+    parse_abstraction,
+    parse_context,
+    parse_next_call,
+)
+from tasks.synthesis.llm_synthesis import run_step, write_query
 from tasks.synthesize import make_synthesizer
 from tasks.validate import validate_candidates
 

@@ -11,8 +11,8 @@ import pytest
 from coevolve.config import SynthesisConfig
 from coevolve.records import Signal
 from envs.explorer import build_tasks
-from tasks.llm_client import ChatClient, LLMRequestError
-from tasks.llm_synthesis import LLMSynthesizer
+from tasks.synthesis.llm_client import ChatClient, LLMRequestError
+from tasks.synthesis.llm_synthesis import LLMSynthesizer
 from tasks.synthesize import tools_of
 from tasks.validate import validate_candidates
 

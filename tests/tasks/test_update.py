@@ -11,7 +11,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import tasks.grpo_trainer
+import tasks.training.grpo_trainer
 from agent.chat import ChatFormat, render_tiny
 from agent.tiny import build_model, train_tokenizer
 from agent.transformers_engine import load_policy
@@ -20,8 +20,8 @@ from coevolve.config import PipelineConfig, PolicyConfig
 from coevolve.errors import DataError
 from coevolve.records import Message, Segment, Trajectory
 from tasks.common import open_warehouse
-from tasks.grpo_groups import group_trajectories, replay_rows, segment_groups
-from tasks.grpo_trainer import use_behaviour_logprobs
+from tasks.training.grpo_groups import group_trajectories, replay_rows, segment_groups
+from tasks.training.grpo_trainer import use_behaviour_logprobs
 from tasks.update import grpo_update, kl_reference_checkpoint
 
 GROUP_SIZE = 4
@@ -297,13 +297,13 @@ def test_trls_advantage_of_a_segment_slot_is_its_episodes(policy_dir, tmp_path, 
         policy_dir, _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0], "t-b": [0.0, 1.0, 0.0, 0.0]}), {0, 1}
     )
     batches = []
-    behaviour = tasks.grpo_trainer.use_behaviour_logprobs
+    behaviour = tasks.training.grpo_trainer.use_behaviour_logprobs
 
     def record(batch):
         batches.append(batch["advantages"].tolist())
         return behaviour(batch)
 
-    monkeypatch.setattr(tasks.grpo_trainer, "use_behaviour_logprobs", record)
+    monkeypatch.setattr(tasks.training.grpo_trainer, "use_behaviour_logprobs", record)
     stats = grpo_update(policy_dir, trajectories, _config(tmp_path, updates_per_batch=1), tmp_path / "round-001")
     assert stats["groups"] == 2 and stats["segment_groups"] == 4 and stats["steps"] == 1
     # TRL's rows, group by group in dataset order: t-a, t-a#1, t-b, t-b#1.

@@ -28,8 +28,8 @@ from coevolve.errors import DataError
 from coevolve.records import Trajectory
 from coevolve.stages import UpdateInput
 from tasks.common import open_warehouse
-from tasks.grpo_groups import group_round, step_trajectories
-from tasks.grpo_trainer import ReplayGRPOTrainer, StoredRollouts, grpo_arguments, stored_reward
+from tasks.training.grpo_groups import group_round, step_trajectories
+from tasks.training.grpo_trainer import ReplayGRPOTrainer, StoredRollouts, grpo_arguments, stored_reward
 from tasks.update import grpo_update, kl_reference_checkpoint, update_stage
 from tests.tasks import test_update as single_step_tests
 from tests.tasks.test_update import GROUP_SIZE, _batch, _first_step_kl

@@ -10,8 +10,8 @@ from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from coevolve.records import Step, Trajectory
 from tasks.common import open_warehouse
-from tasks.grpo_groups import group_round
-from tasks.update_rank import read_share, run_rank
+from tasks.training.grpo_groups import group_round
+from tasks.training.update_rank import read_share, run_rank
 
 
 def _config(state_dir: Path) -> PipelineConfig:

@@ -22,8 +22,8 @@ from coevolve.optional import optional_module
 from coevolve.records import Message, Trajectory
 from coevolve.stages import UpdateInput
 from tasks.common import open_warehouse
-from tasks.grpo_groups import group_round, step_trajectories
-from tasks.launch import RankFailedError, launch_command, launch_dir, launch_update, processes_for
+from tasks.training.grpo_groups import group_round, step_trajectories
+from tasks.training.launch import RankFailedError, launch_command, launch_dir, launch_update, processes_for
 from tasks.update import grpo_update, update_stage
 from tests.tasks import test_update as single_rank_tests
 from tests.tasks.test_update import BAD, GOOD, GROUP_SIZE, _completion_logprobs

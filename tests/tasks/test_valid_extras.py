@@ -7,8 +7,8 @@ import pytest
 from coevolve.config import SynthesisConfig
 from coevolve.records import Candidate, Verdict
 from envs.explorer import build_tasks
-from tasks.judge import CRITERIA, judge_messages, parse_judgement
-from tasks.similarity import NearDuplicateIndex
+from tasks.synthesis.judge import CRITERIA, judge_messages, parse_judgement
+from tasks.synthesis.similarity import NearDuplicateIndex
 from tasks.validate import validate_candidates
 
 

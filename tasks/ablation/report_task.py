@@ -1,6 +1,6 @@
 """The ablation's report as a Prefect task: the runs' tested outcomes from the warehouse, report.md, MLflow.
 
-The report itself (its tables, figures and statistics) is tasks/report.py's ``write_report``.
+The report itself (its tables, figures and statistics) is tasks/ablation/report.py's ``write_report``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from prefect.cache_policies import NO_CACHE
 from coevolve.config import PipelineConfig
 from storage.pool import pool_digest
 from storage.tracking import Tracker
+from tasks.ablation.report import FINAL_SPLIT, write_report
 from tasks.common import open_warehouse
-from tasks.report import FINAL_SPLIT, write_report
 from tasks.splits import HELDOUT_ROUND, HELDOUT_SPLIT
 
 

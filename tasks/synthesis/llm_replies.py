@@ -1,6 +1,6 @@
 """Parsing the LLM synthesizer's replies: JSON objects, the context, the next call, the written task.
 
-Each parser returns the parsed value, or None with the reason the reply is rejected (tasks/llm_synthesis.py
+Each parser returns the parsed value, or None with the reason the reply is rejected (tasks/synthesis/llm_synthesis.py
 records it and goes on). Model output is only parsed here, never evaluated.
 """
 

@@ -1,6 +1,6 @@
 """How a training step continues the run: the trainer state the previous step saved, and the run's one LoRA adapter.
 
-A step's update (tasks/grpo_trainer.py) builds a new TRL trainer; what makes its steps one run is
+A step's update (tasks/training/grpo_trainer.py) builds a new TRL trainer; what makes its steps one run is
 kept beside each checkpoint it writes, in transformers' own checkpoint format and written and read
 with the Trainer's own methods (``<checkpoint>/trainer_state``: optimizer.pt, scheduler.pt,
 trainer_state.json, rng_state files; `save_trainer_state`, resumed by

@@ -1,6 +1,6 @@
 """What every synthesizer shares: the guidance per target kind, the Synthesizer protocol, the outer loop over signals.
 
-The programmatic synthesizer (tasks/synthesize.py) and the LLM synthesizer (tasks/llm_synthesis.py)
+The programmatic synthesizer (tasks/synthesize.py) and the LLM synthesizer (tasks/synthesis/llm_synthesis.py)
 both build on this module; neither imports the other.
 """
 

@@ -1,6 +1,6 @@
 """A minimal client for any OpenAI-compatible chat endpoint (vLLM, llama.cpp server, hosted APIs).
 
-Used by the LLM synthesizer (tasks/llm_synthesis.py) and the LLM judge (tasks/judge.py). It posts
+Used by the LLM synthesizer (tasks/synthesis/llm_synthesis.py) and the LLM judge (tasks/synthesis/judge.py). It posts
 to ``{base_url}/chat/completions`` with httpx and returns the reply text. The API key is read from
 the environment variable the configuration names, never from the configuration itself.
 
@@ -9,7 +9,7 @@ timeout, 5xx) raises InfrastructureError, which Prefect retries; a request the s
 (4xx, e.g. a prompt longer than the model's context) raises LLMRequestError, which callers turn
 into a rejection with its reason so the round goes on. Try it against a running server:
 
-    .venv/bin/python -c "from tasks.llm_client import ChatClient; \
+    .venv/bin/python -c "from tasks.synthesis.llm_client import ChatClient; \
         print(ChatClient('http://127.0.0.1:8000/v1', 'MODEL').complete([{'role': 'user', 'content': 'hi'}]))"
 """
 

@@ -1,9 +1,9 @@
-"""One rank of a launched update: ``python -m tasks.update_rank SPEC`` under torchrun or accelerate launch.
+"""One rank of a launched update: ``python -m tasks.training.update_rank SPEC`` under torchrun or accelerate launch.
 
-tasks/launch.py writes SPEC (the configuration, the round grouped without its trajectories, each
+tasks/training/launch.py writes SPEC (the configuration, the round grouped without its trajectories, each
 rank's share of task ids) and starts the ranks. A rank reads only the trajectories of its own share
 from the warehouse, read-only (the update is the only stage running at that point of a round, so no
-writer holds it), trains through tasks/grpo_trainer.py (TRL hands it exactly the groups of its share)
+writer holds it), trains through tasks/training/grpo_trainer.py (TRL hands it exactly the groups of its share)
 and leaves ``rank-<r>.json`` with its statistics, or ``rank-<r>.error.json`` with its error, beside
 SPEC; its output goes to ``rank-<r>.log`` there.
 """
@@ -22,8 +22,8 @@ from coevolve.config import PipelineConfig
 from coevolve.errors import DataError, DiskFullError
 from coevolve.stages import step_samples
 from storage.warehouse import Warehouse
-from tasks.grpo_groups import RoundGroups, group_trajectories
-from tasks.grpo_trainer import train
+from tasks.training.grpo_groups import RoundGroups, group_trajectories
+from tasks.training.grpo_trainer import train
 
 
 def read_share(config: PipelineConfig, round_: int, task_ids: list[str], step: int = 0) -> list:

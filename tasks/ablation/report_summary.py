@@ -1,7 +1,7 @@
 """The ablation's figures per arm and its tested families of comparisons, and the mechanism per round.
 
-``summarize`` tests each comparison with seed and held-out task as units (tasks/inference.py);
-``mechanism_rows`` averages each round's mechanism over seeds. tasks/report.py writes them out.
+``summarize`` tests each comparison with seed and held-out task as units (tasks/ablation/inference.py);
+``mechanism_rows`` averages each round's mechanism over seeds. tasks/ablation/report.py writes them out.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import statistics
 from typing import Any
 
 from coevolve.signals import SIGNAL_KINDS
-from tasks.arms import CURRICULUM_BASES, CURRICULUM_SUFFIX
-from tasks.curves import ACCEPTED_KINDS, baseline_of, mean_present, mean_sd, number
-from tasks.inference import holm, two_way_test
+from tasks.ablation.arms import CURRICULUM_BASES, CURRICULUM_SUFFIX
+from tasks.ablation.curves import ACCEPTED_KINDS, baseline_of, mean_present, mean_sd, number
+from tasks.ablation.inference import holm, two_way_test
 
 
 def final_heldout(run: dict[str, Any]) -> float:

@@ -32,13 +32,13 @@ from coevolve.records import Candidate, Provenance, Signal, Task, ToolCall
 from envs import bfcl_api
 from envs.bfcl import BfclEnvironment
 from envs.explorer import Triplet, abstract, is_ok
-from tasks.llm_client import LLMRequestError
-from tasks.llm_replies import parse_abstraction, parse_context, parse_next_call
-from tasks.synthesis_base import guidance, meaning, provenance_of, synthesize_each, tools_of
+from tasks.synthesis.llm_client import LLMRequestError
+from tasks.synthesis.llm_replies import parse_abstraction, parse_context, parse_next_call
+from tasks.synthesis.synthesis_base import guidance, meaning, provenance_of, synthesize_each, tools_of
 
 
 class Chat(Protocol):
-    """What the synthesizer needs from a chat endpoint (tasks.llm_client.ChatClient)."""
+    """What the synthesizer needs from a chat endpoint (tasks.synthesis.llm_client.ChatClient)."""
 
     def complete(
         self, messages: list[dict[str, str]], temperature: float | None = None, seed: int | None = None
@@ -124,7 +124,7 @@ def abstraction_messages(
 
 # -- the synthesizer ---------------------------------------------------------------------------------
 class LLMSynthesizer:
-    """Implements tasks.synthesis_base.Synthesizer with a chat model; see the module docstring."""
+    """Implements tasks.synthesis.synthesis_base.Synthesizer with a chat model; see the module docstring."""
 
     name = "llm"
 

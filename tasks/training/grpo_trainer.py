@@ -5,7 +5,7 @@ nothing is generated here: TRL's GRPOTrainer receives them through its ``rollout
 everything else itself: group-normalized advantages, the clipped objective (epsilon_low/high), the
 KL penalty (beta), the optimizer, LoRA through peft.
 
-How a round maps onto TRL (the groups themselves: tasks/grpo_groups.py):
+How a round maps onto TRL (the groups themselves: tasks/training/grpo_groups.py):
 - segment slot j of a task's group_size episodes is one TRL group: one dataset row per slot, which
   TRL repeats group_size times; the rollout hook hands back row i as episode i's segment j, or a
   filler row without trained tokens. Every row carries its episode's stored reward, so the rewards
@@ -20,7 +20,7 @@ How a round maps onto TRL (the groups themselves: tasks/grpo_groups.py):
   never lengthens a batch (and mask_truncated_completions is off, so its token need not be an EOS);
 - one generation batch holds every group; each optimizer step accumulates over all groups, and
   the batch is reused for ``updates_per_batch`` steps (TRL's ``num_iterations``);
-- under several processes (tasks/launch.py starts them) the generation batch is shared: each rank
+- under several processes (tasks/training/launch.py starts them) the generation batch is shared: each rank
   takes an equal number of whole groups (micro-batches of group_size rows), so every group enters every
   optimizer step exactly once, on one rank, and DDP averages the gradients; rank 0 writes the
   checkpoint. TRL sizes a generation batch as per-device batch x processes x steps_per_generation
@@ -41,8 +41,8 @@ How the steps of a run make one TRL run: a round's F training steps, and the rou
 build a trainer on the previous step's checkpoint and resume the trainer state that step saved
 beside it (``<checkpoint>/trainer_state``: transformers' own optimizer.pt, scheduler.pt,
 trainer_state.json and rng_state files, written with the Trainer's save methods and read by
-``trainer.train(resume_from_checkpoint=...)``; tasks/grpo_resume.py), so the global step, the AdamW moments and the
-scheduler continue as in one ``train()`` call over the same batches. ``max_steps`` is the resumed
+``trainer.train(resume_from_checkpoint=...)``; tasks/training/grpo_resume.py), so the global step, the AdamW
+moments and the scheduler continue as in one ``train()`` call over the same batches. ``max_steps`` is the resumed
 global step plus this step's updates, and ``ignore_data_skip`` keeps transformers from skipping
 batches of the new step's data as if it were the old run's. The weights come from the checkpoint,
 not from the state folder (`ReplayGRPOTrainer._load_from_checkpoint`). With LoRA one adapter is
@@ -51,7 +51,7 @@ step's adapter weights into TRL's adapter, and saves the adapter (relative to ch
 the merged weights.
 
 This module imports torch, trl and peft at its top; modules above it name it with
-``optional_module("tasks.grpo_trainer")`` so that importing the flows stays cheap.
+``optional_module("tasks.training.grpo_trainer")`` so that importing the flows stays cheap.
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ from agent.checkpoints import ADAPTER_SUBDIR, TRAINER_STATE_SUBDIR, save_atomica
 from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
-from tasks.grpo_groups import RoundGroups, replay_rows
-from tasks.grpo_resume import (
+from tasks.training.grpo_groups import RoundGroups, replay_rows
+from tasks.training.grpo_resume import (
     continue_adapter,
     lora_chain,
     save_trainer_state,
@@ -313,7 +313,7 @@ def train(
         raise DataError(
             f"{len(slots)} groups (segment slots of {round_groups.task_groups} tasks) cannot be shared evenly by "
             f"{world} training processes: every rank trains on whole groups and the same number of them. Launch a "
-            "process count that divides the groups (tasks/launch.py does)."
+            "process count that divides the groups (tasks/training/launch.py does)."
         )
     torch.set_num_threads(config.policy.torch_threads)
     lora = lora_config(config)

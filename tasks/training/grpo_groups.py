@@ -1,7 +1,7 @@
 """A round's trajectories as GRPO groups: which task groups can teach something, and TRL's rows for them.
 
 Plain data, no torch: the update stage groups the round once (`group_round`), and both the
-in-process trainer (tasks/grpo_trainer.py) and a launched rank (tasks/launch.py) work from that.
+in-process trainer (tasks/training/grpo_trainer.py) and a launched rank (tasks/training/launch.py) work from that.
 
 - a task's group is its ``group_size`` trajectories by sample; one whose rewards are all equal has
   zero advantage and is dropped (``flat``), as is one of another size (``malformed``);

@@ -1,6 +1,6 @@
 """The built-in ablation's arms: each arm's name and the configuration overrides that make it.
 
-The one registry of arms: flows/ablation.py runs them, tasks/report_summary.py groups them into families
+The one registry of arms: flows/ablation.py runs them, tasks/ablation/report_summary.py groups them into families
 of comparisons, and `coevolve ablation --help` lists them. The leave-one-out arms follow from the signal kinds'
 registry. It imports nothing heavy, so the command line can name the arms before the flows (and Prefect) load.
 """

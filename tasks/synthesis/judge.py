@@ -16,9 +16,9 @@ from collections.abc import Callable
 from coevolve.config import SynthesisConfig
 from coevolve.records import Task, Verdict
 from envs.bfcl import BfclEnvironment
-from tasks.llm_client import ChatClient, LLMRequestError
-from tasks.llm_replies import extract_json_object
-from tasks.llm_synthesis import Chat
+from tasks.synthesis.llm_client import ChatClient, LLMRequestError
+from tasks.synthesis.llm_replies import extract_json_object
+from tasks.synthesis.llm_synthesis import Chat
 
 CRITERIA = ("api_matching", "parameter_usage", "logical_flow", "final_result", "failed_or_skipped_steps")
 _ACCEPT = {"accept", "accepted", "pass", "passed", "valid", "yes", "true"}

@@ -3,7 +3,7 @@
 Up to four families of comparisons, each Holm-corrected on its own: `full` against every arm without
 the curriculum, every arm against checkpoint 0 ("learning at all"), `full+learnability` against the
 other curriculum arms, and each curriculum arm against its base arm ("curriculum on vs off"); each
-tested with seed and held-out task as units (tasks/inference.py), with the held-out split's size and
+tested with seed and held-out task as units (tasks/ablation/inference.py), with the held-out split's size and
 digest and the smallest effect the experiment detects with 80% power. Per arm, the episodes played and
 optimizer steps, so equal compute can be checked. Also the mechanism per arm and round, mean over
 seeds: informative GRPO groups, episodes played per informative group, the curriculum's calibration,
@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from coevolve.signals import SIGNAL_KINDS, letters
-from tasks.curves import ACCEPTED_KINDS
-from tasks.inference import detectable_effect, holm, seed_level_array_test
-from tasks.plots import ablation_curves, curriculum_figure, mechanism_figures
-from tasks.report_summary import summarize
+from tasks.ablation.curves import ACCEPTED_KINDS
+from tasks.ablation.inference import detectable_effect, holm, seed_level_array_test
+from tasks.ablation.plots import ablation_curves, curriculum_figure, mechanism_figures
+from tasks.ablation.report_summary import summarize
 
 # Evaluation split of the final held-out split's rows (tasks/splits.build_final_heldout), scored by the ablation flow.
 FINAL_SPLIT = "final-heldout"
@@ -87,8 +87,8 @@ def _design_lines(
         "two-way cluster-robust covariance; t reference with seeds - 1 degrees of freedom). A test over pooled "
         "(seed, task) pairs (the exact McNemar test this report used before) or over seeds with the tasks held fixed "
         "(a paired t-test) reads a lucky seed or a lucky draw of tasks as an effect: simulated under the null with "
-        "this experiment's structure (tasks/inference.py), they reject in about 20-30% and 10-20% of experiments at "
-        "alpha 0.05, the two-way test in at most 4% "
+        "this experiment's structure (tasks/ablation/inference.py), they reject in about 20-30% and 10-20% of "
+        "experiments at alpha 0.05, the two-way test in at most 4% "
         "(tests/tasks/test_inference.py).",
         "",
         f"{len(families)} families of comparisons, each Holm-corrected on its own: {'; '.join(families)}. "
@@ -329,7 +329,7 @@ def seed_level_recheck(runs: dict[tuple[str, int], tuple[float, float]]) -> list
     """Markdown tables of the seed-level t-tests (tasks and checkpoint 0 held fixed) of both families, Holm per family.
 
     For reports whose runs lack stored per-task outcomes: these tests hold the held-out tasks and
-    checkpoint 0's one draw fixed, so they say nothing about other tasks (tasks/inference.py).
+    checkpoint 0's one draw fixed, so they say nothing about other tasks (tasks/ablation/inference.py).
     """
     arms = sorted({arm for arm, _ in runs}, key=lambda a: (a != "full", a))
     seeds = sorted({seed for _, seed in runs})
@@ -356,7 +356,7 @@ def seed_level_recheck(runs: dict[tuple[str, int], tuple[float, float]]) -> list
 
 
 if __name__ == "__main__":
-    # python -m tasks.report REPORT.md: the seed-level recheck of an existing report's per-run table.
+    # python -m tasks.ablation.report REPORT.md: the seed-level recheck of an existing report's per-run table.
     import sys
 
     print("\n".join(seed_level_recheck(read_per_run_table(Path(sys.argv[1]).read_text()))))

@@ -1,14 +1,15 @@
-"""The update stage as its own process group: `tasks.update_rank` on several ranks under torchrun or accelerate launch.
+"""The update stage as its own process group: `tasks.training.update_rank` on several ranks under torchrun or
+accelerate launch.
 
 `launch_update` is called by the update stage when ``training.num_processes > 1`` or a launcher is
-configured, with the round already grouped (tasks/grpo_groups.py). It decides how many ranks the
+configured, with the round already grouped (tasks/training/grpo_groups.py). It decides how many ranks the
 round's groups allow, writes a launch spec into the run folder (the grouped round without its
 trajectories, and each rank's share of task ids) and starts
 
-- ``torchrun --standalone --nproc_per_node P -m tasks.update_rank SPEC`` (gloo ranks on CPU, NCCL on GPUs), or
-- ``accelerate launch --config_file FILE --num_processes P -m tasks.update_rank SPEC`` (DDP, DeepSpeed, FSDP).
+- ``torchrun --standalone --nproc_per_node P -m tasks.training.update_rank SPEC`` (gloo ranks on CPU, NCCL on GPUs), or
+- ``accelerate launch --config_file FILE --num_processes P -m tasks.training.update_rank SPEC`` (DDP, DeepSpeed, FSDP).
 
-Each rank (tasks/update_rank.py) sends its output to ``rank-<r>.log`` in the launch folder, reads
+Each rank (tasks/training/update_rank.py) sends its output to ``rank-<r>.log`` in the launch folder, reads
 the trajectories of its share of the round from the warehouse read-only and trains them; rank 0
 writes the checkpoint. Each rank leaves ``rank-<r>.json`` (its statistics, including the task ids
 it trained on) or ``rank-<r>.error.json``; a failure in any rank raises `RankFailedError` with
@@ -29,7 +30,7 @@ from typing import Any
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import ConfigError, DataError, DiskFullError, PipelineError
-from tasks.grpo_groups import RoundGroups
+from tasks.training.grpo_groups import RoundGroups
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 LOG_TAIL_LINES = 40
 # The module each rank runs; the repository root goes on the ranks' PYTHONPATH, so the module resolves from
 # any working directory.
-RANK_MODULE = "tasks.update_rank"
+RANK_MODULE = "tasks.training.update_rank"
 _ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -1,7 +1,7 @@
 """Figures: a run's learning curve, and the ablation report's curves, mechanism and curriculum panels.
 
 The version stage draws ``learning_curve`` after every round and logs it to that round's MLflow run,
-so the newest run always shows the whole curve so far; the ablation report (tasks/report.py) draws
+so the newest run always shows the whole curve so far; the ablation report (tasks/ablation/report.py) draws
 the others. Uses matplotlib's Agg backend (no display).
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Literal
 from coevolve.optional import optional_module
 from coevolve.records import RoundSummary
 from coevolve.signals import SIGNAL_KINDS
-from tasks.curves import ACCEPTED_KINDS, Band, success_band
+from tasks.ablation.curves import ACCEPTED_KINDS, Band, success_band
 
 # pyplot takes a while to import and picks a backend when it does: it is loaded on the first figure,
 # after the file-only Agg backend is chosen (workers and servers have no display).
@@ -225,9 +225,9 @@ def mechanism_figures(
 
 
 def curriculum_figure(mechanism: dict[str, list[dict[str, Any]]], out_dir: Path) -> Path:
-    """curriculum.png, 2x2, one colour per arm (means over seeds, tasks/report_summary.mechanism_rows): informative
-    share of played groups and episodes per informative group by round, the curriculum's calibration error by
-    round, and the final round's pool by estimated success as grouped bars (arms with estimates only)."""
+    """curriculum.png, 2x2, one colour per arm (means over seeds, tasks/ablation/report_summary.mechanism_rows):
+    informative share of played groups and episodes per informative group by round, the curriculum's calibration
+    error by round, and the final round's pool by estimated success as grouped bars (arms with estimates only)."""
     plt = _agg_pyplot()
 
     arms = sorted(mechanism)

@@ -1,7 +1,8 @@
 """The per-round numbers the ablation report tabulates and draws: held-out and dev success by optimizer step with
 its spread over seeds (`success_band`), and the helpers for summaries that lack a field.
 
-tasks/report_summary.py computes the tables and tasks/plots.py draws the figures from these same numbers.
+tasks/ablation/report_summary.py computes the tables and tasks/ablation/plots.py draws the figures from these
+same numbers.
 """
 
 from __future__ import annotations
