@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -32,20 +32,36 @@ from flows.table import COLUMNS, WIDTHS, format_row, summary_row
 # is imported, and torch picks its CPU kernels then. So the flows and the storage below them are
 # imported when a command first uses them (which also keeps `coevolve config` quick).
 duckdb = optional_module("duckdb")
-ablation_flow = optional_module("flows.ablation")
-evaluate_flow = optional_module("flows.evaluate")
-evolve_flow = optional_module("flows.evolve")
-local_api = optional_module("flows.local_api")
-round_flow = optional_module("flows.round")
-rounds_target = optional_module("flows.rounds_target")
-serve = optional_module("agent.serve")
-evaluate_stage = optional_module("tasks.evaluate")
-prepare_stage = optional_module("tasks.prepare")
-shipped_policy = optional_module("agent.shipped_policy")
-migrate = optional_module("storage.single_file_conversion")
-state_version = optional_module("storage.state_version")
-tracking = optional_module("storage.tracking")
-warehouse = optional_module("storage.warehouse")
+if TYPE_CHECKING:
+    import agent.serve as serve
+    import agent.shipped_policy as shipped_policy
+    import flows.ablation as ablation_flow
+    import flows.evaluate as evaluate_flow
+    import flows.evolve as evolve_flow
+    import flows.local_api as local_api
+    import flows.round as round_flow
+    import flows.rounds_target as rounds_target
+    import storage.single_file_conversion as migrate
+    import storage.state_version as state_version
+    import storage.tracking as tracking
+    import storage.warehouse as warehouse
+    import tasks.evaluate as evaluate_stage
+    import tasks.prepare as prepare_stage
+else:
+    ablation_flow = optional_module("flows.ablation")
+    evaluate_flow = optional_module("flows.evaluate")
+    evolve_flow = optional_module("flows.evolve")
+    local_api = optional_module("flows.local_api")
+    round_flow = optional_module("flows.round")
+    rounds_target = optional_module("flows.rounds_target")
+    serve = optional_module("agent.serve")
+    evaluate_stage = optional_module("tasks.evaluate")
+    prepare_stage = optional_module("tasks.prepare")
+    shipped_policy = optional_module("agent.shipped_policy")
+    migrate = optional_module("storage.single_file_conversion")
+    state_version = optional_module("storage.state_version")
+    tracking = optional_module("storage.tracking")
+    warehouse = optional_module("storage.warehouse")
 
 
 def prepare_environment(config: PipelineConfig, log_file: bool = False) -> None:

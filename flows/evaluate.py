@@ -10,7 +10,7 @@ per-split accuracy goes to MLflow as one evaluation run, and the flow returns it
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow
 from prefect.runtime import flow_run
@@ -23,7 +23,10 @@ from tasks.evaluate import category_name, evaluate_split_task, evaluation_round,
 from tasks.splits import DEV_SPLIT, HELDOUT_SPLIT
 
 # MLflow takes seconds to import; only logging an evaluation needs it.
-tracking = optional_module("storage.tracking")
+if TYPE_CHECKING:
+    import storage.tracking as tracking
+else:
+    tracking = optional_module("storage.tracking")
 
 DEFAULT_CATEGORIES = ["multi_turn_base"]
 

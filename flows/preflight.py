@@ -43,7 +43,10 @@ from tasks.common import round_lock
 from tasks.round_inputs import verify_round_inputs
 
 # The warehouse loads duckdb and pyarrow: only once a warehouse exists.
-storage_warehouse = optional_module("storage.warehouse")
+if TYPE_CHECKING:
+    import storage.warehouse as storage_warehouse
+else:
+    storage_warehouse = optional_module("storage.warehouse")
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse

@@ -22,6 +22,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coevolve.config import PipelineConfig
 from coevolve.console import shown
@@ -29,7 +30,10 @@ from coevolve.errors import ConfigError
 from coevolve.optional import optional_module
 
 # The warehouse loads duckdb and polars: only when a finished run is checked.
-storage_warehouse = optional_module("storage.warehouse")
+if TYPE_CHECKING:
+    import storage.warehouse as storage_warehouse
+else:
+    storage_warehouse = optional_module("storage.warehouse")
 
 TARGETS_FOLDER = "evolve-targets"
 

@@ -31,7 +31,10 @@ if TYPE_CHECKING:
     from storage.warehouse import Warehouse
 
 # MLflow is imported only when the check gets to the store (over a second).
-tracking = optional_module("storage.tracking")
+if TYPE_CHECKING:
+    import storage.tracking as tracking
+else:
+    tracking = optional_module("storage.tracking")
 
 
 def check_round_stores(config: PipelineConfig, wh: Warehouse) -> None:

@@ -19,7 +19,10 @@ from envs.bfcl import BfclEnvironment
 
 # The warehouse loads duckdb, polars and pyarrow (a second or more); the flows import this module
 # to run stages, and only a stage's own process needs them, when it opens the warehouse.
-storage_warehouse = optional_module("storage.warehouse")
+if TYPE_CHECKING:
+    import storage.warehouse as storage_warehouse
+else:
+    storage_warehouse = optional_module("storage.warehouse")
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse

@@ -45,8 +45,12 @@ from tasks.splits import (
 )
 
 # Pool snapshots are Parquet files written with polars: loaded when a pool is written or checked.
-storage_pool = optional_module("storage.pool")
-storage_warehouse = optional_module("storage.warehouse")
+if TYPE_CHECKING:
+    import storage.pool as storage_pool
+    import storage.warehouse as storage_warehouse
+else:
+    storage_pool = optional_module("storage.pool")
+    storage_warehouse = optional_module("storage.warehouse")
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse

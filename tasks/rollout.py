@@ -57,7 +57,10 @@ from tasks.samplers import estimates_of
 
 # The BFCL prompt handlers load bfcl-eval's model handlers (and openai's types): seconds, needed only
 # when a rollout plays with prompt_style 'bfcl'.
-bfcl_prompts = optional_module("envs.bfcl_prompts")
+if TYPE_CHECKING:
+    import envs.bfcl_prompts as bfcl_prompts
+else:
+    bfcl_prompts = optional_module("envs.bfcl_prompts")
 
 if TYPE_CHECKING:
     import pyarrow as pa

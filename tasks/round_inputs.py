@@ -14,7 +14,10 @@ from coevolve.errors import DataError
 from coevolve.optional import optional_module
 
 # Pool snapshots are Parquet files written with polars: loaded when a pool is checked.
-storage_pool = optional_module("storage.pool")
+if TYPE_CHECKING:
+    import storage.pool as storage_pool
+else:
+    storage_pool = optional_module("storage.pool")
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse

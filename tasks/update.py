@@ -51,8 +51,12 @@ if TYPE_CHECKING:
     from storage.warehouse import Warehouse
 
 # Torch, trl and peft are imported on first use, only where the stage trains.
-grpo_trainer = optional_module("tasks.training.grpo_trainer")
-grpo_resume = optional_module("tasks.training.grpo_resume")
+if TYPE_CHECKING:
+    import tasks.training.grpo_resume as grpo_resume
+    import tasks.training.grpo_trainer as grpo_trainer
+else:
+    grpo_trainer = optional_module("tasks.training.grpo_trainer")
+    grpo_resume = optional_module("tasks.training.grpo_resume")
 peft = optional_module("peft")
 
 

@@ -44,10 +44,16 @@ if TYPE_CHECKING:
 
 torch = optional_module("torch")
 # MLflow, matplotlib and the warehouse's data libraries take seconds to import; only the version stage needs them.
-tracking = optional_module("storage.tracking")
-plots = optional_module("tasks.ablation.plots")
-mechanism = optional_module("storage.mechanism")
-storage_pool = optional_module("storage.pool")
+if TYPE_CHECKING:
+    import storage.mechanism as mechanism
+    import storage.pool as storage_pool
+    import storage.tracking as tracking
+    import tasks.ablation.plots as plots
+else:
+    tracking = optional_module("storage.tracking")
+    plots = optional_module("tasks.ablation.plots")
+    mechanism = optional_module("storage.mechanism")
+    storage_pool = optional_module("storage.pool")
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
