@@ -20,7 +20,6 @@ names without importing it).
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from agent.engine import Engine
@@ -29,34 +28,14 @@ from agent.transformers_engine import TransformersEngine
 from agent.vllm_engine import VLLMEngine
 from coevolve.config import PipelineConfig
 from coevolve.config.engines import ENGINE_ENTRY_POINTS
-from coevolve.errors import ConfigError
+from coevolve.plugins import declared_class
 
 BUILT_IN: dict[str, type[Engine]] = {e.name: e for e in (TransformersEngine, VLLMEngine, OpenAICompatibleEngine)}
 
 
 def engine_class(name: str) -> type[Engine]:
     """The engine called ``name``: a built-in one, or the one an installed package declares under that name."""
-    if name in BUILT_IN:
-        return BUILT_IN[name]
-    declared = {point.name: point for point in entry_points(group=ENGINE_ENTRY_POINTS)}
-    if name not in declared:
-        raise ConfigError(
-            f"Unknown rollout.engine {name!r}; use one of {sorted({*BUILT_IN, *declared})}, or install the package "
-            f"that declares it (entry-point group {ENGINE_ENTRY_POINTS})."
-        )
-    point = declared[name]
-    try:
-        engine = point.load()
-    except Exception as exc:
-        raise ConfigError(
-            f"Engine {name!r} ({point.value}) does not load: {type(exc).__name__}: {exc}; fix that module, or "
-            "uninstall the package that declares it."
-        ) from exc
-    if not (isinstance(engine, type) and issubclass(engine, Engine)):
-        raise ConfigError(
-            f"Engine {name!r} ({point.value}) is not an Engine subclass (agent/engine.py); point it at one."
-        )
-    return engine
+    return declared_class(ENGINE_ENTRY_POINTS, name, BUILT_IN, Engine, "agent/engine.py", "rollout.engine")
 
 
 def make_engine(checkpoint: str | Path, config: PipelineConfig) -> Engine:

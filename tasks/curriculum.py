@@ -21,12 +21,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
 from coevolve.config import PipelineConfig, RolloutConfig
 from coevolve.config.rollout import GATE_ENTRY_POINTS
-from coevolve.errors import ConfigError
+from coevolve.plugins import declared_class
 from coevolve.records import Task
 from coevolve.stages import step_samples
 from tasks.samplers import PoolSampler, TaskEstimate, draw_key, pool_sampler
@@ -58,24 +57,7 @@ BUILT_IN_GATES: dict[str, type[Gate]] = {InformativeGate.name: InformativeGate}
 
 def gate_class(name: str) -> type[Gate]:
     """The gate called ``name``: a built-in one, or the one an installed package declares under that name."""
-    if name in BUILT_IN_GATES:
-        return BUILT_IN_GATES[name]
-    declared = {point.name: point for point in entry_points(group=GATE_ENTRY_POINTS)}
-    if name not in declared:
-        raise ConfigError(
-            f"Unknown gate {name!r}; use one of {sorted({*BUILT_IN_GATES, *declared})}, or install the package that "
-            f"declares it (entry-point group {GATE_ENTRY_POINTS})."
-        )
-    try:
-        gate = declared[name].load()
-    except Exception as exc:
-        raise ConfigError(
-            f"Gate {name!r} ({declared[name].value}) does not load: {type(exc).__name__}: {exc}; fix that module, or "
-            "uninstall the package that declares it."
-        ) from exc
-    if not (isinstance(gate, type) and issubclass(gate, Gate)):
-        raise ConfigError(f"Gate {name!r} ({declared[name].value}) is not a Gate subclass (tasks/curriculum.py).")
-    return gate
+    return declared_class(GATE_ENTRY_POINTS, name, BUILT_IN_GATES, Gate, "tasks/curriculum.py", "gate")
 
 
 def step_gates(config: RolloutConfig) -> tuple[Gate, ...]:
@@ -84,11 +66,11 @@ def step_gates(config: RolloutConfig) -> tuple[Gate, ...]:
     return tuple(gate_class(name)() for name in dict.fromkeys(names))
 
 
-def episode_budget(config: RolloutConfig) -> int:
-    """The most episodes one training step plays: its batch, times rollout.max_rollout_factor when gates can
-    send it back for replacements."""
+def episode_budget(config: RolloutConfig, gates: Sequence[Gate]) -> int:
+    """The most episodes one training step plays: its batch, times rollout.max_rollout_factor when ``gates`` (the
+    step's, `step_gates`) can send it back for replacements."""
     base = config.tasks_per_batch * config.group_size
-    return int(base * config.max_rollout_factor) if step_gates(config) else base
+    return int(base * config.max_rollout_factor) if gates else base
 
 
 def step_groups(outcomes: dict[str, list[Any]], samples: range) -> dict[str, list[float]]:
@@ -131,13 +113,14 @@ class StepCurriculum:
         cls, config: PipelineConfig, estimates: dict[str, TaskEstimate], round_: int, step: int
     ) -> StepCurriculum:
         rollout = config.rollout
+        gates = step_gates(rollout)
         return cls(
             sampler=pool_sampler(config.pool),
-            gates=step_gates(rollout),
+            gates=gates,
             estimates=estimates,
             tasks_per_batch=rollout.tasks_per_batch,
             group_size=rollout.group_size,
-            budget=episode_budget(rollout),
+            budget=episode_budget(rollout, gates),
             seed=config.seed,
             round_=round_,
             step=step,

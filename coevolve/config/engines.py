@@ -6,12 +6,12 @@ These are fields of the ``rollout`` section (`RolloutConfig` composes them), so 
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from coevolve.config.base import Section
+from coevolve.plugins import declared_names
 
 # The engines agent/engines.py builds in (tests/flows/test_engine_plugin.py checks the two lists agree), and the
 # entry-point group under which an installed package declares another; its names are read here without importing
@@ -22,7 +22,7 @@ ENGINE_ENTRY_POINTS = "coevolve.engines"
 
 def engine_names() -> list[str]:
     """Every value rollout.engine may take here: the built-in engines, then those installed packages declare."""
-    return [*BUILT_IN_ENGINES, *sorted(p.name for p in entry_points(group=ENGINE_ENTRY_POINTS))]
+    return [*BUILT_IN_ENGINES, *declared_names(ENGINE_ENTRY_POINTS)]
 
 
 class EngineSettings(Section):

@@ -8,7 +8,6 @@ are listed in reverse and the section shows its fields in their usual order.
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
 from typing import ClassVar
 
 from pydantic import Field, field_validator, model_validator
@@ -16,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from coevolve.config.base import Section
 from coevolve.config.engines import EngineSettings, ServerSettings
 from coevolve.config.evaluation import EvaluationSettings
+from coevolve.plugins import declared_names
 
 # The gates tasks/curriculum.py builds in (tests/flows/test_gate_plugin.py checks the lists agree), and the
 # entry-point group under which an installed package declares another; the names are read without importing it.
@@ -25,7 +25,7 @@ GATE_ENTRY_POINTS = "coevolve.gates"
 
 def gate_names() -> list[str]:
     """Every gate rollout.gates may name here: the built-in ones, then those installed packages declare."""
-    return [*BUILT_IN_GATES, *sorted(p.name for p in entry_points(group=GATE_ENTRY_POINTS))]
+    return [*BUILT_IN_GATES, *declared_names(GATE_ENTRY_POINTS)]
 
 
 class SamplingSettings(Section):

@@ -9,10 +9,10 @@ kinds come first and keep today's selection.
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
 from typing import Any
 
 from coevolve.errors import ConfigError
+from coevolve.plugins import declared_points, load_declared
 from coevolve.signals.base import NAME, RESERVED, SignalKind
 from coevolve.signals.boundary import Boundary
 from coevolve.signals.forgetting import Forgetting
@@ -26,20 +26,11 @@ SHARED_FIELDS = frozenset({"enabled", "max_signals_per_round"})
 
 def _declared() -> list[tuple[str, type[SignalKind[Any]]]]:
     """The kinds other installed packages declare, each with where it was declared."""
-    found = []
-    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
-        where = f"entry point {point.name} = {point.value} (group {ENTRY_POINT_GROUP})"
-        try:
-            kind = point.load()
-        except Exception as exc:
-            raise ConfigError(
-                f"{where} does not load: {type(exc).__name__}: {exc}; fix that module, or uninstall the package "
-                "that declares it"
-            ) from exc
-        if not (isinstance(kind, type) and issubclass(kind, SignalKind)):
-            raise ConfigError(f"{where} is not a SignalKind subclass (coevolve/signals/base.py); point it at one")
-        found.append((where, kind))
-    return found
+    return [
+        (f"entry point {point.name} = {point.value} (group {ENTRY_POINT_GROUP})",
+         load_declared(point, SignalKind, "coevolve/signals/base.py"))
+        for point in declared_points(ENTRY_POINT_GROUP)
+    ]  # fmt: skip
 
 
 def _checked(kinds: list[tuple[str, type[SignalKind[Any]]]]) -> dict[str, SignalKind[Any]]:

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import types
 from pathlib import Path
@@ -57,6 +58,25 @@ def cli_env(state_dir: Path, prefect_home: Path | None = None, *, migrated: bool
         BFCL_PROJECT_ROOT=str(state_dir / "bfcl"),
         PYTHONPATH=str(REPO),
     )
+    return env
+
+
+def install_package(folder: Path, module: str, source: str, group: str, entry: str) -> Path:
+    """``folder`` holding one module and the metadata of a package that declares ``entry`` (``name = module:Class``)
+    under the entry-point group ``group``, as installing such a package leaves them; returns ``folder``."""
+    folder.mkdir()
+    (folder / f"{module}.py").write_text(textwrap.dedent(source))
+    info = folder / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{entry}\n")
+    return folder
+
+
+def env_with_package(state_dir: Path, package: Path) -> dict[str, str]:
+    """`cli_env` for a command that runs where the package in ``package`` (`install_package`) is installed."""
+    env = cli_env(state_dir)
+    env["PYTHONPATH"] = os.pathsep.join([str(package), env["PYTHONPATH"]])
     return env
 
 

@@ -6,10 +6,8 @@ a whole round through the real CLI, with nothing of the project edited.
 """
 
 import importlib.util
-import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from coevolve.config import load_config
 from coevolve.config.engines import BUILT_IN_ENGINES
 from coevolve.errors import ConfigError
 from storage.warehouse import Warehouse
-from tests.flows.conftest import REPO, cli_env
+from tests.flows.conftest import REPO, env_with_package, install_package
 
 # Checkpoint 0 of the default configuration, shipped in the repository: the toy engine reads its tokenizer.
 SHIPPED_CHECKPOINT = REPO / "agent" / "builtin_tiny"
@@ -56,14 +54,10 @@ class CannedEngine(Engine):
 
 
 def install_canned_engine(folder: Path) -> Path:
-    """The toy engine's module and the metadata of a package declaring it, as an installed package leaves them."""
-    folder.mkdir()
-    (folder / "canned_engine.py").write_text(textwrap.dedent(CANNED_ENGINE))
-    info = folder / "canned_engine-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: canned-engine\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[coevolve.engines]\ncanned = canned_engine:CannedEngine\n")
-    return folder
+    """The toy's module and the metadata of a package declaring it, as an installed package leaves them."""
+    return install_package(
+        folder, "canned_engine", CANNED_ENGINE, "coevolve.engines", "canned = canned_engine:CannedEngine"
+    )
 
 
 def test_the_configuration_and_the_registry_name_the_same_built_in_engines():
@@ -100,8 +94,7 @@ def test_an_installed_engine_plays_a_round_through_the_cli(tiny_config, tmp_path
     data["rollout"]["engine"] = "canned"  # only a process with the package installed accepts it
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(data, sort_keys=False))
-    env = cli_env(config.state_dir)
-    env["PYTHONPATH"] = os.pathsep.join([str(plugin), env["PYTHONPATH"]])
+    env = env_with_package(config.state_dir, plugin)
     done = subprocess.run(
         [sys.executable, "-m", "flows.cli", "evolve", "--config", str(config_file), "--rounds", "1"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,

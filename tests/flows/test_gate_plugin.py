@@ -7,10 +7,8 @@ the step draws replacements for the groups it refuses while the episode budget l
 the admitted groups only. Nothing of the project is edited.
 """
 
-import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ from coevolve.config.rollout import BUILT_IN_GATES
 from coevolve.errors import ConfigError
 from storage.warehouse import Warehouse
 from tasks.curriculum import BUILT_IN_GATES as GATE_CLASSES
-from tests.flows.conftest import REPO, cli_env
+from tests.flows.conftest import REPO, env_with_package, install_package
 
 EVEN_GATE = '''
 """even: admits the groups of tasks whose id ends in an even hex digit."""
@@ -40,14 +38,8 @@ BATCH, GROUP, FACTOR = 4, 2, 2.0
 
 
 def install_even_gate(folder: Path) -> Path:
-    """The toy gate's module and the metadata of a package declaring it, as an installed package leaves them."""
-    folder.mkdir()
-    (folder / "even_gate.py").write_text(textwrap.dedent(EVEN_GATE))
-    info = folder / "even_gate-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: even-gate\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[coevolve.gates]\neven = even_gate:EvenGate\n")
-    return folder
+    """The toy's module and the metadata of a package declaring it, as an installed package leaves them."""
+    return install_package(folder, "even_gate", EVEN_GATE, "coevolve.gates", "even = even_gate:EvenGate")
 
 
 def even(task_id: str) -> bool:
@@ -74,8 +66,7 @@ def test_an_installed_gate_decides_the_groups_a_round_trains_on(tiny_config, tmp
     data["rollout"]["gates"] = ["even"]  # only a process with the package installed accepts it
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(data, sort_keys=False))
-    env = cli_env(config.state_dir)
-    env["PYTHONPATH"] = os.pathsep.join([str(plugin), env["PYTHONPATH"]])
+    env = env_with_package(config.state_dir, plugin)
     done = subprocess.run(
         [sys.executable, "-m", "flows.cli", "evolve", "--config", str(config_file), "--rounds", "1"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,

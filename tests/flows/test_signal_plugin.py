@@ -9,17 +9,15 @@ from the registry (coevolve/signals/registry.py).
 """
 
 import json
-import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
 
 from storage.warehouse import Warehouse
-from tests.flows.conftest import REPO, cli_env
+from tests.flows.conftest import REPO, cli_env, env_with_package, install_package
 
 pytestmark = pytest.mark.slow
 
@@ -57,14 +55,8 @@ class Failed(SignalKind[FailedSettings]):
 
 
 def install_toy_kind(folder: Path) -> Path:
-    """The toy kind's module and the metadata of a package declaring it, as an installed package leaves them."""
-    folder.mkdir()
-    (folder / "toy_failed.py").write_text(textwrap.dedent(TOY_KIND))
-    info = folder / "toy_failed-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-failed\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[coevolve.signals]\nfailed = toy_failed:Failed\n")
-    return folder
+    """The toy's module and the metadata of a package declaring it, as an installed package leaves them."""
+    return install_package(folder, "toy_failed", TOY_KIND, "coevolve.signals", "failed = toy_failed:Failed")
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +72,7 @@ def plugin_ablation(tiny_config, tmp_path_factory):
     del data["signals"]["enabled"]  # every kind the process has, the installed one included (the default)
     config_file = root / "config.yaml"
     config_file.write_text(yaml.safe_dump(data, sort_keys=False))
-    env = cli_env(state)
-    env["PYTHONPATH"] = os.pathsep.join([str(plugin), env["PYTHONPATH"]])
+    env = env_with_package(state, plugin)
     command = [sys.executable, "-m", "flows.cli", "ablation", "--config", str(config_file)]
     command += ["--arms", "full,no-failed", "--seeds", "1", "--rounds", "1", "--official-limit", "1", "--name", "plug"]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)

@@ -124,7 +124,7 @@ def test_the_same_settings_draw_and_train_what_the_rollout_stage_always_did(tmp_
 
 def test_without_gates_the_batch_is_all_and_the_update_takes_every_group(tmp_path, pool):
     curriculum = curriculum_for(tmp_path, pool, "uniform")
-    assert curriculum.gates == () and episode_budget(load_config(environ={}).rollout) == 8 * 6
+    assert curriculum.gates == () and episode_budget(load_config(environ={}).rollout, ()) == 8 * 6
     draws, train = play(curriculum, pool, lambda i: [0.0, 0.0])
     assert len(draws) == 1 and train is None
 
