@@ -38,9 +38,10 @@ TRAINER_STATE_SUBDIR = "trainer_state"
 TRAINER_STATE_FILE = "trainer_state.json"
 # Suffix of the folder a checkpoint is written into before it is renamed onto its target.
 STAGING_SUFFIX = ".partial"
-# The builtin tiny policy's build report (agent/tiny.py): it holds wall-clock timings, so two
-# identical builds differ there; the weights, config and tokenizer are what the digest covers.
-_NOT_DIGESTED = frozenset({"tiny_policy.json"})
+# The builtin tiny policy's build report (agent/tiny.py) and a warm-up's (agent/warmup.py): they hold
+# wall-clock timings, so two identical builds differ there;
+# the weights, config and tokenizer are what the digest covers.
+_NOT_DIGESTED = frozenset({"tiny_policy.json", "warmup.json"})
 # transformers' RNG snapshot in a trainer state (rng_state.pth, rng_state_<rank>.pth): the generators of the
 # whole process at save time, which other threads (Prefect's, MLflow's) draw from too, so two identical
 # updates in one process can save different bytes. The update draws no random numbers that change its

@@ -23,7 +23,9 @@ from prefect.cache_policies import NO_CACHE
 from agent.checkpoints import checkpoint_digest, checkpoint_folder
 from agent.shipped_policy import SHIPPED_DIR, check_shipped, copy_shipped, ship
 from agent.tiny import build_digest, build_tiny_policy, is_built
+from agent.warmup import is_warmed, warm_up, warmup_digest
 from coevolve.config import PipelineConfig
+from coevolve.config.policy import WARMUP_SETTINGS
 from coevolve.errors import PipelineError
 from coevolve.optional import optional_module
 from coevolve.records import Task, digest
@@ -88,7 +90,8 @@ def tiny_policy_inputs(config: PipelineConfig, seed_pool: list[Task], heldout: l
     key = digest(
         {
             "tasks": task_ids,
-            "policy": config.policy.model_dump(),
+            # The warm-up settings concern pretrained models only: the tiny build's key does not depend on them.
+            "policy": config.policy.model_dump(exclude=set(WARMUP_SETTINGS)),
             "environment": config.environment.model_dump(),
             "seed": config.start_seed,
         }
@@ -104,7 +107,7 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
     checkpoint 0 (agent/shipped_policy.py) is the one these inputs build, it is copied instead of built.
     """
     if config.policy.model != BUILTIN_TINY:
-        return config.policy.model
+        return warmed_up_checkpoint(config, seed_pool, heldout)
     key, conversations = tiny_policy_inputs(config, seed_pool, heldout)
     out_dir = config.state_dir / "models" / f"tiny-{key[:12]}"
     # Named by the recipe's digest too, so a build of an older recipe is never taken for today's.
@@ -124,6 +127,22 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
     if cached is not None and not is_built(cached, conversations, config.policy, config.start_seed):
         _add_to_cache(built, cached)
     return str(built)
+
+
+def warmed_up_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> str:
+    """``policy.model`` as given, or after ``policy.warmup_steps`` of SFT on the tiny policy's demonstrations.
+
+    The warm-up is kept under state_dir/models, named by its inputs' digest, so a resumed round 0 finds it.
+    """
+    if not config.policy.warmup_steps:
+        return config.policy.model
+    _, conversations = sft_demonstrations(config, seed_pool, heldout)
+    inputs = warmup_digest(config.policy.model, conversations, config.policy, config.start_seed)
+    out_dir = config.state_dir / "models" / f"warmup-{inputs[:12]}"
+    if not is_warmed(out_dir, inputs):
+        log.info("checkpoint 0: %s warmed up by %d SFT steps into %s", config.policy.model,
+                 config.policy.warmup_steps, out_dir)  # fmt: skip
+    return str(warm_up(config.policy.model, out_dir, conversations, config.policy, config.start_seed))
 
 
 def _add_to_cache(built: Path, cached: Path) -> None:

@@ -31,6 +31,7 @@ from prefect.runtime import flow_run
 
 from agent.checkpoints import TRAINER_STATE_SUBDIR, checkpoint_digest
 from coevolve.config import PipelineConfig
+from coevolve.config.policy import WARMUP_SETTINGS
 from coevolve.errors import DataError
 from coevolve.optional import optional_module
 from coevolve.records import RoundSummary
@@ -211,6 +212,10 @@ def round_settings(config: PipelineConfig) -> dict[str, Any]:
     chosen.update(flatten({k: data[k] for k in RESULT_SECTIONS}))
     for section, names in RESULT_FIELDS.items():
         chosen.update({f"{section}.{n}": data[section][n] for n in names})
+    if not config.policy.warmup_steps:
+        # Without a warm-up they decide nothing, and rounds recorded before they existed resume unrefused.
+        for name in WARMUP_SETTINGS:
+            chosen.pop(f"policy.{name}", None)
     return chosen
 
 
