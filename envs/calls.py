@@ -21,9 +21,16 @@ from __future__ import annotations
 import ast
 import json
 import re
+import warnings
 from typing import Any
 
 from coevolve.records import ToolCall
+
+# The file name model output is compiled under. Text such as "2nd" makes the compiler warn (SyntaxWarning:
+# invalid decimal literal) on every parse: noise in a run's log, not an error of the run, so it is silenced
+# for this name only. A filter, not catch_warnings, because rollouts parse on several threads.
+_SOURCE_NAME = "<model-output>"
+warnings.filterwarnings("ignore", category=SyntaxWarning, module=re.escape(_SOURCE_NAME))
 
 # Longer messages are refused before any parsing: ast/json on pathological input is slow or recursive.
 MAX_TEXT_CHARS = 20_000
@@ -90,7 +97,7 @@ def _literal(node: ast.expr, name: str) -> Any:
 
 def _parse_python(source: str) -> list[ToolCall] | None:
     """Calls in python syntax; None when the source is valid python but holds no call at all."""
-    tree = ast.parse(source.strip(), mode="eval")
+    tree = ast.parse(source.strip(), filename=_SOURCE_NAME, mode="eval")
     body = tree.body
     if isinstance(body, ast.Call):
         return [_from_call_node(body)]
@@ -191,7 +198,8 @@ def _structured(text: str) -> list[ToolCall] | None:
         if parts and all(isinstance(p, dict) for p in parts):
             return [_from_json_object(p) for p in parts]
     try:
-        value = ast.literal_eval(text)
+        # literal_eval's own parse, under the model output's file name (see _SOURCE_NAME).
+        value = ast.literal_eval(ast.parse(text.lstrip(" \t"), filename=_SOURCE_NAME, mode="eval"))
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
     return _parse_json(value)

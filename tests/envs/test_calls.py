@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -160,3 +162,20 @@ def test_bracketed_reading_takes_call_lists_with_a_missing_bracket_as_bfcls_prom
             None,
         )
     assert parse_tool_calls("[cd(folder='a'), ls(a=True)")[1] is not None  # the compact style's reading stays strict
+
+
+def test_output_the_compiler_warns_about_is_read_without_a_warning_in_the_log():
+    """``1and 2`` is a SyntaxWarning (invalid decimal literal) to the compiler on every parse: a run's log
+    would fill with ``<unknown>:1: SyntaxWarning`` lines. In a fresh process, as in a run (pytest resets the
+    warning filters a module sets on import), parsing it prints nothing and the verdicts stay what they were."""
+    script = (
+        "from envs.calls import parse_tool_calls as p\n"
+        "print(p('[f(a=1and 2)]'))\n"
+        'print(p(\'{"name": "f", "arguments": {"a": 1and 2}}\'))\n'
+    )
+    done = subprocess.run([sys.executable, "-W", "default", "-c", script], capture_output=True, text=True, check=True)
+    assert done.stderr == ""
+    assert done.stdout.splitlines() == [
+        "([], 'unparseable tool call: f: argument is not a literal (ValueError)')",
+        "([], None)",
+    ]
