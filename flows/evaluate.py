@@ -19,7 +19,7 @@ from coevolve.config import PipelineConfig
 from coevolve.optional import optional_module
 from coevolve.settings import apply_settings
 from tasks.common import open_warehouse
-from tasks.evaluate import category_name, evaluate_split_task, evaluation_round, multi_turn_overall
+from tasks.evaluate import category_name, evaluate_split_task, evaluation_round, official_overall
 from tasks.splits import DEV_SPLIT, HELDOUT_SPLIT
 
 # MLflow takes seconds to import; only logging an evaluation needs it.
@@ -44,10 +44,12 @@ def log_evaluation(
     tracker = tracking.Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
     metrics = {f"accuracy.{split}": r["accuracy"] for split, r in results.items()}
     metrics.update({f"tasks.{split}": r["tasks"] for split, r in results.items()})
-    overall = multi_turn_overall({split: r["accuracy"] for split, r in results.items()})
+    overall = official_overall(config.environment, {split: r["accuracy"] for split, r in results.items()})
     if overall is not None:
-        # The leaderboard's multi-turn overall (tasks.evaluate.multi_turn_overall): unevaluated categories count 0.
-        metrics["accuracy.multi_turn_overall"] = overall
+        # The environment's official overall (tasks.evaluate.official_overall; BFCL's leaderboard multi-turn
+        # overall, where unevaluated categories count 0).
+        name, value = overall
+        metrics[f"accuracy.{name}"] = value
     params = {
         "checkpoint": checkpoint,
         "splits": ",".join(results),
@@ -81,7 +83,9 @@ def coevolve_evaluate(
     cfg = PipelineConfig.model_validate(config or {})
     apply_settings(cfg)  # a worker started anywhere runs like the CLI
     splits = (
-        [category_name(c) for c in categories] + ([HELDOUT_SPLIT] if heldout else []) + ([DEV_SPLIT] if dev else [])
+        [category_name(cfg.environment, c) for c in categories]
+        + ([HELDOUT_SPLIT] if heldout else [])
+        + ([DEV_SPLIT] if dev else [])
     )
     if round_ is None:
         with open_warehouse(cfg) as wh:
