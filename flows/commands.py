@@ -258,8 +258,11 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     config = _load(args)
     # Checked before the flow starts, so a typo fails in a second with the valid names.
+    given = args.categories.split(",") if args.categories is not None else None
     categories = [
-        evaluate_stage.category_name(config.environment, c.strip()) for c in args.categories.split(",") if c.strip()
+        evaluate_stage.category_name(config.environment, c.strip())
+        for c in (given if given is not None else evaluate_stage.default_categories(config.environment))
+        if c.strip()
     ]
     local_api.start()  # a temporary Prefect API that ends with this command, however it ends
     results = evaluate_flow.coevolve_evaluate(

@@ -120,6 +120,11 @@ def official_categories(env_config: EnvironmentConfig) -> tuple[str, ...]:
     return make_environment(env_config).official_categories
 
 
+def default_categories(env_config: EnvironmentConfig) -> tuple[str, ...]:
+    """The official categories `coevolve evaluate` scores when none are named (BFCL: multi_turn_base)."""
+    return make_environment(env_config).default_categories
+
+
 def category_name(env_config: EnvironmentConfig, name: str) -> str:
     """The environment's official category ``name`` stands for (BFCL: ``base`` or ``multi_turn_base`` ->
     ``multi_turn_base``); an unknown name fails with the choices."""
