@@ -261,8 +261,7 @@ def run_step(env: Environment, reply: str, tools: list[str], run_id: str) -> tup
     if call is None:
         return None, done, reason
     triplet = env.explore_call(call, run_id)
-    observation = triplet.observation
-    failed = None if triplet.ok else f"{call.render()[:120]} failed: {observation[:160]}"
+    failed = None if triplet.ok else f"{call.render()[:120]} failed: {triplet.observation[:160]}"
     return triplet, False, failed
 
 
