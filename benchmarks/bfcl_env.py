@@ -13,10 +13,11 @@ import argparse
 import sys
 import time
 
+import envs.bfcl.api as bfcl_api
 from coevolve.optional import optional_module
 from coevolve.records import Task
-from envs import bfcl_api
-from envs.bfcl import CATEGORIES, BfclEnvironment, official_tasks
+from envs.bfcl.environment import BfclEnvironment
+from envs.bfcl.official import CATEGORIES, official_tasks
 
 # bfcl-eval's own checker, imported after envs chose BFCL_PROJECT_ROOT (bfcl-eval creates folders there).
 bfcl_checker = optional_module("bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker")

@@ -28,7 +28,7 @@ from agent.engines import context_length, make_engine
 from agent.serve import ServeOptions, base_url, start_server, stop_server, wait_until_ready
 from benchmarks.rollout import build_policy
 from coevolve.config import EnvironmentConfig, PipelineConfig
-from envs.explorer import build_tasks
+from envs.bfcl.explorer import build_tasks
 from tasks.rollout import play_episodes
 
 

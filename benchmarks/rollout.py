@@ -24,8 +24,8 @@ from agent.http_engine import OpenAICompatibleEngine
 from agent.tiny import build_tiny_policy
 from agent.transformers_engine import TransformersEngine
 from coevolve.config import EnvironmentConfig, PolicyConfig
-from envs.explorer import build_tasks, demonstration
-from tasks.common import make_environment
+from envs.bfcl.explorer import build_tasks, demonstration
+from envs.registry import make_environment
 from tasks.rollout import play_episodes
 
 

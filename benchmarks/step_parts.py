@@ -55,7 +55,7 @@ import tasks.rollout as rollout_module
 import tasks.training.grpo_trainer as grpo_trainer
 from agent.transformers_engine import TransformersEngine
 from coevolve.config import PipelineConfig, load_config
-from envs.bfcl import BfclEnvironment
+from envs.bfcl.environment import BfclEnvironment
 from flows import local_api
 from flows.commands import prepare_environment
 from flows.stage import _BY_INPUT, STAGES

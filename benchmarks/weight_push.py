@@ -46,7 +46,7 @@ from agent.transformers_engine import load_policy
 from agent.weights import served_name
 from benchmarks.rollout import build_policy
 from coevolve.config import EnvironmentConfig, PipelineConfig
-from envs.explorer import build_tasks
+from envs.bfcl.explorer import build_tasks
 from tasks.rollout import play_episodes
 
 TEMPERATURE = 0.9

@@ -1,4 +1,5 @@
-"""Agent environments: the protocol (envs.base), BFCL multi-turn (envs.bfcl), call parsing and exploration."""
+"""Agent environments: the contract (envs.base), the registry that builds one by name (envs.registry), BFCL
+multi-turn (envs.bfcl) and call parsing (envs.calls)."""
 
 import os
 import tempfile

@@ -216,12 +216,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser(
-        "evaluate", help="Score a checkpoint greedily on official BFCL categories and the held-out split."
+        "evaluate", help="Score a checkpoint greedily on the environment's official categories and the held-out split."
     )
     common(p)
     p.add_argument("--checkpoint", required=True, help="Model directory or Hugging Face id.")
     p.add_argument(
-        "--categories", default="multi_turn_base", help="Comma-separated: base, miss_func, miss_param, long_context."
+        "--categories",
+        default=None,
+        help=(
+            "Comma-separated official categories of the environment; BFCL's: base, miss_func, miss_param, "
+            "long_context. Default: the environment's (BFCL: multi_turn_base, the paper's protocol)."
+        ),
     )
     p.add_argument("--no-heldout", action="store_true", help="Skip the run's held-out synthetic split.")
     p.add_argument("--limit", type=int, default=None, help="Score only the first N tasks of each split.")

@@ -258,7 +258,12 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     config = _load(args)
     # Checked before the flow starts, so a typo fails in a second with the valid names.
-    categories = [evaluate_stage.category_name(c.strip()) for c in args.categories.split(",") if c.strip()]
+    given = args.categories.split(",") if args.categories is not None else None
+    categories = [
+        evaluate_stage.category_name(config.environment, c.strip())
+        for c in (given if given is not None else evaluate_stage.default_categories(config.environment))
+        if c.strip()
+    ]
     local_api.start()  # a temporary Prefect API that ends with this command, however it ends
     results = evaluate_flow.coevolve_evaluate(
         checkpoint=args.checkpoint,
@@ -270,15 +275,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     )
     for split, accuracy in results.items():
         print(f"{split:<26} {accuracy:.3f}")
-    overall = evaluate_stage.multi_turn_overall(results)
+    overall = evaluate_stage.official_overall(config.environment, results)
     if overall is not None:
-        missing = [
-            c
-            for c in ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
-            if c not in results
-        ]
+        name, value = overall
+        official = evaluate_stage.official_categories(config.environment)
+        missing = [c for c in official if c not in results]
         note = f"  ({', '.join(missing)} not evaluated: counted as 0, as the leaderboard does)" if missing else ""
-        print(f"{'multi_turn_overall':<26} {overall:.3f}{note}")
+        print(f"{name:<26} {value:.3f}{note}")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Evaluation of one checkpoint as a Prefect flow: the paper's BFCL protocol plus the run's held-out split.
 
 Run: ``coevolve evaluate --checkpoint PATH [--categories base,miss_func] [--limit N]``.
-Each official category (default: all 200 multi_turn_base entries, as in the paper) and the run's
+Each official category of the environment (default: its own; BFCL's is all 200 multi_turn_base entries, as in
+the paper) and the run's
 held-out synthetic split is one retryable task, scored greedily (``rollout.eval_temperature``).
 Rows land in the warehouse's ``evaluations`` table (split = category name or ``heldout``), the
 per-split accuracy goes to MLflow as one evaluation run, and the flow returns it.
@@ -19,7 +20,13 @@ from coevolve.config import PipelineConfig
 from coevolve.optional import optional_module
 from coevolve.settings import apply_settings
 from tasks.common import open_warehouse
-from tasks.evaluate import category_name, evaluate_split_task, evaluation_round, multi_turn_overall
+from tasks.evaluate import (
+    category_name,
+    default_categories,
+    evaluate_split_task,
+    evaluation_round,
+    official_overall,
+)
 from tasks.splits import DEV_SPLIT, HELDOUT_SPLIT
 
 # MLflow takes seconds to import; only logging an evaluation needs it.
@@ -27,8 +34,6 @@ if TYPE_CHECKING:
     import storage.tracking as tracking
 else:
     tracking = optional_module("storage.tracking")
-
-DEFAULT_CATEGORIES = ["multi_turn_base"]
 
 
 def evaluation_run_name(config: PipelineConfig, checkpoint: str, round_: int) -> str:
@@ -44,10 +49,12 @@ def log_evaluation(
     tracker = tracking.Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
     metrics = {f"accuracy.{split}": r["accuracy"] for split, r in results.items()}
     metrics.update({f"tasks.{split}": r["tasks"] for split, r in results.items()})
-    overall = multi_turn_overall({split: r["accuracy"] for split, r in results.items()})
+    overall = official_overall(config.environment, {split: r["accuracy"] for split, r in results.items()})
     if overall is not None:
-        # The leaderboard's multi-turn overall (tasks.evaluate.multi_turn_overall): unevaluated categories count 0.
-        metrics["accuracy.multi_turn_overall"] = overall
+        # The environment's official overall (tasks.evaluate.official_overall; BFCL's leaderboard multi-turn
+        # overall, where unevaluated categories count 0).
+        name, value = overall
+        metrics[f"accuracy.{name}"] = value
     params = {
         "checkpoint": checkpoint,
         "splits": ",".join(results),
@@ -65,7 +72,7 @@ def log_evaluation(
 @flow(name="coevolve-evaluate")
 def coevolve_evaluate(
     checkpoint: str,
-    categories: list[str] = DEFAULT_CATEGORIES,
+    categories: list[str] | None = None,
     heldout: bool = True,
     config: dict[str, Any] | None = None,
     limit: int | None = None,
@@ -74,14 +81,19 @@ def coevolve_evaluate(
 ) -> dict[str, float]:
     """Greedy accuracy of ``checkpoint`` per split: each official category, then ``heldout``.
 
+    ``categories`` None scores the environment's default categories (BFCL: multi_turn_base).
+
     ``limit`` keeps the first N tasks of each split (smoke tests); ``round_`` overrides the round the
     rows are stored under (by default the round whose update wrote the checkpoint, see
     tasks.evaluate.evaluation_round); ``dev`` adds the dev split, for choosing settings.
     """
     cfg = PipelineConfig.model_validate(config or {})
     apply_settings(cfg)  # a worker started anywhere runs like the CLI
+    named = categories if categories is not None else list(default_categories(cfg.environment))
     splits = (
-        [category_name(c) for c in categories] + ([HELDOUT_SPLIT] if heldout else []) + ([DEV_SPLIT] if dev else [])
+        [category_name(cfg.environment, c) for c in named]
+        + ([HELDOUT_SPLIT] if heldout else [])
+        + ([DEV_SPLIT] if dev else [])
     )
     if round_ is None:
         with open_warehouse(cfg) as wh:

@@ -1,6 +1,7 @@
-"""Plumbing the stages share: the warehouse session, the environment, the round lock, checkpoint digests.
+"""Plumbing the stages share: the warehouse session, the round lock, checkpoint digests.
 
-Stages are declared, resumed and recorded by tasks/registry.py; engines are opened by agent/engines.py.
+Stages are declared, resumed and recorded by tasks/registry.py; engines are opened by agent/engines.py,
+environments built by envs/registry.py.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
 
-from coevolve.config import EnvironmentConfig, PipelineConfig
+from coevolve.config import PipelineConfig
 from coevolve.errors import RoundLockedError
 from coevolve.optional import optional_module
-from envs.bfcl import BfclEnvironment
 
 # The warehouse loads duckdb, polars and pyarrow (a second or more); the flows import this module
 # to run stages, and only a stage's own process needs them, when it opens the warehouse.
@@ -37,16 +37,6 @@ def open_warehouse(config: PipelineConfig) -> Iterator[Warehouse]:
         yield warehouse
     finally:
         warehouse.close()
-
-
-def make_environment(env_config: EnvironmentConfig) -> BfclEnvironment:
-    """A fresh environment as the configuration describes it (one per episode)."""
-    return BfclEnvironment(
-        max_steps_per_turn=env_config.max_steps_per_turn,
-        max_observation_chars=env_config.max_observation_chars,
-        tool_list=env_config.tool_list,
-        bfcl_loop=env_config.prompt_style == "bfcl",
-    )
 
 
 @contextlib.contextmanager

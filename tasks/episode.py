@@ -7,22 +7,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from agent.engine import Engine
 from coevolve.config import EnvironmentConfig
 from coevolve.records import Segment, Step, Task, Trajectory
-from envs.bfcl import BfclEnvironment
-
-if TYPE_CHECKING:
-    from envs.bfcl_prompts import BfclConversation
+from envs.base import Conversation, Environment
 
 
 @dataclass
 class Episode:
     task: Task
     sample: int
-    env: BfclEnvironment
+    env: Environment
     prompt_ids: list[int]
     seed: int | None = None
     completion_ids: list[int] = field(default_factory=list)
@@ -33,9 +29,9 @@ class Episode:
     finish_reason: str | None = None
     started: float = field(default_factory=time.perf_counter)
     duration_s: float = 0.0
-    # prompt_style 'bfcl': the episode's bfcl-eval conversation, and its segments before the one
-    # being built (prompt_ids .. logprobs above hold that one; tasks/rollout.py's docstring).
-    conversation: BfclConversation | None = None
+    # Prompts the environment writes itself (prompt_style 'bfcl': bfcl-eval's conversation), and the episode's
+    # segments before the one being built (prompt_ids .. logprobs above hold that one; tasks/rollout.py's docstring).
+    conversation: Conversation | None = None
     closed_segments: list[Segment] = field(default_factory=list)
 
     @property
@@ -80,16 +76,17 @@ def _goes_on(episode: Episode, outcome, env_config: EnvironmentConfig) -> bool:
     return True
 
 
-def _advance_bfcl(
+def _advance_conversation(
     engine: Engine,
     episode: Episode,
-    conversation: BfclConversation,
+    conversation: Conversation,
     generation,
     env_config: EnvironmentConfig,
     max_context_tokens,
     max_new_tokens,
 ) -> None:
-    """One step of an episode in bfcl-eval's conversation (which segment holds which tokens: tasks/rollout.py)."""
+    """One step of an episode in the environment's own conversation, bfcl-eval's for prompt_style 'bfcl' (which
+    segment holds which tokens: tasks/rollout.py)."""
     _append_generation(episode, generation)
     # Kept as the model wrote it (not stripped): bfcl-eval keeps the server's text in its history.
     text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
@@ -119,7 +116,9 @@ def advance_episode(
     engine: Engine, episode: Episode, generation, env_config: EnvironmentConfig, max_context_tokens, max_new_tokens
 ) -> None:
     if episode.conversation is not None:
-        _advance_bfcl(engine, episode, episode.conversation, generation, env_config, max_context_tokens, max_new_tokens)
+        _advance_conversation(
+            engine, episode, episode.conversation, generation, env_config, max_context_tokens, max_new_tokens
+        )
         return
     _append_generation(episode, generation)
     text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True).strip()

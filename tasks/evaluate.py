@@ -1,8 +1,10 @@
-"""Evaluation stage: a checkpoint's greedy success on the run's held-out split and on official BFCL categories.
+"""Evaluation stage: a checkpoint's greedy success on the run's held-out split and on the environment's official
+categories (BFCL's multi-turn categories).
 
 Held-out tasks come from the same explorer as the seed pool but another seed, and the
 validator refuses any candidate equal to one, so the policy never trains on them. Official
-categories are the BFCL v3 multi-turn entries (all 200 of multi_turn_base is the paper's protocol).
+categories are the environment's (`Environment.official_tasks`): for BFCL the v3 multi-turn entries
+(all 200 of multi_turn_base is the paper's protocol).
 Results go to the warehouse's ``evaluations`` table, one row per task, under
 (run, round, split); the split of an official category is its name, so a long-context entry and
 its base twin (same task_id) never share a key. The splits themselves belong to tasks/splits.py.
@@ -21,11 +23,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from agent.engines import context_length, open_engine, release
-from coevolve.config import PipelineConfig
-from coevolve.errors import ConfigError, is_retryable
+from coevolve.config import EnvironmentConfig, PipelineConfig
+from coevolve.errors import is_retryable
 from coevolve.records import Task
 from coevolve.stages import EvaluateInput, EvaluateOutput
-from envs.bfcl import CATEGORIES, official_tasks
+from envs.registry import make_environment
 from tasks.common import open_warehouse
 from tasks.registry import stage
 from tasks.rollout import play_episodes, success_rate
@@ -102,27 +104,31 @@ def evaluate_splits(
         }
 
 
-def multi_turn_overall(accuracies: Mapping[str, float]) -> float | None:
-    """The BFCL leaderboard's multi-turn overall: the unweighted mean of the four multi-turn categories.
+def official_overall(env_config: EnvironmentConfig, accuracies: Mapping[str, float]) -> tuple[str, float] | None:
+    """The environment's official overall score of per-split accuracies, with its name; None where it has none.
 
-    As bfcl-eval computes it (``calculate_unweighted_accuracy`` over multi_turn_base, miss_func,
-    miss_param and long_context in ``generate_leaderboard_csv``, bfcl_eval/eval_checker/
-    eval_runner_helper.py): each category weighs the same whatever its entry count, and a category
-    that was not evaluated counts as 0. None when no multi-turn category was evaluated at all.
+    BFCL's is the leaderboard's multi-turn overall (``multi_turn_overall``): the unweighted mean of the
+    four multi-turn categories, a category that was not evaluated counting as 0, None when none was.
     """
-    if not any(category in accuracies for category in CATEGORIES):
-        return None
-    return sum(accuracies.get(category, 0.0) for category in CATEGORIES) / len(CATEGORIES)
+    env = make_environment(env_config)
+    overall = env.official_overall(accuracies)
+    return None if overall is None else (env.overall_name, overall)
 
 
-def category_name(name: str) -> str:
-    """``base`` or ``multi_turn_base`` -> ``multi_turn_base``; an unknown name fails with the choices."""
-    full = name if name.startswith("multi_turn_") else f"multi_turn_{name}"
-    if full not in CATEGORIES:
-        raise ConfigError(
-            f"unknown BFCL category {name!r}; choose from {', '.join(CATEGORIES)} (or without 'multi_turn_')"
-        )
-    return full
+def official_categories(env_config: EnvironmentConfig) -> tuple[str, ...]:
+    """The environment's official evaluation categories, in its order; none where it has no official benchmark."""
+    return make_environment(env_config).official_categories
+
+
+def default_categories(env_config: EnvironmentConfig) -> tuple[str, ...]:
+    """The official categories `coevolve evaluate` scores when none are named (BFCL: multi_turn_base)."""
+    return make_environment(env_config).default_categories
+
+
+def category_name(env_config: EnvironmentConfig, name: str) -> str:
+    """The environment's official category ``name`` stands for (BFCL: ``base`` or ``multi_turn_base`` ->
+    ``multi_turn_base``); an unknown name fails with the choices."""
+    return make_environment(env_config).official_category(name)
 
 
 def split_tasks(config: PipelineConfig, wh: Warehouse, split: str, limit: int | None = None) -> list[Task]:
@@ -135,7 +141,8 @@ def split_tasks(config: PipelineConfig, wh: Warehouse, split: str, limit: int | 
     elif split == HELDOUT_SPLIT:
         tasks = heldout_split(config, wh)
     else:
-        tasks = official_tasks(category_name(split))
+        env = make_environment(config.environment)
+        tasks = env.official_tasks(env.official_category(split))
     return tasks[:limit] if limit is not None else tasks
 
 

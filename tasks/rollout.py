@@ -14,8 +14,9 @@ rounds' and do not depend on batching, request scheduling or what the engine gen
 sampled tokens do not; behaviour logprobs can differ in their last bits between batches of
 different shapes, e.g. episodes replayed after an interrupted stage).
 
-With ``environment.prompt_style: bfcl`` every step's prompt is what bfcl-eval's handler builds from
-the conversation so far (envs/bfcl_prompts.py), and such a prompt need not extend the previous prompt
+Where the environment writes the prompts itself (`Environment.conversation`; BFCL with
+``environment.prompt_style: bfcl``) every step's prompt is what its conversation builds from the
+conversation so far (bfcl-eval's handler, envs/bfcl/prompts.py), and such a prompt need not extend the previous prompt
 plus the reply: Qwen's template drops the reasoning of earlier turns and re-writes tool calls, a
 model's chat template may do likewise. An episode is therefore stored as one or more segments
 (coevolve.records.Segment): a segment is a maximal run of consecutive steps whose prompts extend
@@ -45,22 +46,14 @@ from tqdm.auto import tqdm
 from agent.engine import Engine
 from agent.engines import context_length, open_engine
 from coevolve.config import EnvironmentConfig, PipelineConfig, RolloutConfig
-from coevolve.errors import ConfigError, DataError
-from coevolve.optional import optional_module
+from coevolve.errors import DataError
 from coevolve.records import Task, Trajectory
 from coevolve.stages import RolloutInput, RolloutOutput
-from tasks.common import make_environment
+from envs.registry import make_environment
 from tasks.curriculum import StepCurriculum, informative_tasks
 from tasks.episode import Episode, advance_episode, to_trajectory
 from tasks.registry import stage
 from tasks.samplers import estimates_of
-
-# The BFCL prompt handlers load bfcl-eval's model handlers (and openai's types): seconds, needed only
-# when a rollout plays with prompt_style 'bfcl'.
-if TYPE_CHECKING:
-    import envs.bfcl_prompts as bfcl_prompts
-else:
-    bfcl_prompts = optional_module("envs.bfcl_prompts")
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -129,11 +122,8 @@ def play_episodes(
                 continue
             env = make_environment(env_config)
             messages = env.reset(task)
-            conversation = None
-            if env_config.prompt_style == "bfcl":
-                conversation = bfcl_prompts.BfclConversation(
-                    _handler(env_config), task, render_chat=engine.chat.render_chat
-                )
+            conversation = env.conversation(task, render_chat=engine.chat.render_chat)
+            if conversation is not None:
                 prompt_ids = engine.chat.encode(conversation.text())
             else:
                 prompt_ids = engine.chat.prompt_ids(messages)
@@ -194,15 +184,6 @@ def play_episodes(
     bar.close()
     order = {(e.task.task_id, e.sample): i for i, e in enumerate(episodes)}
     return sorted(finished, key=lambda t: order[(t.task_id, t.sample)])
-
-
-def _handler(env_config: EnvironmentConfig) -> str:
-    if env_config.bfcl_handler is None:
-        raise ConfigError(
-            "environment.prompt_style is 'bfcl' but environment.bfcl_handler is unset; set it to qwen_fc, qwen, "
-            "llama_3_1 or chat (a loaded configuration derives it from policy.model where the name says which)."
-        )
-    return env_config.bfcl_handler
 
 
 def success_rate(trajectories: list[Trajectory]) -> float:

@@ -3,11 +3,12 @@
 They are the seed pool D_0, the held-out split, the dev split, the final held-out split, and checkpoint 0's
 demonstrations.
 
-Every split comes from the unguided explorer (envs/explorer.py) with its own seed offset, and the
-splits are disjoint by task id. D_0, dev and held-out are the target distribution: 3-5 calls spread
-over user turns of at most ``pool.calls_per_turn`` calls. Checkpoint 0's demonstrations are another
-distribution: single-turn tasks of ``policy.sft_min_calls`` to ``policy.sft_max_calls`` calls. The
-prepare stage stores the splits; the evaluate stage rebuilds a split it needs from the same configuration.
+Every split comes from the environment's unguided exploration (`Environment.build_tasks`; BFCL's is
+envs/bfcl/explorer.py) with its own seed offset, and the splits are disjoint by task id. D_0, dev and
+held-out are the target distribution: 3-5 calls spread over user turns of at most ``pool.calls_per_turn``
+calls. Checkpoint 0's demonstrations are another distribution: single-turn tasks of ``policy.sft_min_calls``
+to ``policy.sft_max_calls`` calls, played in the environment (`Environment.demonstration`). The prepare
+stage stores the splits; the evaluate stage rebuilds a split it needs from the same configuration.
 
 This module owns the splits: how each is built, where it is stored (a pool under a negative round,
 which no training round ever draws) and the names its evaluation rows carry.
@@ -20,8 +21,7 @@ from typing import TYPE_CHECKING
 
 from coevolve.config import PipelineConfig
 from coevolve.records import Message, Task, digest
-from envs.explorer import build_tasks, demonstration, in_turns
-from tasks.common import make_environment
+from envs.registry import make_environment
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -47,8 +47,9 @@ DEV_SPLIT = "dev"
 def build_initial_pools(config: PipelineConfig) -> tuple[list[Task], list[Task]]:
     """The seed pool and the held-out split, disjoint, both reproducible from ``config.start_seed``."""
     per_turn = config.pool.calls_per_turn
-    seed_pool = build_tasks(config.pool.seed_size, config.start_seed, origin="seed", calls_per_turn=per_turn)
-    heldout = build_tasks(
+    env = make_environment(config.environment)
+    seed_pool = env.build_tasks(config.pool.seed_size, config.start_seed, origin="seed", calls_per_turn=per_turn)
+    heldout = env.build_tasks(
         config.rollout.heldout_tasks,
         config.start_seed + 7919,
         origin="heldout",
@@ -69,7 +70,7 @@ def build_dev_split(config: PipelineConfig, size: int = 200) -> list[Task]:
     exclude = {t.task_id for t in seed_pool + heldout}
     if config.policy.model == BUILTIN_TINY:
         exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
-    return build_tasks(
+    return make_environment(config.environment).build_tasks(
         size, config.start_seed + 31337, origin="dev", exclude=exclude, calls_per_turn=config.pool.calls_per_turn
     )
 
@@ -90,7 +91,7 @@ def build_final_heldout(config: PipelineConfig) -> list[Task]:
     exclude = {t.task_id for t in seed_pool + heldout + build_dev_split(config)}
     if config.policy.model == BUILTIN_TINY:
         exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
-    return build_tasks(
+    return make_environment(config.environment).build_tasks(
         size, config.start_seed + 65537, origin="heldout", exclude=exclude, calls_per_turn=config.pool.calls_per_turn
     )
 
@@ -118,7 +119,8 @@ def sft_demonstrations(
         }
     )
     if memo_key not in _DEMONSTRATIONS:
-        tasks = build_tasks(
+        env = make_environment(config.environment)
+        tasks = env.build_tasks(
             config.policy.sft_tasks,
             config.start_seed + 104729,
             origin="sft",
@@ -129,9 +131,8 @@ def sft_demonstrations(
         # Most demonstrations ask for each call in a turn of its own, so checkpoint 0 has seen a conversation
         # go on after a turn ends, but rarely two calls in one request, which most target turns ask for.
         rng = random.Random(config.start_seed + 104729)
-        tasks = [task if rng.random() < config.policy.sft_joint_calls else in_turns(task, 1) for task in tasks]
-        env = make_environment(config.environment)
-        _DEMONSTRATIONS[memo_key] = (sorted(t.task_id for t in tasks), [demonstration(task, env) for task in tasks])
+        tasks = [task if rng.random() < config.policy.sft_joint_calls else env.in_turns(task, 1) for task in tasks]
+        _DEMONSTRATIONS[memo_key] = (sorted(t.task_id for t in tasks), [env.demonstration(task) for task in tasks])
     return _DEMONSTRATIONS[memo_key]
 
 

@@ -29,7 +29,7 @@ from coevolve.errors import DataError
 from coevolve.records import Candidate, Provenance, Signal, Task
 from coevolve.signals import signal_kind
 from coevolve.stages import SynthesizeInput, SynthesizeOutput
-from envs.explorer import abstract, explore, in_turns
+from envs.registry import environment_for, make_environment
 from tasks.registry import stage
 from tasks.synthesis.llm_client import ChatClient
 from tasks.synthesis.llm_synthesis import LLMSynthesizer
@@ -63,20 +63,15 @@ def _explore_and_abstract(
     task: Task, focus: list[str], provenance: Provenance, config: SynthesisConfig, rng: random.Random, run_prefix: str
 ) -> list[Task]:
     made: list[Task] = []
+    env = environment_for(task)
     for run in range(config.explorations_per_signal):
         try:
-            triplets = explore(
-                task.initial_config,
-                task.involved_classes,
-                rng,
-                config.steps_per_exploration,
-                focus_tools=focus,
-                run_id=f"{run_prefix}#{run}",
+            triplets = env.explore(
+                task, rng, config.steps_per_exploration, focus_tools=focus, run_id=f"{run_prefix}#{run}"
             )
-            new = abstract(
+            new = env.abstract(
                 triplets,
-                task.initial_config,
-                task.involved_classes,
+                task,
                 provenance,
                 min_steps=config.min_task_steps,
                 max_steps=config.max_task_steps,
@@ -203,7 +198,8 @@ def synthesize_stage(config: PipelineConfig, wh: Warehouse, inputs: SynthesizeIn
     )
     if config.synthesis.synthesizer == "programmatic":
         # New tasks join the target distribution: the same job spread over user turns as D_0's tasks.
-        candidates = [replace(c, task=in_turns(c.task, config.pool.calls_per_turn)) for c in candidates]
+        env = make_environment(config.environment)
+        candidates = [replace(c, task=env.in_turns(c.task, config.pool.calls_per_turn)) for c in candidates]
     rejections = sum(len(c.get("rejections", [])) for c in contexts.values())
     get_run_logger().info(
         "round %d: %s synthesizer, %d candidates from %d targets (%d rejected model replies)",

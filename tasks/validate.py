@@ -22,7 +22,7 @@ from prefect import get_run_logger
 from coevolve.config import PipelineConfig, PoolConfig, SynthesisConfig
 from coevolve.records import Candidate, Task, Verdict, digest, normal_value
 from coevolve.stages import ValidateInput, ValidateOutput
-from envs.explorer import replay
+from envs.registry import environment_for
 from tasks.registry import stage
 from tasks.splits import sealed_splits
 from tasks.synthesis.judge import judge_from_config
@@ -44,7 +44,7 @@ def replay_verdict(candidate: Task, min_steps: int) -> Verdict:
     if calls < min_steps:
         return Verdict(False, f"too short: {calls} reference calls, at least {min_steps} required")
     try:
-        ok, reason, changed = replay(candidate)
+        ok, reason, changed = environment_for(candidate).replay(candidate)
     except Exception as exc:  # noqa: BLE001 - a candidate must never crash the round
         return Verdict(False, f"replay raised {type(exc).__name__}: {exc}")
     if not ok:

@@ -5,13 +5,44 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from coevolve.config.base import Section
+from coevolve.plugins import declared_names
+
+# The environments envs/registry.py builds in (tests/envs/test_environment_registry.py checks the two lists agree),
+# and the entry-point group under which an installed package declares another; its names are read here without
+# importing the package, so the configuration stays light.
+BUILT_IN_ENVIRONMENTS: tuple[str, ...] = ("bfcl",)
+ENVIRONMENT_ENTRY_POINTS = "coevolve.environments"
+
+
+def environment_names() -> list[str]:
+    """Every value environment.name may take here: the built-in environments, then those installed packages declare."""
+    return [*BUILT_IN_ENVIRONMENTS, *declared_names(ENVIRONMENT_ENTRY_POINTS)]
 
 
 class EnvironmentConfig(Section):
-    name: Literal["bfcl"] = Field("bfcl", description="Environment the agent plays. BFCL v3 multi-turn runs offline.")
+    name: str = Field(
+        "bfcl",
+        description=(
+            "Environment the agent plays. 'bfcl': BFCL v3 multi-turn, offline; an installed package may add others "
+            "(entry-point group coevolve.environments, docs/extending.md)."
+        ),
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known_environment(cls, value: str) -> str:
+        if value in BUILT_IN_ENVIRONMENTS:
+            return value
+        known = environment_names()
+        if value not in known:
+            raise ValueError(
+                f"unknown environment {value!r}; use one of {known}, or install the package that declares it"
+            )
+        return value
+
     max_steps: int = Field(
         30, ge=1, description="Model messages per episode before it counts as a failure (paper: 30)."
     )

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Task, Verdict
-from envs.bfcl import BfclEnvironment
+from envs.registry import environment_for
 from tasks.synthesis.llm_client import ChatClient, LLMRequestError
 from tasks.synthesis.llm_replies import extract_json_object
 from tasks.synthesis.llm_synthesis import Chat
@@ -71,7 +71,7 @@ def make_llm_judge(chat: Chat) -> Callable[[Task], Verdict]:
     """A judge function for tasks.validate.validate_candidates."""
 
     def judge(task: Task) -> Verdict:
-        env = BfclEnvironment()
+        env = environment_for(task)
         env.reset(task)
         observations = [o for turn in task.reference for o in env.execute(turn)]
         try:

@@ -8,9 +8,9 @@ For each signal (``synthesis.synthesizer = "llm"``):
    ``steps_per_exploration`` steps, from the task's initial state. At every step the model sees the
    context, the kind's guidance, the tools and the run's observations so far, and proposes the next
    call. The call is parsed with envs.calls.parse_tool_calls (AST/JSON literals only, whitelisted
-   names) and executed on the environment's API instances; (action, observation, run) triplets
-   are recorded. Model output never reaches eval or exec.
-3. **Abstraction.** envs.explorer.abstract cuts each run to a minimal action sequence that replays
+   names) and executed in the task's environment (`Environment.explore_call`); (action, observation,
+   run) triplets are recorded. Model output never reaches eval or exec.
+3. **Abstraction.** The environment's ``abstract`` cuts each run to a minimal action sequence that replays
    from the initial state (at least ``min_task_steps`` calls); the model then writes the task's
    description and query from that sequence.
 
@@ -29,9 +29,8 @@ from typing import Any, Protocol
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Candidate, Provenance, Signal, Task, ToolCall
-from envs import bfcl_api
-from envs.bfcl import BfclEnvironment
-from envs.explorer import Triplet, abstract, is_ok
+from envs.base import Environment, Triplet
+from envs.registry import environment_for
 from tasks.synthesis.llm_client import LLMRequestError
 from tasks.synthesis.llm_replies import parse_abstraction, parse_context, parse_next_call
 from tasks.synthesis.synthesis_base import guidance, meaning, provenance_of, synthesize_each, tools_of
@@ -46,10 +45,6 @@ class Chat(Protocol):
 
 
 # -- prompts -----------------------------------------------------------------------------------------
-def _tool_lines(task: Task) -> list[str]:
-    return [bfcl_api.tool_line(doc, "signatures") for cls in task.involved_classes for doc in bfcl_api.func_docs(cls)]
-
-
 def context_messages(signal: Signal, task: Task, tool_sequence: list[str], tools: list[str]) -> list[dict[str, str]]:
     reference = "; ".join(c.render() for turn in task.reference for c in turn)
     user = "\n".join(
@@ -200,9 +195,9 @@ class LLMSynthesizer:
         run_id: str,
     ) -> tuple[list[Triplet], list[str]]:
         """One multi-step run: the model proposes each call after seeing the previous observations."""
-        env = BfclEnvironment()
+        env = environment_for(task)
         env.reset(task)
-        lines = _tool_lines(task)
+        lines = env.tool_signatures(task)
         triplets: list[Triplet] = []
         rejections: list[str] = []
         history: list[tuple[str, str]] = []
@@ -235,10 +230,10 @@ class LLMSynthesizer:
         rng: random.Random,
     ) -> tuple[Task | None, str | None]:
         """The run's minimal replayable sequence, with a description and query the model writes."""
-        minimal = abstract(
+        env = environment_for(task)
+        minimal = env.abstract(
             triplets,
-            task.initial_config,
-            task.involved_classes,
+            task,
             provenance,
             min_steps=config.min_task_steps,
             max_steps=config.max_task_steps,
@@ -247,7 +242,6 @@ class LLMSynthesizer:
             usable = sum(1 for t in triplets if t.ok)
             return None, f"fewer than {config.min_task_steps} usable calls ({usable} succeeded of {len(triplets)})"
         calls = minimal.reference[0]
-        env = BfclEnvironment()
         env.reset(minimal)
         observations = env.execute(calls)
         reply, refused = self._ask(abstraction_messages(kind, context, calls, observations), rng.randrange(2**31))
@@ -256,7 +250,7 @@ class LLMSynthesizer:
         return write_query(minimal, reply)
 
 
-def run_step(env: Any, reply: str, tools: list[str], run_id: str) -> tuple[Triplet | None, bool, str | None]:
+def run_step(env: Environment, reply: str, tools: list[str], run_id: str) -> tuple[Triplet | None, bool, str | None]:
     """Parse one exploration reply and execute its call in ``env`` (an environment after reset).
 
     Returns (triplet, the run is done, reason). A reply that does not parse or names an unknown
@@ -266,10 +260,8 @@ def run_step(env: Any, reply: str, tools: list[str], run_id: str) -> tuple[Tripl
     call, done, reason = parse_next_call(reply, tools)
     if call is None:
         return None, done, reason
-    before = env.state()
-    [observation] = env.execute([call])
-    triplet = Triplet(call, observation, run_id, is_ok(observation), env.state() != before)
-    failed = None if triplet.ok else f"{call.render()[:120]} failed: {observation[:160]}"
+    triplet = env.explore_call(call, run_id)
+    failed = None if triplet.ok else f"{call.render()[:120]} failed: {triplet.observation[:160]}"
     return triplet, False, failed
 
 

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from coevolve.config import SynthesisConfig
 from coevolve.records import Candidate, Provenance, Signal, Task
 from coevolve.signals import signal_kind
-from envs.bfcl import BfclEnvironment
+from envs.registry import environment_for
 
 # The random control's target is no signal: what its context says in place of a kind's guidance and meaning.
 RANDOM_GUIDANCE = "Explore uniformly drawn tools from a uniformly drawn state (control arm)."
@@ -54,7 +54,8 @@ class Synthesizer(Protocol):
 
 
 def tools_of(task: Task) -> list[str]:
-    env = BfclEnvironment()
+    """The names of the tools ``task`` can call, as its environment lists them."""
+    env = environment_for(task)
     env.reset(task)
     return env.tool_names()
 

@@ -25,7 +25,7 @@ from agent.serve import ServeOptions
 from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.records import Provenance, Task, ToolCall
-from envs.explorer import build_tasks
+from envs.bfcl.explorer import build_tasks
 from tasks.rollout import play_episodes
 from tasks.update import grpo_update
 

@@ -1,4 +1,4 @@
-"""Specification of envs.bfcl.BfclEnvironment: prompts, step semantics, checking, isolation, robustness."""
+"""Specification of envs.bfcl.environment.BfclEnvironment: prompts, step semantics, checking, isolation, robustness."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from coevolve.records import Provenance, Task, ToolCall
 from envs.base import Environment
-from envs.bfcl import INSTRUCTION, BfclEnvironment, official_tasks
+from envs.bfcl.environment import INSTRUCTION, BfclEnvironment
+from envs.bfcl.official import official_tasks
 
 FS_CONFIG = {"GorillaFileSystem": {"root": {"alex": {"type": "directory", "contents": {}}}}}
 

@@ -17,15 +17,16 @@ from types import SimpleNamespace
 import pytest
 
 # envs first: it points BFCL_PROJECT_ROOT at a scratch folder before bfcl-eval creates folders there.
-from envs import bfcl_api  # isort: skip
+import envs.bfcl.api as bfcl_api  # isort: skip
 from bfcl_eval.model_handler.api_inference.openai_completion import OpenAICompletionsHandler
 from bfcl_eval.model_handler.local_inference.llama_3_1 import LlamaHandler_3_1
 from bfcl_eval.model_handler.local_inference.qwen import QwenHandler
 from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
 from bfcl_eval.utils import load_dataset_entry
 
-from envs.bfcl import CATEGORIES, BfclEnvironment, official_tasks
-from envs.bfcl_prompts import BfclConversation, call_text
+from envs.bfcl.environment import BfclEnvironment
+from envs.bfcl.official import CATEGORIES, official_tasks
+from envs.bfcl.prompts import BfclConversation, call_text
 from envs.calls import parse_tool_calls
 
 THINK = "<think>\nThe user wants this done; I call the tools.\n</think>\n\n"

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coevolve.records import ToolCall
-from envs.bfcl_prompts import split_reasoning
+from envs.bfcl.prompts import split_reasoning
 from envs.calls import parse_tool_calls
 
 

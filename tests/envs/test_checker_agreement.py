@@ -22,8 +22,9 @@ import pytest
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
-from envs import bfcl_api
-from envs.bfcl import CATEGORIES, BfclEnvironment, official_tasks
+import envs.bfcl.api as bfcl_api
+from envs.bfcl.environment import BfclEnvironment
+from envs.bfcl.official import CATEGORIES, official_tasks
 
 # Check-specific model names keep bfcl's per-(model, entry) instances apart; this prefix finds them again.
 MODEL_PREFIX = "agreementcheck"

@@ -1,4 +1,4 @@
-"""Specification of envs.explorer: exploration, abstraction, verbalization, seed tasks, demonstrations."""
+"""Specification of envs.bfcl.explorer: exploration, abstraction, verbalization, seed tasks, demonstrations."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import random
 import time
 
 from coevolve.records import Provenance, ToolCall
-from envs.bfcl import BfclEnvironment
-from envs.explorer import (
+from envs.bfcl.environment import BfclEnvironment
+from envs.bfcl.explorer import (
     DEFAULT_CLASSES,
     Triplet,
     abstract,
@@ -18,7 +18,7 @@ from envs.explorer import (
     replay,
     verbalize,
 )
-from envs.templates import TEMPLATES
+from envs.bfcl.templates import TEMPLATES
 
 
 def test_environment_states_hold_only_configs_and_classes():
@@ -70,7 +70,7 @@ def test_abstract_makes_a_single_turn_task_that_replays():
     assert task is not None and len(task.turns) == 1
     assert [c.name for c in task.reference[0]] == ["add", "multiply", "mean"]  # the repeated read is dropped
     assert task.description == task.turns[0]
-    assert replay(task)[0]
+    assert replay(task, BfclEnvironment())[0]
 
 
 def test_verbalize_names_every_argument_value_verbatim():
@@ -106,7 +106,7 @@ def test_built_tasks_are_distinct_valid_and_fast():
         assert 3 <= task.num_reference_calls <= 5 and len(task.turns) == 1
         assert set(task.involved_classes) <= set(DEFAULT_CLASSES)
         assert task.provenance.origin == "seed"
-        ok, reason, _ = replay(task)
+        ok, reason, _ = replay(task, BfclEnvironment())
         assert ok, reason
 
 
@@ -118,7 +118,7 @@ def test_build_tasks_honours_classes():
 def test_replay_reports_the_failing_call():
     task = build_tasks(1, seed=2, classes=["MathAPI"])[0]
     broken = type(task)(**{**task.__dict__, "reference": [[ToolCall("divide", {"a": 1, "b": 0})] + task.reference[0]]})
-    ok, reason, _ = replay(broken)
+    ok, reason, _ = replay(broken, BfclEnvironment())
     assert not ok and "divide" in reason
 
 

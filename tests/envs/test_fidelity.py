@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from coevolve.records import Task, ToolCall
-from envs.bfcl import CATEGORIES, BfclEnvironment, official_tasks
+from envs.bfcl.environment import BfclEnvironment
+from envs.bfcl.official import CATEGORIES, official_tasks
 
 
 def play(env: BfclEnvironment, task: Task, reference: list[list[ToolCall]]) -> tuple[float, bool, dict]:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.bfcl import BfclEnvironment, official_tasks
+from envs.bfcl.environment import BfclEnvironment
+from envs.bfcl.official import official_tasks
 
 EPISODES = 10_000
 WARM_UP = 2_000

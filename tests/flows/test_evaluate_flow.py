@@ -7,10 +7,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from agent.tiny import build_tiny_policy
-from envs.explorer import build_tasks, demonstration
+from envs.bfcl.explorer import build_tasks, demonstration
+from envs.registry import make_environment
 from flows.evaluate import coevolve_evaluate
 from storage.warehouse import Warehouse
-from tasks.common import make_environment, open_warehouse
+from tasks.common import open_warehouse
 from tasks.splits import EXTERNAL_ROUND, HELDOUT_ROUND, build_initial_pools
 
 pytestmark = pytest.mark.slow

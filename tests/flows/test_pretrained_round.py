@@ -28,9 +28,9 @@ from agent.chat import ChatFormat
 from agent.checkpoints import checkpoint_digest
 from agent.transformers_engine import load_policy
 from coevolve.config import load_config
+from envs.registry import make_environment
 from flows.round import coevolve_round
 from storage.warehouse import Warehouse
-from tasks.common import make_environment
 from tasks.update import grpo_update
 from tests.conftest import REPO, _free_port, _stop, _wait_until_ready, vllm_env
 

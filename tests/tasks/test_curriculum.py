@@ -9,7 +9,7 @@ import pytest
 
 from coevolve.config import load_config
 from coevolve.records import Task
-from envs.explorer import build_tasks
+from envs.bfcl.explorer import build_tasks
 from tasks.curriculum import Gate, StepCurriculum, episode_budget
 from tasks.samplers import TaskEstimate
 

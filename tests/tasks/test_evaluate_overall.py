@@ -8,7 +8,9 @@ from pathlib import Path
 import bfcl_eval
 import pytest
 
-from tasks.evaluate import multi_turn_overall
+from coevolve.config import EnvironmentConfig
+from envs.bfcl.official import multi_turn_overall
+from tasks.evaluate import official_overall
 
 
 def _bfcl_unweighted_accuracy():
@@ -49,7 +51,11 @@ def _bfcl_overall(accuracies: dict[str, float]) -> float:
 )
 def test_overall_matches_bfcl_evals_unweighted_mean(accuracies):
     assert multi_turn_overall(accuracies) == pytest.approx(_bfcl_overall(accuracies))
+    # The evaluation flow's overall for the BFCL environment is that one, under the leaderboard's name.
+    name, overall = official_overall(EnvironmentConfig(), accuracies)
+    assert name == "multi_turn_overall" and overall == pytest.approx(_bfcl_overall(accuracies))
 
 
 def test_no_multi_turn_category_means_no_overall():
     assert multi_turn_overall({"heldout": 0.5, "dev": 0.2}) is None
+    assert official_overall(EnvironmentConfig(), {"heldout": 0.5, "dev": 0.2}) is None

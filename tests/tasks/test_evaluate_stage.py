@@ -2,22 +2,28 @@
 
 import pytest
 
-from coevolve.config import PipelineConfig
+from coevolve.config import EnvironmentConfig, PipelineConfig
 from coevolve.errors import ConfigError
-from envs.explorer import build_tasks
+from envs.bfcl.explorer import build_tasks
 from tasks.common import open_warehouse
-from tasks.evaluate import category_name, evaluate_splits, evaluation_round, split_tasks
+from tasks.evaluate import category_name, default_categories, evaluate_splits, evaluation_round, split_tasks
 from tasks.splits import DEV_SPLIT, EXTERNAL_ROUND, HELDOUT_ROUND, HELDOUT_SPLIT
 
 
 def test_short_and_full_category_names_are_accepted():
-    assert category_name("base") == category_name("multi_turn_base") == "multi_turn_base"
-    assert category_name("long_context") == "multi_turn_long_context"
+    bfcl = EnvironmentConfig()
+    assert category_name(bfcl, "base") == category_name(bfcl, "multi_turn_base") == "multi_turn_base"
+    assert category_name(bfcl, "long_context") == "multi_turn_long_context"
+
+
+def test_the_environment_names_the_categories_scored_by_default():
+    # BFCL's: the paper's protocol, all of multi_turn_base.
+    assert default_categories(EnvironmentConfig()) == ("multi_turn_base",)
 
 
 def test_unknown_category_fails_naming_the_choices():
     with pytest.raises(ConfigError, match="multi_turn_miss_func"):
-        category_name("simple")
+        category_name(EnvironmentConfig(), "simple")
 
 
 def test_official_split_holds_every_entry_of_the_category_in_order(tmp_path):

@@ -9,9 +9,9 @@ from agent.chat import ChatFormat
 from agent.tiny import build_tiny_policy, train_tokenizer
 from agent.transformers_engine import Generation, TransformersEngine
 from coevolve.config import EnvironmentConfig, PolicyConfig
-from envs.bfcl import official_tasks
-from envs.explorer import build_tasks, demonstration
-from tasks.common import make_environment
+from envs.bfcl.explorer import build_tasks, demonstration
+from envs.bfcl.official import official_tasks
+from envs.registry import make_environment
 from tasks.rollout import play_episodes
 
 

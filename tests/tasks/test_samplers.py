@@ -6,7 +6,7 @@ import typing
 import pytest
 
 from coevolve.config import PoolConfig
-from envs.explorer import build_tasks
+from envs.bfcl.explorer import build_tasks
 from tasks.samplers import MOST_LEARNABLE, SAMPLERS, TaskEstimate, draw_key, pool_sampler
 
 

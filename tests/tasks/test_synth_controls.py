@@ -6,7 +6,7 @@ import pytest
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Provenance, Signal
-from envs.explorer import build_tasks
+from envs.bfcl.explorer import build_tasks
 from tasks.synthesize import random_targets, synthesize_targets
 from tasks.validate import validate_candidates
 

@@ -9,8 +9,8 @@ import pytest
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Candidate, Provenance
-from envs.bfcl import BfclEnvironment
-from envs.explorer import abstract, build_tasks
+from envs.bfcl.environment import BfclEnvironment
+from envs.bfcl.explorer import abstract, build_tasks
 from tasks.synthesis.llm_replies import (
     CONTEXT_KEYS,
     extract_json_object,

@@ -10,7 +10,7 @@ import pytest
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Signal
-from envs.explorer import build_tasks
+from envs.bfcl.explorer import build_tasks
 from tasks.synthesis.llm_client import ChatClient, LLMRequestError
 from tasks.synthesis.llm_synthesis import LLMSynthesizer
 from tasks.synthesize import tools_of

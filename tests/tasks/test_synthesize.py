@@ -6,7 +6,7 @@ import pytest
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Provenance, Signal
-from envs.explorer import build_tasks
+from envs.bfcl.explorer import build_tasks
 from tasks.synthesize import build_context, random_targets, synthesize_from_signals, synthesize_targets, tools_of
 from tasks.validate import validate_candidates
 

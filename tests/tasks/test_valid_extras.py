@@ -6,7 +6,7 @@ import pytest
 
 from coevolve.config import SynthesisConfig
 from coevolve.records import Candidate, Verdict
-from envs.explorer import build_tasks
+from envs.bfcl.explorer import build_tasks
 from tasks.synthesis.judge import CRITERIA, judge_messages, parse_judgement
 from tasks.synthesis.similarity import NearDuplicateIndex
 from tasks.validate import validate_candidates

@@ -6,7 +6,7 @@ import pytest
 
 from coevolve.config import PoolConfig, SynthesisConfig
 from coevolve.records import Candidate, Provenance, ToolCall
-from envs.explorer import build_tasks
+from envs.bfcl.explorer import build_tasks
 from tasks.validate import action_key, next_pool, validate_candidates
 
 

@@ -1,68 +1,53 @@
-"""The BFCL v3 multi-turn environment: episodes, turn checking like bfcl-eval, and official tasks.
+"""The BFCL v3 multi-turn environment: episodes, turn checking like bfcl-eval, and the environment's tasks.
 
 An episode plays one Task: the model's calls run on one private set of API instances, the task's
 reference runs turn by turn on a second set, and each turn is checked as bfcl-eval's
 ``multi_turn_checker`` does (same public state, reference results among the model's results).
+The seed pool, exploration, replay and demonstrations are envs/bfcl/explorer.py's, the official
+entries envs/bfcl/official.py's, and the prompts of prompt_style 'bfcl' envs/bfcl/prompts.py's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import copy
+import random
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_checker, state_checker
 
+import envs.bfcl.api as bfcl_api
+import envs.bfcl.explorer as explorer
+from coevolve.errors import ConfigError
+from coevolve.optional import optional_module
 from coevolve.records import Message, Provenance, Task, ToolCall
-from envs import bfcl_api
-from envs.base import StepOutcome
+from envs.base import Environment, StepOutcome, Triplet
+from envs.bfcl.official import CATEGORIES, OfficialMeta, multi_turn_overall, official_meta, official_tasks
 from envs.calls import POSITIONAL_PREFIX, parse_tool_calls
 
-ENVIRONMENT_NAME = "bfcl"
-CATEGORIES: tuple[str, ...] = (
-    "multi_turn_base",
-    "multi_turn_miss_func",
-    "multi_turn_miss_param",
-    "multi_turn_long_context",
-)
+# The prompts of prompt_style 'bfcl' load bfcl-eval's model handlers (and openai's types): seconds, needed only
+# when an episode plays with that style.
+if TYPE_CHECKING:
+    import envs.bfcl.prompts as bfcl_prompts
+    from coevolve.config import EnvironmentConfig
+else:
+    bfcl_prompts = optional_module("envs.bfcl.prompts")
+
+ENVIRONMENT_NAME = bfcl_api.ENVIRONMENT_NAME
 TOOL_LISTS = ("described", "signatures", "names")
 INSTRUCTION = "Reply with a python list of calls like [f(a=1), g(b='x')]; reply done when the request is complete."
-REVEAL_PROMPT = "I have updated some more functions you can choose from. What about now?"
 # bfcl-eval's MAXIMUM_STEP_LIMIT (constants/default_prompts.py): steps one turn may execute in its loop.
 TURN_STEP_LIMIT = 20
 
 
-@dataclass(frozen=True)
-class OfficialMeta:
-    """What an official entry needs beyond a Task: its id, context size and hidden functions."""
+class BfclEnvironment(Environment):
+    """One episode at a time on BFCL API classes, and BFCL's tasks; implements envs.base.Environment."""
 
-    entry_id: str
-    category: str
-    long_context: bool = False
-    excluded: tuple[str, ...] = ()
-    missed: dict[int, tuple[str, ...]] = field(default_factory=dict)
-
-
-# Entry id -> meta. Keyed by entry id (kept in Task.description), not task_id: a long-context entry
-# has the same content as its base entry, only the flag differs.
-OFFICIAL_META: dict[str, OfficialMeta] = {}
-
-
-def official_meta(task: Task) -> OfficialMeta | None:
-    """Meta of an official task, loading its category when the task came from another process."""
-    if task.provenance.origin != "official":
-        return None
-    entry_id = task.description
-    if entry_id not in OFFICIAL_META:
-        category = entry_id.rsplit("_", 1)[0]
-        if category in CATEGORIES:
-            official_tasks(category)
-    return OFFICIAL_META.get(entry_id)
-
-
-class BfclEnvironment:
-    """One episode at a time on BFCL API classes; implements envs.base.Environment."""
-
-    name = ENVIRONMENT_NAME
+    name: ClassVar[str] = ENVIRONMENT_NAME
+    official_categories: ClassVar[tuple[str, ...]] = CATEGORIES
+    # The paper's protocol: all 200 multi_turn_base entries.
+    default_categories: ClassVar[tuple[str, ...]] = ("multi_turn_base",)
+    overall_name: ClassVar[str] = "multi_turn_overall"
 
     def __init__(
         self,
@@ -72,11 +57,12 @@ class BfclEnvironment:
         tool_list: str = "described",
         irrelevance_check: bool = False,
         bfcl_loop: bool = False,
+        handler: str | None = None,
     ):
         self.max_steps_per_turn = max_steps_per_turn
         # bfcl-eval's multi-turn loop (prompt_style 'bfcl'): a reply without calls, or one that does not
         # parse, ends the turn; results are not cut; a turn that executes more than TURN_STEP_LIMIT steps
-        # quits the whole entry as a failure. The conversation's messages are kept by envs/bfcl_prompts.py.
+        # quits the whole entry as a failure. The conversation's messages are kept by envs/bfcl/prompts.py.
         self.bfcl_loop = bfcl_loop
         if tool_list not in TOOL_LISTS:
             raise ValueError(f"tool_list must be one of {TOOL_LISTS}, not {tool_list!r}")
@@ -90,9 +76,23 @@ class BfclEnvironment:
         # whose reference is empty run (and can break the next turn's state check) but do not fail it.
         # Off matches the official scores; on also fails such a turn at once, as that checker would.
         self.irrelevance_check = irrelevance_check
+        # The bfcl-eval handler family whose conversation a bfcl-loop episode is prompted with (envs/bfcl/prompts.py).
+        self.handler = handler
         self._task: Task | None = None
+        self._meta: OfficialMeta | None = None
         self._model: dict[str, Any] = {}
         self._truth: dict[str, Any] = {}
+
+    @classmethod
+    def from_config(cls, config: EnvironmentConfig) -> BfclEnvironment:
+        """The environment of the ``environment`` section; prompt_style 'bfcl' plays bfcl-eval's multi-turn loop."""
+        return cls(
+            max_steps_per_turn=config.max_steps_per_turn,
+            max_observation_chars=config.max_observation_chars,
+            tool_list=config.tool_list,
+            bfcl_loop=config.prompt_style == "bfcl",
+            handler=config.bfcl_handler,
+        )
 
     # -- episode -------------------------------------------------------------------------------
     def _reset_task(self) -> Task:
@@ -241,6 +241,102 @@ class BfclEnvironment:
     def turn(self) -> int:
         return self._turn
 
+    # -- tools -----------------------------------------------------------------------------------
+    def tool_schemas(self, task: Task) -> list[dict[str, Any]]:
+        """The official function docs of the task's classes, in class and file order."""
+        return [copy.deepcopy(doc) for cls in task.involved_classes for doc in bfcl_api.func_docs(cls)]
+
+    def tool_signatures(self, task: Task) -> list[str]:
+        return [
+            bfcl_api.tool_line(doc, "signatures") for cls in task.involved_classes for doc in bfcl_api.func_docs(cls)
+        ]
+
+    # -- tasks (envs/bfcl/explorer.py) -------------------------------------------------------------
+    def build_tasks(
+        self,
+        n: int,
+        seed: int,
+        origin: str = "seed",
+        exclude: set[str] | frozenset[str] = frozenset(),
+        min_steps: int = 3,
+        max_steps: int = 5,
+        calls_per_turn: int | None = None,
+    ) -> list[Task]:
+        return explorer.build_tasks(
+            n, seed, origin=origin, exclude=exclude, min_steps=min_steps, max_steps=max_steps,
+            calls_per_turn=calls_per_turn,
+        )  # fmt: skip
+
+    def in_turns(self, task: Task, calls_per_turn: int | None) -> Task:
+        return explorer.in_turns(task, calls_per_turn)
+
+    def explore(
+        self,
+        start: Task,
+        rng: random.Random,
+        num_steps: int,
+        focus_tools: list[str] | None = None,
+        run_id: str = "x",
+    ) -> list[Triplet]:
+        return explorer.explore(
+            start.initial_config, start.involved_classes, rng, num_steps, focus_tools=focus_tools, run_id=run_id
+        )
+
+    def explore_call(self, call: ToolCall, run_id: str) -> Triplet:
+        before = self.state()
+        [observation] = self.execute([call])
+        return Triplet(call, observation, run_id, explorer.is_ok(observation), self.state() != before)
+
+    def abstract(
+        self,
+        triplets: list[Triplet],
+        start: Task,
+        provenance: Provenance,
+        min_steps: int = 3,
+        max_steps: int = 5,
+        calls_per_turn: int | None = None,
+    ) -> Task | None:
+        return explorer.abstract(
+            triplets, start.initial_config, start.involved_classes, provenance, min_steps, max_steps, calls_per_turn
+        )
+
+    def replay(self, task: Task) -> tuple[bool, str, bool]:
+        # A fresh environment with the default settings: replay only executes calls and compares states.
+        return explorer.replay(task, BfclEnvironment())
+
+    def demonstration(self, task: Task) -> list[Message]:
+        return explorer.demonstration(task, self)
+
+    # -- prompts ---------------------------------------------------------------------------------
+    def conversation(
+        self, task: Task, render_chat: Callable[[list[dict[str, Any]]], str]
+    ) -> bfcl_prompts.BfclConversation | None:
+        """bfcl-eval's conversation with the handler family's model (prompt_style 'bfcl'), else None."""
+        if not self.bfcl_loop:
+            return None
+        if self.handler is None:
+            raise ConfigError(
+                "environment.prompt_style is 'bfcl' but environment.bfcl_handler is unset; set it to qwen_fc, qwen, "
+                "llama_3_1 or chat (a loaded configuration derives it from policy.model where the name says which)."
+            )
+        return bfcl_prompts.BfclConversation(self.handler, task, render_chat=render_chat)
+
+    # -- official evaluation (envs/bfcl/official.py) ----------------------------------------------
+    def official_category(self, name: str) -> str:
+        """``base`` or ``multi_turn_base`` -> ``multi_turn_base``; an unknown name fails with the choices."""
+        full = name if name.startswith("multi_turn_") else f"multi_turn_{name}"
+        if full not in CATEGORIES:
+            raise ConfigError(
+                f"unknown BFCL category {name!r}; choose from {', '.join(CATEGORIES)} (or without 'multi_turn_')"
+            )
+        return full
+
+    def official_tasks(self, category: str, limit: int | None = None) -> list[Task]:
+        return official_tasks(category, limit)
+
+    def official_overall(self, accuracies: Mapping[str, float]) -> float | None:
+        return multi_turn_overall(accuracies)
+
 
 def _failure(turn: int, error_type: str, message: str, **extra: Any) -> dict[str, Any]:
     details: dict[str, Any] = {"turn": turn, "error_type": error_type, "error_message": message}
@@ -253,64 +349,3 @@ def _failure(turn: int, error_type: str, message: str, **extra: Any) -> dict[str
 def _short(value: Any, limit: int = 2000) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-# -- official entries ------------------------------------------------------------------------------
-def _category(category: str) -> str:
-    return category if category.startswith("multi_turn_") else f"multi_turn_{category}"
-
-
-def official_tasks(category: str = "multi_turn_base", limit: int | None = None) -> list[Task]:
-    """Official BFCL entries as Tasks (origin "official", description = entry id), registered in OFFICIAL_META.
-
-    A long-context entry has the same task_id as its base twin; the entry id tells them apart.
-    """
-    category = _category(category)
-    if category not in CATEGORIES:
-        raise ValueError(f"unknown category {category!r}; choose one of {', '.join(CATEGORIES)}")
-    entries = bfcl_api.load_jsonl(bfcl_api.DATA_DIR / f"BFCL_v4_{category}.json")
-    answer_file = bfcl_api.DATA_DIR / "possible_answer" / f"BFCL_v4_{category}.json"
-    answers = {a["id"]: a["ground_truth"] for a in bfcl_api.load_jsonl(answer_file)}
-    tasks: list[Task] = []
-    for entry in entries[:limit] if limit is not None else entries:
-        classes = list(entry["involved_classes"])
-        tool_classes = bfcl_api.class_of_tool(classes)
-        missed = {int(k): tuple(v) for k, v in entry.get("missed_function", {}).items()}
-        reference: list[list[ToolCall]] = []
-        for turn_calls in answers[entry["id"]]:
-            parsed = []
-            for text in turn_calls:
-                calls, error = parse_tool_calls(text)
-                if error or len(calls) != 1:
-                    raise ValueError(f"{entry['id']}: cannot parse reference call {text!r}: {error}")
-                call = calls[0]
-                if call.name in tool_classes:
-                    call = bfcl_api.normalize_call(call, tool_classes[call.name])
-                parsed.append(call)
-            reference.append(parsed)
-        turns = []
-        for index, messages in enumerate(entry["question"]):
-            text = "\n".join(m["content"] for m in messages if m.get("role") == "user")
-            if not messages and index in missed:
-                docs = {d["name"]: d for cls in classes for d in bfcl_api.func_docs(cls)}
-                revealed = [bfcl_api.tool_line(docs[n]) for n in missed[index] if n in docs]
-                text = "\n".join(revealed + [REVEAL_PROMPT])
-            turns.append(text)
-        task = Task(
-            environment=ENVIRONMENT_NAME,
-            initial_config=entry["initial_config"],
-            involved_classes=classes,
-            turns=turns,
-            reference=reference,
-            provenance=Provenance(origin="official"),
-            description=entry["id"],
-        )
-        OFFICIAL_META[entry["id"]] = OfficialMeta(
-            entry_id=entry["id"],
-            category=category,
-            long_context="long_context" in category,
-            excluded=tuple(entry.get("excluded_function", [])),
-            missed=missed,
-        )
-        tasks.append(task)
-    return tasks

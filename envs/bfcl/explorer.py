@@ -1,4 +1,4 @@
-"""Exploration of the BFCL environment and abstraction of what it did into executable tasks.
+"""Exploration of the BFCL environment and abstraction of what it did into executable tasks; replay and demonstrations.
 
 The seed pool comes from unguided exploration (random walks over the tools, arguments filled from
 the live state); signal-driven synthesis reuses the same walk with ``focus_tools``. Official entries
@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
+import envs.bfcl.api as bfcl_api
 from coevolve.records import Message, Provenance, Task, ToolCall, canonical_json
-from envs import bfcl_api
-from envs.bfcl import CATEGORIES, ENVIRONMENT_NAME, BfclEnvironment
-from envs.explore_values import NEEDS_LOGIN, argument_value, login_call
-from envs.templates import verbalize, verbalize_sequence
+from envs.base import Environment, Triplet
+from envs.bfcl.api import ENVIRONMENT_NAME
+from envs.bfcl.explore_values import NEEDS_LOGIN, argument_value, login_call
+from envs.bfcl.official import CATEGORIES
+from envs.bfcl.templates import verbalize, verbalize_sequence
 
 __all__ = [
     "DEFAULT_CLASSES",
@@ -34,17 +36,6 @@ __all__ = [
 # Classes whose tasks a small policy can learn: short literal arguments, no tokens or card numbers.
 DEFAULT_CLASSES: tuple[str, ...] = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI")
 _EMPTY_RESULTS = {"", "None", "{}", "[]"}
-
-
-@dataclass(frozen=True)
-class Triplet:
-    """One exploration step: the call, what the environment answered, and what it did to the state."""
-
-    action: ToolCall
-    observation: str
-    run_id: str
-    ok: bool
-    state_changed: bool
 
 
 def is_ok(observation: str) -> bool:
@@ -207,9 +198,8 @@ def in_turns(task: Task, calls_per_turn: int | None) -> Task:
     return replace(task, turns=[verbalize_sequence(chunk) for chunk in reference], reference=reference)
 
 
-def replay(task: Task) -> tuple[bool, str, bool]:
-    """Run the reference in a fresh environment: (every call succeeded, reason, the state changed)."""
-    env = BfclEnvironment()
+def replay(task: Task, env: Environment) -> tuple[bool, str, bool]:
+    """Run the reference in ``env``, a fresh environment: (every call succeeded, reason, the state changed)."""
     try:
         env.reset(task)
     except Exception as exc:  # noqa: BLE001 - a synthesized state that cannot load is a rejection, not a crash
@@ -254,7 +244,7 @@ def build_tasks(
     return list(tasks.values())
 
 
-def demonstration(task: Task, env: BfclEnvironment) -> list[Message]:
+def demonstration(task: Task, env: Environment) -> list[Message]:
     """The expert conversation on ``task``: per turn the reference calls in one message, then ``done``."""
     messages = env.reset(task)
     for reference in task.reference:

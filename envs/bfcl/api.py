@@ -27,6 +27,8 @@ from coevolve.errors import EnvSetupError
 from coevolve.records import ToolCall
 from envs.calls import POSITIONAL_PREFIX
 
+# Task.environment of every BFCL task, and the value of environment.name that picks this environment.
+ENVIRONMENT_NAME = "bfcl"
 DATA_DIR = Path(bfcl_eval.__file__).parent / "data"
 MULTI_TURN_CLASSES: tuple[str, ...] = (
     "GorillaFileSystem",

@@ -40,10 +40,10 @@ from bfcl_eval.model_handler.local_inference.qwen import QwenHandler
 from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
 from bfcl_eval.model_handler.utils import system_prompt_pre_processing_chat_model
 
+import envs.bfcl.api as bfcl_api
 from coevolve.records import Task, ToolCall
-from envs import bfcl_api
-from envs.base import StepOutcome
-from envs.bfcl import REVEAL_PROMPT, BfclEnvironment, official_meta
+from envs.base import Environment, StepOutcome
+from envs.bfcl.official import REVEAL_PROMPT, official_meta
 from envs.calls import POSITIONAL_PREFIX
 
 HANDLERS: tuple[str, ...] = ("qwen_fc", "qwen", "llama_3_1", "chat")
@@ -193,7 +193,7 @@ class BfclConversation:
         revealed = reveal_text(self.task, turn)
         self.messages.append({"role": "user", "content": revealed if revealed is not None else self.task.turns[turn]})
 
-    def advance(self, reply: str, env: BfclEnvironment) -> StepOutcome:
+    def advance(self, reply: str, env: Environment) -> StepOutcome:
         """One step of bfcl-eval's loop: keep the reply, run its calls in ``env`` (an environment in bfcl
         loop mode), keep their results, and open the next turn when this one ended."""
         outcome = env.step(self.add_reply(reply))
