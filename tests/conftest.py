@@ -76,8 +76,36 @@ def work_unit(nodeid: str) -> str:
     return "openai_server" if module in SESSION_SERVER_MODULES else module
 
 
+# The longest units of work, longest first (wall seconds on their worker, benchmarks/README.md "Feedback: make run and
+# make test"). `make test` hands them out before every other module, so that none is left running alone at the end
+# while the other worker idles; tests/ci/test_makefile.py checks that each names a test module.
+LONGEST_FIRST = (
+    "tests/flows/test_work_pools.py",
+    "tests/flows/test_crash_resume.py",
+    "tests/agent/test_managed_servers.py",
+    "tests/flows/test_pretrained_round.py",
+    "tests/flows/test_ablation_flow.py",
+    "tests/tasks/test_update_ranks.py",
+    "tests/agent/test_step_weight_sync.py",
+    "tests/agent/test_sampling_seeds.py",  # the unit of the session's vLLM server starts here
+    "tests/agent/test_rollout_fleet.py",
+    "tests/storage/test_object_storage.py",
+    "tests/agent/test_serve_command.py",
+    "tests/flows/test_rounds_target.py",
+    "tests/flows/test_round_store_failures.py",
+    "tests/ci/test_gpu_route.py",
+    "tests/agent/test_vllm_reload.py",
+)
+
+
 class ModuleScheduling(LoadFileScheduling):
-    """``--dist loadfile``, with the modules of the session's vLLM server as one unit of work."""
+    """``--dist loadfile``, with the modules of the session's vLLM server as one unit of work, handed out in the
+    collected order (`pytest_collection_modifyitems`): pytest-xdist would otherwise reorder the units by their number
+    of tests (``--loadscope-reorder``, its default), which puts a long module of few tests last."""
+
+    def __init__(self, config: pytest.Config, log=None) -> None:
+        super().__init__(config, log)
+        config.option.loadscopereorder = False
 
     def _split_scope(self, nodeid: str) -> str:
         return work_unit(nodeid)
@@ -90,13 +118,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules with a slow test run first, each in its collected order.
+    """The `LONGEST_FIRST` modules run first, in that order, then the other modules with a slow test, then the rest,
+    each in its collected order.
 
-    `make test` hands whole modules to two pytest-xdist workers in this order (`--dist loadfile`): a module of
-    several minutes handed out last would run alone at the end while the other worker idles.
+    `make test` hands whole modules to two pytest-xdist workers in this order (`--dist loadfile`, `ModuleScheduling`):
+    a module of several minutes handed out last would run alone at the end while the other worker idles.
     """
     slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
+
+    def rank(item: pytest.Item) -> int:
+        module = item.nodeid.split("::")[0]
+        if module in LONGEST_FIRST:
+            return LONGEST_FIRST.index(module)
+        return len(LONGEST_FIRST) + (module not in slow)
+
+    items.sort(key=rank)
 
 
 @dataclass(frozen=True)

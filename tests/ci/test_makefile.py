@@ -5,7 +5,7 @@ import ast
 import subprocess
 from pathlib import Path
 
-from tests.conftest import SESSION_SERVER_MODULES, work_unit
+from tests.conftest import LONGEST_FIRST, SESSION_SERVER_MODULES, work_unit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,3 +60,8 @@ def test_the_modules_of_the_session_vllm_server_are_one_unit_of_work_for_the_wor
     assert SESSION_SERVER_MODULES == _modules_using("openai_server")
     assert len({work_unit(f"{module}::test_x") for module in SESSION_SERVER_MODULES}) == 1
     assert work_unit("tests/flows/test_round.py::test_x[a]") == "tests/flows/test_round.py"
+
+
+def test_the_longest_modules_handed_out_first_are_test_modules():
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
+    assert [m for m in LONGEST_FIRST if not (REPO / m).is_file() or not Path(m).name.startswith("test_")] == []
