@@ -81,7 +81,7 @@ def work_unit(nodeid: str) -> str:
 # while the other worker idles; tests/ci/test_makefile.py checks that each names a test module.
 LONGEST_FIRST = (
     "tests/flows/test_work_pools.py",
-    "tests/flows/test_crash_resume.py",
+    "tests/flows/test_crash_resume.py",  # shares its uninterrupted round with test_work_pools.py: both start first
     "tests/agent/test_managed_servers.py",
     "tests/flows/test_pretrained_round.py",
     "tests/flows/test_ablation_flow.py",
@@ -329,9 +329,17 @@ def session_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def policy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One folder for the whole session (`session_folder`)."""
+    """One folder for the whole session (`session_folder`).
+
+    pytest loads this file as ``conftest``, and the modules that import its helpers (`make_tiny_config`, through the
+    ``tiny_config`` fixture too) load it again as ``tests.conftest``: the folder is set in both copies, or the second
+    copy's configurations would have no cache and every round would build its checkpoint 0 anew.
+    """
     folder = session_folder(tmp_path_factory, "policy-cache")
-    _POLICY_CACHE[:] = [folder]
+    for name in (__name__, "conftest", "tests.conftest"):
+        module = sys.modules.get(name)
+        if module is not None and module.__file__ == __file__:
+            module._POLICY_CACHE[:] = [folder]
     return folder
 
 
