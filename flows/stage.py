@@ -23,10 +23,12 @@ import os
 from collections.abc import Iterator
 from typing import Any, cast
 
+import httpx
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.client.schemas.objects import FlowRun, State
+from prefect.concurrency._asyncio import ConcurrencySlotAcquisitionError
 from prefect.concurrency.sync import concurrency
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
@@ -52,6 +54,8 @@ from tasks.version import version_stage
 POLL_INTERVAL_S = 2.0
 # A killed round's slot frees itself after this many seconds without a renewal.
 RUN_SLOT_LEASE_S = 60.0
+# How long a 'fail' round waits for the server's answer about the run's slot; a taken slot is refused at once.
+FAIL_FAST_TIMEOUT_S = 60.0
 
 # The round's stages by name, in the order a round runs them.
 STAGES: dict[str, Stage] = stage_registry(
@@ -179,12 +183,17 @@ def run_slot(cfg: PipelineConfig, round_: int) -> Iterator[None]:
         slot = concurrency(
             name,
             occupy=1,
-            timeout_seconds=cfg.placement.round_wait_s if waiting else 1.0,
+            # 'fail' asks once (no retry after the server's 423 Locked) and gives a slow server the same time
+            # as a waiting round would: a timeout of a second took a free slot for a taken one on a loaded server.
+            timeout_seconds=cfg.placement.round_wait_s if waiting else FAIL_FAST_TIMEOUT_S,
+            max_retries=None if waiting else 0,
             lease_duration=RUN_SLOT_LEASE_S,
             strict=True,
         )
         slot.__enter__()
-    except TimeoutError as exc:
+    except (TimeoutError, ConcurrencySlotAcquisitionError) as exc:
+        if isinstance(exc, ConcurrencySlotAcquisitionError) and not _slot_taken(exc):
+            raise
         raise RoundLockedError(
             f"Run {cfg.run_id!r} is already running a round on another machine (global concurrency limit {name!r}); "
             + ("waited " + f"{cfg.placement.round_wait_s:.0f} s. " if waiting else "")
@@ -195,6 +204,12 @@ def run_slot(cfg: PipelineConfig, round_: int) -> Iterator[None]:
         yield
     finally:
         slot.__exit__(None, None, None)
+
+
+def _slot_taken(exc: ConcurrencySlotAcquisitionError) -> bool:
+    """Whether the server refused the slot because it is held (423 Locked), not for another reason."""
+    cause = exc.__cause__
+    return isinstance(cause, httpx.HTTPStatusError) and cause.response.status_code == httpx.codes.LOCKED
 
 
 def _ensure_limit(name: str) -> None:

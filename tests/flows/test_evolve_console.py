@@ -67,7 +67,8 @@ def _check_table(lines: list[str], state_dir: Path, round_: int) -> Path:
 def piped_run(tiny_config, tmp_path_factory):
     """Round 0 of a tiny run through the real CLI, its stdout and stderr on pipes."""
     state_dir = tmp_path_factory.mktemp("evolve-console") / "state"
-    config = tiny_config(state_dir)
+    # Built here, not copied from the session's policy cache: the log must show the build's SFT losses.
+    config = tiny_config(state_dir, policy_cache_dir=None)
     state_dir.mkdir(parents=True)
     config_file = write_config_file(config, state_dir.parent / "tiny.yaml")
     done = subprocess.run(

@@ -428,8 +428,10 @@ def test_the_round_waiting_on_the_dead_worker_fails_after_the_stage_timeout(clus
 
 
 def test_the_round_cancels_the_stage_it_gave_up_on(cluster, rounds) -> None:
+    """The given-up run is CANCELLING while no worker of its pool is alive; the new GPU worker's cancellation
+    check may have finished it (CANCELLED) by the time it is read, depending on how loaded the machine is."""
     states = sorted(r["state"]["type"] for r in _stage_runs(cluster.api_url, rounds.resumed)["rollout"])
-    assert states == ["CANCELLING", "COMPLETED"]
+    assert states in (["CANCELLING", "COMPLETED"], ["CANCELLED", "COMPLETED"])
 
 
 def test_the_round_run_again_on_a_new_worker_completes(cluster, rounds) -> None:
