@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,8 @@ torch = optional_module("torch")
 transformers = optional_module("transformers")
 
 MARKER = "warmup.json"
+
+log = logging.getLogger(__name__)
 
 
 def warmup_digest(model: str, conversations: Sequence[Sequence[Message]], config: PolicyConfig, seed: int) -> str:
@@ -59,17 +62,20 @@ def is_warmed(out_dir: Path, expected_digest: str) -> bool:
         return False
 
 
-def warm_up(model: str, out_dir: Path, conversations: list[list[Message]], config: PolicyConfig, seed: int) -> Path:
-    """Fine-tune ``model`` on the demonstrations for ``config.warmup_steps`` steps into ``out_dir``; return it.
+def warm_up(model: str, models_dir: Path, conversations: list[list[Message]], config: PolicyConfig, seed: int) -> Path:
+    """Fine-tune ``model`` on the demonstrations for ``config.warmup_steps`` steps; return the folder it is in.
 
-    Returns at once when ``out_dir`` already holds a warm-up of the same inputs.
+    The folder is ``models_dir/warmup-<digest of the inputs>``, so other inputs never find this one; it is returned
+    at once when it already holds a warm-up of the same inputs. The inputs are digested once (the model's files
+    included, hundreds of MB for a real model).
     """
-    out_dir = Path(out_dir)
     expected = warmup_digest(model, conversations, config, seed)
+    out_dir = Path(models_dir) / f"warmup-{expected[:12]}"
     if is_warmed(out_dir, expected):
         return out_dir
     if not conversations:
         raise ValueError("warm_up needs at least one demonstration conversation.")
+    log.info("checkpoint 0: %s warmed up by %d SFT steps into %s", model, config.warmup_steps, out_dir)
     started = time.perf_counter()
     torch.set_num_threads(config.torch_threads)
     source = checkpoint_folder(model)

@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from agent.checkpoints import checkpoint_digest, checkpoint_folder
 from agent.shipped_policy import SHIPPED_DIR, check_shipped, copy_shipped, ship
 from agent.tiny import build_digest, build_tiny_policy, is_built
-from agent.warmup import is_warmed, warm_up, warmup_digest
+from agent.warmup import warm_up
 from coevolve.config import PipelineConfig
 from coevolve.config.policy import WARMUP_SETTINGS
 from coevolve.errors import PipelineError
@@ -132,17 +132,14 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
 def warmed_up_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> str:
     """``policy.model`` as given, or after ``policy.warmup_steps`` of SFT on the tiny policy's demonstrations.
 
-    The warm-up is kept under state_dir/models, named by its inputs' digest, so a resumed round 0 finds it.
+    The warm-up is kept under state_dir/models, named by its inputs' digest (agent.warmup.warm_up), so a resumed
+    round 0 finds it.
     """
     if not config.policy.warmup_steps:
         return config.policy.model
     _, conversations = sft_demonstrations(config, seed_pool, heldout)
-    inputs = warmup_digest(config.policy.model, conversations, config.policy, config.start_seed)
-    out_dir = config.state_dir / "models" / f"warmup-{inputs[:12]}"
-    if not is_warmed(out_dir, inputs):
-        log.info("checkpoint 0: %s warmed up by %d SFT steps into %s", config.policy.model,
-                 config.policy.warmup_steps, out_dir)  # fmt: skip
-    return str(warm_up(config.policy.model, out_dir, conversations, config.policy, config.start_seed))
+    models_dir = config.state_dir / "models"
+    return str(warm_up(config.policy.model, models_dir, conversations, config.policy, config.start_seed))
 
 
 def _add_to_cache(built: Path, cached: Path) -> None:

@@ -28,7 +28,7 @@ def test_warm_up_fine_tunes_the_model_on_the_demonstrations_and_marks_the_folder
     tiny_dir: Path, demos: list[list[Message]], tmp_path: Path
 ) -> None:
     settings = warmup_settings()
-    out = warm_up(str(tiny_dir), tmp_path / "warm", demos, settings, seed=0)
+    out = warm_up(str(tiny_dir), tmp_path, demos, settings, seed=0)
 
     report = json.loads((out / MARKER).read_text())
     assert report["digest"] == warmup_digest(str(tiny_dir), demos, settings, 0)
@@ -44,10 +44,10 @@ def test_a_second_warm_up_of_the_same_inputs_returns_the_folder_without_training
     tiny_dir: Path, demos: list[list[Message]], tmp_path: Path
 ) -> None:
     settings = warmup_settings()
-    out = warm_up(str(tiny_dir), tmp_path / "warm", demos, settings, seed=0)
+    out = warm_up(str(tiny_dir), tmp_path, demos, settings, seed=0)
     written = (out / MARKER).stat().st_mtime_ns
 
-    assert warm_up(str(tiny_dir), tmp_path / "warm", demos, settings, seed=0) == out
+    assert warm_up(str(tiny_dir), tmp_path, demos, settings, seed=0) == out
     assert (out / MARKER).stat().st_mtime_ns == written
     # Other settings are another warm-up: the folder no longer counts as done for them.
     assert not is_warmed(out, warmup_digest(str(tiny_dir), demos, warmup_settings(learning_rate=2e-3), 0))
@@ -69,4 +69,4 @@ def test_round_zero_starts_from_the_warm_up_only_when_warmup_steps_are_set(tiny_
 
 def test_warm_up_refuses_an_empty_demonstration_set(tiny_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least one demonstration"):
-        warm_up(str(tiny_dir), tmp_path / "warm", [], warmup_settings(), seed=0)
+        warm_up(str(tiny_dir), tmp_path, [], warmup_settings(), seed=0)
