@@ -1,21 +1,30 @@
 """A real Prefect API for flow tests: Prefect's own test harness (a temporary database and server)."""
 
+from __future__ import annotations
+
+import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
 import types
 from pathlib import Path
 
 import pytest
 import yaml
+from filelock import FileLock
 from prefect.testing.utilities import prefect_test_harness
 
 from coevolve.errors import PipelineError
 from storage.warehouse import Warehouse
-from tests.conftest import make_tiny_config, migrated_prefect_home
+from tasks.prepare import initial_checkpoint
+from tasks.splits import build_initial_pools
+from tests.conftest import make_tiny_config, migrated_prefect_home, session_folder
 
 
 @pytest.fixture(scope="session")
@@ -130,3 +139,122 @@ def cli():
         kill_group=kill_group,
         wait_for_stage=wait_for_stage,
     )
+
+
+# --- the crash test's round, run once per session ------------------------------------------------------
+
+
+def build_checkpoint_0(config) -> None:
+    """Checkpoint 0 of ``config`` (the builtin tiny policy) built into the session's policy cache, once per session.
+
+    Rounds started at once in new state folders would each build it (the cache holds a build only once one
+    finishes); built here first, under a lock every pytest-xdist worker shares, each round copies it, as a round
+    does whenever another run built the same recipe before (`tasks.prepare.initial_checkpoint`).
+    """
+    cache = Path(config.policy_cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{cache}.lock"):
+        scratch = Path(tempfile.mkdtemp(prefix="checkpoint-0-", dir=cache.parent))
+        try:
+            here = config.with_overrides({"state_dir": str(scratch / "state")})
+            initial_checkpoint(here, *build_initial_pools(here))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+# A round with signals, candidates and a growing pool, so every table has rows to compare (tests/flows/
+# test_crash_resume.py kills and resumes it, tests/flows/test_work_pools.py places it on work pools).
+CRASH_OVERRIDES = {
+    "policy": {"sft_tasks": 80, "sft_steps": 160, "hidden_size": 48},
+    "rollout": {"group_size": 4},
+    # One episode per durable batch, so the rollout can be killed between its writes.
+    "warehouse": {"flush_every": 1},
+    # Two training steps, so a kill lands inside the second one, which resumes the first one's optimizer state.
+    "training": {"batches_per_round": 2},
+}
+
+
+# Deterministic content of each table (no timestamps or durations), in a fixed order.
+CONTENT = {
+    "trajectories": "SELECT * EXCLUDE (duration_s) FROM trajectories ORDER BY trajectory_id",
+    "steps": "SELECT * FROM steps ORDER BY trajectory_id, step_index",
+    "signals": "SELECT * FROM signals ORDER BY signal_id",
+    "candidates": "SELECT * FROM candidates ORDER BY task_id, signal_key",
+    "pool_membership": "SELECT * FROM pool_membership ORDER BY round, position",
+    "tasks": "SELECT * FROM tasks ORDER BY task_id",
+    "evaluations": "SELECT * FROM evaluations ORDER BY round, split, task_id",
+}
+
+
+@functools.cache
+def _content_of(warehouse_path: str) -> dict[str, list[dict]]:
+    with Warehouse(warehouse_path, read_only=True) as wh:
+        return {table: wh.sql(query).to_dicts() for table, query in CONTENT.items()}
+
+
+def warehouse_content(config) -> dict[str, list[dict]]:
+    """Every `CONTENT` table of the finished run's warehouse, read once per test process: the tests of each table
+    compare the same finished runs (reading all tables takes seconds)."""
+    return _content_of(str(config.warehouse_path))
+
+
+class SessionRound:
+    """``coevolve round --round 0`` of one configuration, uninterrupted, in its own process and state folder, run
+    once per test session: the modules that compare their own runs of that round with it (every pytest-xdist
+    worker together) share it.
+
+    `start` builds its checkpoint 0 into the session's policy cache first (`build_checkpoint_0`: a
+    module's own rounds of the same settings, started next, copy it), then runs the round in a thread unless another
+    module has run it or is running it (a lock in the session's folder, which the second one waits on); `wait`
+    returns its configuration once it finished with exit code 0.
+    """
+
+    def __init__(self, folder: Path, config) -> None:
+        self.folder, self.config = folder, config
+        self.log = folder / "round.log"
+        self.process: subprocess.Popen | None = None
+        self.thread = threading.Thread(target=self._run, name=f"session-round-{folder.name}", daemon=True)
+
+    def start(self) -> SessionRound:
+        if self.thread.ident is None:
+            build_checkpoint_0(self.config)
+            self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{self.folder}.lock"):
+            if (self.folder / "exit_code").exists():
+                return
+            config_file = write_config_file(self.config, self.folder / "config.yaml")
+            self.process = start_round(config_file, self.config.state_dir, 0, self.log)
+            try:
+                code = self.process.wait(timeout=1800)
+            finally:
+                kill_group(self.process)  # the temporary Prefect API it started, if still there
+            (self.folder / "exit_code").write_text(str(code))
+
+    def wait(self, timeout_s: float = 1800):
+        self.start().thread.join(timeout_s)
+        assert not self.thread.is_alive(), f"the session's round did not finish within {timeout_s:.0f} s"
+        exit_code = self.folder / "exit_code"
+        # Missing: the thread failed before the round ended (pytest shows its exception as a warning).
+        assert exit_code.exists(), "the session's round did not finish:\n" + (
+            self.log.read_text()[-3000:] if self.log.exists() else "(no log)"
+        )
+        code = int(exit_code.read_text())
+        assert code == 0, f"the session's round exited with {code}:\n" + self.log.read_text()[-3000:]
+        return self.config
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            kill_group(self.process)
+
+
+@pytest.fixture(scope="session")
+def crash_round(tmp_path_factory):
+    """The crash test's round (`CRASH_OVERRIDES`, run id ``e2e``) uninterrupted, once per session (`SessionRound`)."""
+    folder = session_folder(tmp_path_factory, "crash-round")
+    shared = SessionRound(folder, make_tiny_config(folder / "state", **CRASH_OVERRIDES))
+    yield shared
+    shared.stop()

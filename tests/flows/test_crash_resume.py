@@ -1,6 +1,7 @@
 """A round killed with -9 and run again ends exactly as an uninterrupted round with the same seed.
 
-Both runs go through the real CLI in their own processes and state folders. The interrupted one
+Both runs go through the real CLI in their own processes and state folders (the uninterrupted one is the
+session's, which tests/flows/test_work_pools.py compares its placed rounds with too). The interrupted one
 is killed with -9 in the middle of its rollout (as soon as its first batch of episodes is durable),
 then dies (os._exit, tests/crash_at.py) at one commit point of each kind: a table of a multi-table
 stage written without its stage record, the first training step's checkpoint without its record,
@@ -35,39 +36,13 @@ from mlflow.tracking import MlflowClient
 from flows.cli import main
 from storage.warehouse import Warehouse
 from tests.crash_at import CRASH_EXIT
-from tests.flows.conftest import REPO, cli_env
+from tests.flows.conftest import CONTENT, CRASH_OVERRIDES, REPO, cli_env, warehouse_content
 
 pytestmark = pytest.mark.slow
 
 # Opt-in: a crash before and after every commit point of a round costs about one round per point.
 EXHAUSTIVE = os.environ.get("COEVOLVE_CRASH_EXHAUSTIVE") == "1"
 exhaustive = pytest.mark.skipif(not EXHAUSTIVE, reason="crash at every commit point: set COEVOLVE_CRASH_EXHAUSTIVE=1")
-
-# A round with signals, candidates and a growing pool, so every table has rows to compare.
-CRASH_OVERRIDES = {
-    "policy": {"sft_tasks": 80, "sft_steps": 160, "hidden_size": 48},
-    "rollout": {"group_size": 4},
-    # One episode per durable batch, so the rollout can be killed between its writes.
-    "warehouse": {"flush_every": 1},
-    # Two training steps, so a kill lands inside the second one, which resumes the first one's optimizer state.
-    "training": {"batches_per_round": 2},
-}
-
-# Deterministic content of each table (no timestamps or durations), in a fixed order.
-CONTENT = {
-    "trajectories": "SELECT * EXCLUDE (duration_s) FROM trajectories ORDER BY trajectory_id",
-    "steps": "SELECT * FROM steps ORDER BY trajectory_id, step_index",
-    "signals": "SELECT * FROM signals ORDER BY signal_id",
-    "candidates": "SELECT * FROM candidates ORDER BY task_id, signal_key",
-    "pool_membership": "SELECT * FROM pool_membership ORDER BY round, position",
-    "tasks": "SELECT * FROM tasks ORDER BY task_id",
-    "evaluations": "SELECT * FROM evaluations ORDER BY round, split, task_id",
-}
-
-
-def _content(config) -> dict[str, list[dict]]:
-    with Warehouse(config.warehouse_path, read_only=True) as wh:
-        return {table: wh.sql(query).to_dicts() for table, query in CONTENT.items()}
 
 
 def _version_output(config) -> dict:
@@ -138,8 +113,8 @@ def _round_status(config) -> str | None:
 
 
 def _two_state_folders(tiny_config, cli, tmp_path_factory, names, overrides):
-    """(folder, configuration, configuration file) of two state folders with the same tiny round settings:
-    one for the uninterrupted run, one for the crashed run."""
+    """(folder, configuration, configuration file) of state folders with the same tiny round settings, one per name:
+    for the uninterrupted run and the crashed run."""
     folders = []
     for name in names:
         folder = tmp_path_factory.mktemp(name)
@@ -149,39 +124,36 @@ def _two_state_folders(tiny_config, cli, tmp_path_factory, names, overrides):
 
 
 @pytest.fixture(scope="module")
-def both_runs(tiny_config, cli, tmp_path_factory):
-    (plain_dir, plain, plain_file), (crashed_dir, crashed, crashed_file) = _two_state_folders(
-        tiny_config, cli, tmp_path_factory, ("plain", "crashed"), CRASH_OVERRIDES
+def both_runs(tiny_config, cli, tmp_path_factory, crash_round):
+    """(uninterrupted, crashed): the uninterrupted round is the session's (`crash_round`, shared with
+    tests/flows/test_work_pools.py); it runs while the crashed one dies and resumes."""
+    crash_round.start()
+    ((crashed_dir, crashed, crashed_file),) = _two_state_folders(
+        tiny_config, cli, tmp_path_factory, ("crashed",), CRASH_OVERRIDES
     )
-    logs = {name: d / "round.log" for name, d in (("plain", plain_dir), ("crashed", crashed_dir))}
+    log = crashed_dir / "round.log"
 
-    uninterrupted = cli.start_round(plain_file, plain.state_dir, 0, logs["plain"])
+    during = _evolve(crashed_file, crashed.state_dir, log)
     try:
-        during = _evolve(crashed_file, crashed.state_dir, logs["crashed"])
-        try:
-            _wait_for_first_batch(crashed, during)
-        finally:
-            cli.kill_group(during)
-        crashed_mid_rollout["stored"], crashed_mid_rollout["marked"] = _stored_episodes(crashed)
-        codes = []
-        for point in CRASH_POINTS:
-            process = _evolve(crashed_file, crashed.state_dir, logs["crashed"], crash_at=point)
-            try:
-                codes.append(process.wait(timeout=900))
-            finally:
-                cli.kill_group(process)  # the Prefect API it started dies with it
-            if point.startswith("before:stage_runs") and point.endswith("version.json"):
-                crash_log["status_before_version_record"] = _round_status(crashed)
-            if point.startswith("after:tables/trajectories"):
-                crash_log["inside_step_one"] = _step_one_stored(crashed)
-        crash_log["codes"] = codes
-        last = _evolve(crashed_file, crashed.state_dir, logs["crashed"])
-        assert last.wait(timeout=900) == 0, logs["crashed"].read_text()[-3000:]
-        assert uninterrupted.wait(timeout=900) == 0, logs["plain"].read_text()[-3000:]
+        _wait_for_first_batch(crashed, during)
     finally:
-        if uninterrupted.poll() is None:
-            cli.kill_group(uninterrupted)
-    return plain, crashed
+        cli.kill_group(during)
+    crashed_mid_rollout["stored"], crashed_mid_rollout["marked"] = _stored_episodes(crashed)
+    codes = []
+    for point in CRASH_POINTS:
+        process = _evolve(crashed_file, crashed.state_dir, log, crash_at=point)
+        try:
+            codes.append(process.wait(timeout=900))
+        finally:
+            cli.kill_group(process)  # the Prefect API it started dies with it
+        if point.startswith("before:stage_runs") and point.endswith("version.json"):
+            crash_log["status_before_version_record"] = _round_status(crashed)
+        if point.startswith("after:tables/trajectories"):
+            crash_log["inside_step_one"] = _step_one_stored(crashed)
+    crash_log["codes"] = codes
+    last = _evolve(crashed_file, crashed.state_dir, log)
+    assert last.wait(timeout=900) == 0, log.read_text()[-3000:]
+    return crash_round.wait(), crashed
 
 
 def test_the_crashed_run_died_at_every_crash_point(both_runs) -> None:
@@ -226,7 +198,7 @@ def assert_same_rows(table: str, actual: list[dict], expected: list[dict]) -> No
 @pytest.mark.parametrize("table", list(CONTENT))
 def test_the_warehouse_holds_the_same_rows(both_runs, table) -> None:
     plain, crashed = both_runs
-    assert_same_rows(table, _content(crashed)[table], _content(plain)[table])
+    assert_same_rows(table, warehouse_content(crashed)[table], warehouse_content(plain)[table])
 
 
 def test_the_first_steps_folder_is_deleted_once_the_second_step_is_recorded(both_runs) -> None:
@@ -334,7 +306,7 @@ def test_exhaustive_the_run_died_at_every_point_and_then_completed(every_point_r
 @pytest.mark.parametrize("table", list(CONTENT))
 def test_exhaustive_the_warehouse_holds_the_same_rows(every_point_runs, table) -> None:
     plain, crashed = every_point_runs
-    assert_same_rows(table, _content(crashed)[table], _content(plain)[table])
+    assert_same_rows(table, warehouse_content(crashed)[table], warehouse_content(plain)[table])
 
 
 @exhaustive

@@ -7,7 +7,9 @@ through the per-round deployment places rollout, update and evaluate on the GPU 
 synthesize and validate on the CPU pool, registers its checkpoint through the MLflow server, and
 ends exactly like the same round run inline with `coevolve round`.
 
-One module-scoped setup runs, in order: the inline round (alongside the rest); two deployment runs
+One module-scoped setup runs, in order: the inline round (alongside the rest; it is the session's uninterrupted
+round of tests/flows/test_crash_resume.py, the same configuration and run id, run once for both modules, in its own
+process, state folder and MLflow store as `coevolve round` runs it); two deployment runs
 of the placed round at once with placement.round_concurrency=fail, then a third with 'wait'; the placed
 round of the same run in a second state folder (its own MLflow store, checkpoints registered by
 URI) whose GPU worker is killed with -9 during rollout, then run again after a new GPU worker
@@ -20,6 +22,7 @@ every process is stopped by its process id.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import re
@@ -35,7 +38,7 @@ import psutil
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
-from test_crash_resume import CONTENT, CRASH_OVERRIDES, assert_same_rows
+from test_crash_resume import assert_same_rows
 from test_deployments import (
     API_TIMEOUT_S,
     PREFECT,
@@ -54,10 +57,12 @@ from coevolve.config import PipelineConfig
 from coevolve.errors import PipelineError
 from coevolve.stages import STEP_STAGES, record_name
 from storage.warehouse import Warehouse
+from tests.flows.conftest import CONTENT, CRASH_OVERRIDES, warehouse_content
 
 pytestmark = pytest.mark.slow
 
-RUN_ID = "placed"
+# The crash test's run: the inline round is the session's uninterrupted round of it (`crash_round`).
+RUN_ID = "e2e"
 PLACEMENT = {
     "rollout": "coevolve-stage/rollout-gpu",
     "update": "coevolve-stage/update-gpu",
@@ -282,62 +287,51 @@ def _stage_done(config, stage: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def rounds(cluster, tiny_config, cli):
+def rounds(cluster, tiny_config, crash_round):
     root = cluster.root
     worker_logs = [root / "cpu-box" / "worker.log", root / "gpu-box" / "worker.log", root / "gpu-box-2" / "worker.log"]
 
     def wait(run_id, timeout_s=900):
         return _wait_terminal(cluster.api_url, run_id, [p for p in worker_logs if p.exists()], timeout_s)
 
-    # The same round inline, in its own process, state folder and MLflow store.
-    inline = tiny_config(root / "inline" / "state", run_id=RUN_ID, **CRASH_OVERRIDES)
-    inline_log = root / "inline" / "round.log"
-    inline_log.parent.mkdir()
-    inline_process = cli.start_round(
-        cli.write_config_file(inline, root / "inline" / "config.yaml"), inline.state_dir, 0, inline_log
+    # The same round inline, in its own process, state folder and MLflow store: the session's uninterrupted round
+    # of the crash test (tests/flows/test_crash_resume.py), shared with it.
+    crash_round.start()
+    # Two runs of the placed round at once with 'fail', then one with 'wait' while the first still runs.
+    placed = _placed_config(
+        tiny_config, root / "shared" / "placed", placement={"round_concurrency": "fail"},
+        tracking={"mlflow_uri": cluster.mlflow_uri},
+    )  # fmt: skip
+    racing = [_start_round(cluster, placed), _start_round(cluster, placed)]
+    deadline = time.monotonic() + 600
+    while not any(_flow_run_state(cluster.api_url, r) in TERMINAL for r in racing) and time.monotonic() < deadline:
+        time.sleep(2)
+    waiting = _start_round(
+        cluster, placed.with_overrides({"placement": {"round_concurrency": "wait", "round_wait_s": 900}})
     )
-    try:
-        # Two runs of the placed round at once with 'fail', then one with 'wait' while the first still runs.
-        placed = _placed_config(
-            tiny_config, root / "shared" / "placed", placement={"round_concurrency": "fail"},
-            tracking={"mlflow_uri": cluster.mlflow_uri},
-        )  # fmt: skip
-        racing = [_start_round(cluster, placed), _start_round(cluster, placed)]
-        deadline = time.monotonic() + 600
-        while not any(_flow_run_state(cluster.api_url, r) in TERMINAL for r in racing) and time.monotonic() < deadline:
-            time.sleep(2)
-        waiting = _start_round(
-            cluster, placed.with_overrides({"placement": {"round_concurrency": "wait", "round_wait_s": 900}})
-        )
-        racing_states = {r: wait(r) for r in racing}
-        waiting_state = wait(waiting)
+    racing_states = {r: wait(r) for r in racing}
+    waiting_state = wait(waiting)
 
-        # The same round in a second state folder: the GPU worker dies with -9 during rollout.
-        resumed = _placed_config(
-            tiny_config, root / "shared" / "resumed", placement={"stage_timeout_s": KILLED_STAGE_TIMEOUT_S},
-            tracking={"register_checkpoints": "uri"},
-        )  # fmt: skip
-        first = _start_round(cluster, resumed)
-        deadline = time.monotonic() + 600
-        while not _trajectory_files(resumed) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        _kill_tree(cluster.processes["gpu-worker"])
-        durable_at_kill = len(_trajectory_files(resumed))
-        rollout_done_at_kill = _stage_done(resumed, "rollout")
-        cluster.processes["gpu-worker"] = _start_worker(
-            "coevolve-gpu", "gpu-worker-2", root / "gpu-box-2", cluster.api_url
-        )
-        # Started at once: it waits for the run's slot until the first attempt gives up on its rollout.
-        second = _start_round(
-            cluster, resumed.with_overrides({"placement": {"stage_timeout_s": 3600, "round_wait_s": 900}})
-        )
-        first_state = wait(first)
-        second_state = wait(second)
-
-        assert inline_process.wait(timeout=900) == 0, inline_log.read_text()[-3000:]
-    finally:
-        if inline_process.poll() is None:
-            cli.kill_group(inline_process)
+    # The same round in a second state folder: the GPU worker dies with -9 during rollout.
+    resumed = _placed_config(
+        tiny_config, root / "shared" / "resumed", placement={"stage_timeout_s": KILLED_STAGE_TIMEOUT_S},
+        tracking={"register_checkpoints": "uri"},
+    )  # fmt: skip
+    first = _start_round(cluster, resumed)
+    deadline = time.monotonic() + 600
+    while not _trajectory_files(resumed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _kill_tree(cluster.processes["gpu-worker"])
+    durable_at_kill = len(_trajectory_files(resumed))
+    rollout_done_at_kill = _stage_done(resumed, "rollout")
+    cluster.processes["gpu-worker"] = _start_worker("coevolve-gpu", "gpu-worker-2", root / "gpu-box-2", cluster.api_url)
+    # Started at once: it waits for the run's slot until the first attempt gives up on its rollout.
+    second = _start_round(
+        cluster, resumed.with_overrides({"placement": {"stage_timeout_s": 3600, "round_wait_s": 900}})
+    )
+    first_state = wait(first)
+    second_state = wait(second)
+    inline = crash_round.wait()
     return SimpleNamespace(
         inline=inline, placed=placed, resumed=resumed, racing_states=racing_states, waiting=waiting,
         waiting_state=waiting_state, first=first, first_state=first_state, second=second, second_state=second_state,
@@ -348,17 +342,18 @@ def rounds(cluster, tiny_config, cli):
 # --- helpers for the checks ---------------------------------------------------------------------------
 
 
-def _content(config) -> dict[str, list[dict]]:
-    with Warehouse(config.warehouse_path, read_only=True) as wh:
-        return {table: wh.sql(query).to_dicts() for table, query in CONTENT.items()}
-
-
 def _version(config):
-    """The round's registered model version, read back through the config's tracking URI."""
-    with Warehouse(config.warehouse_path, read_only=True) as wh:
-        recorded = wh.stage_output(config.run_id, 0, "version")
-    client = MlflowClient(tracking_uri=config.mlflow_tracking_uri, registry_uri=config.mlflow_tracking_uri)
-    return client, recorded, client.get_model_version(config.registered_model_name, recorded["model_version"])
+    """The round's registered model version, read back through the config's tracking URI (once per finished round)."""
+    uri = config.mlflow_tracking_uri
+    return _version_of(str(config.warehouse_path), config.run_id, uri, config.registered_model_name)
+
+
+@functools.cache
+def _version_of(warehouse_path: str, run_id: str, tracking_uri: str, model_name: str):
+    with Warehouse(warehouse_path, read_only=True) as wh:
+        recorded = wh.stage_output(run_id, 0, "version")
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    return client, recorded, client.get_model_version(model_name, recorded["model_version"])
 
 
 # --- placement ------------------------------------------------------------------------------------------
@@ -383,7 +378,7 @@ def test_each_stage_runs_on_the_worker_of_its_pool(cluster, rounds, stage) -> No
 
 @pytest.mark.parametrize("table", list(CONTENT))
 def test_the_placed_round_writes_the_inline_rounds_rows(rounds, table) -> None:
-    expected, actual = _content(rounds.inline)[table], _content(rounds.placed)[table]
+    expected, actual = warehouse_content(rounds.inline)[table], warehouse_content(rounds.placed)[table]
     assert actual == expected
 
 
@@ -443,7 +438,7 @@ def test_the_round_run_again_on_a_new_worker_completes(cluster, rounds) -> None:
 @pytest.mark.parametrize("table", list(CONTENT))
 def test_the_resumed_round_writes_the_uninterrupted_rounds_rows(rounds, table) -> None:
     # Episodes replayed after the kill are batched with fewer others (see test_crash_resume).
-    assert_same_rows(table, _content(rounds.resumed)[table], _content(rounds.inline)[table])
+    assert_same_rows(table, warehouse_content(rounds.resumed)[table], warehouse_content(rounds.inline)[table])
 
 
 def test_the_resumed_round_registers_the_uninterrupted_rounds_pool_and_checkpoint(rounds) -> None:
