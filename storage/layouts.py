@@ -62,15 +62,25 @@ LATEST_SCHEDULE: int = SCHEDULES[-1][0]
 # The analysis views of layout 3, created in every session over the table views.
 VIEWS = (
     """
+-- Purpose: which runs the warehouse holds, and the environment and model each ran with (its recorded
+-- configuration). Every analysis view below names a row's environment from here.
+CREATE VIEW v_runs AS
+SELECT run_id,
+       json_extract_string(config, '$.environment.name') AS environment,
+       json_extract_string(config, '$.policy.model')     AS model,
+       created_at
+FROM runs
+ORDER BY created_at, run_id;
+
 -- Purpose: the learning curve. Training-rollout success and reward per round.
 CREATE VIEW v_success_by_round AS
-SELECT run_id, round,
+SELECT run_id, any_value(r.environment)          AS environment, round,
        count(*)                                  AS trajectories,
        count(DISTINCT task_id)                   AS tasks,
        count(*) FILTER (WHERE success)           AS successes,
        avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS success_rate,
        avg(reward)                               AS mean_reward
-FROM trajectories
+FROM trajectories LEFT JOIN v_runs r USING (run_id)
 GROUP BY run_id, round
 ORDER BY run_id, round;
 
@@ -89,28 +99,30 @@ WITH per_task AS (
 ), origins AS (
     SELECT task_id, any_value(origin) AS origin FROM tasks GROUP BY task_id
 )
-SELECT p.run_id, p.task_id, o.origin, p.attempts, p.successes, p.success_rate, p.first_round, p.last_round
+SELECT p.run_id, r.environment, p.task_id, o.origin, p.attempts, p.successes, p.success_rate, p.first_round,
+       p.last_round
 FROM per_task p
-LEFT JOIN origins o USING (task_id);
+LEFT JOIN origins o USING (task_id)
+LEFT JOIN v_runs r ON r.run_id = p.run_id;
 
 -- Purpose: which tools the policy misuses. A call failed when its observation is an error
 -- (text starting with 'error' in any case after spaces, or a JSON/dict result whose first key is
 -- "error"). Counted per tool when each batch of steps is written (tool_call_counts,
 -- storage/columns.py), so the view sums a few rows per file instead of every observation.
 CREATE VIEW v_tool_failure_rates AS
-SELECT run_id, tool_name,
+SELECT run_id, any_value(r.environment)                AS environment, tool_name,
        CAST(sum(calls) AS BIGINT)                      AS calls,
        CAST(sum(failed_calls) AS BIGINT)               AS failed_calls,
        CAST(sum(failed_calls) AS DOUBLE) / sum(calls)  AS failure_rate
-FROM tool_call_counts
+FROM tool_call_counts LEFT JOIN v_runs r USING (run_id)
 GROUP BY run_id, tool_name;
 
 -- Purpose: how much each signal kind contributes per round (the paper: boundary is 45-51%).
 CREATE VIEW v_signal_mix AS
-SELECT run_id, round, kind,
+SELECT run_id, any_value(r.environment) AS environment, round, kind,
        count(*) AS signals,
        count(*) / sum(count(*)) OVER (PARTITION BY run_id, round) AS share
-FROM signals
+FROM signals LEFT JOIN v_runs r USING (run_id)
 GROUP BY run_id, round, kind
 ORDER BY run_id, round, kind;
 
@@ -122,7 +134,7 @@ WITH member AS (
            min(pm.round) OVER (PARTITION BY pm.run_id, pm.task_id) AS first_round
     FROM pool_membership pm LEFT JOIN tasks t USING (task_id)
 )
-SELECT run_id, round,
+SELECT run_id, any_value(r.environment)                                    AS environment, round,
        count(*)                                                             AS pool_size,
        count(*) FILTER (WHERE round = first_round)                          AS new_tasks,
 """
@@ -132,7 +144,7 @@ SELECT run_id, round,
         for origin in ("seed", *SIGNAL_KINDS)
     )
     + """       count(*) FILTER (WHERE round = first_round AND origin = 'random')     AS new_random
-FROM member
+FROM member LEFT JOIN v_runs r USING (run_id)
 GROUP BY run_id, round
 ORDER BY run_id, round;
 
@@ -159,22 +171,23 @@ WITH ordered AS (
 ), flagged AS (
     SELECT DISTINCT run_id, round, trajectory_id FROM signals WHERE kind = 'forgetting'
 )
-SELECT o.run_id, o.task_id, o.round, o.trajectory_id, o.sample, o.reward, w.best_before, w.window_size,
-       f.trajectory_id IS NOT NULL AS signalled
+SELECT o.run_id, r.environment, o.task_id, o.round, o.trajectory_id, o.sample, o.reward, w.best_before,
+       w.window_size, f.trajectory_id IS NOT NULL AS signalled
 FROM ordered o
+LEFT JOIN v_runs r ON r.run_id = o.run_id
 JOIN windows w ON w.run_id = o.run_id AND w.task_id = o.task_id AND w.round = o.round
 LEFT JOIN flagged f ON f.run_id = o.run_id AND f.round = o.round AND f.trajectory_id = o.trajectory_id
 WHERE w.best_before >= 0.5 AND o.reward < 0.5;
 
 -- Purpose: how many synthesized candidates validation accepts, per round (pending = not yet judged).
 CREATE VIEW v_acceptance_rates AS
-SELECT run_id, round,
+SELECT run_id, any_value(r.environment)          AS environment, round,
        count(*) FILTER (WHERE accepted)          AS accepted,
        count(*) FILTER (WHERE NOT accepted)      AS rejected,
        count(*) FILTER (WHERE accepted IS NULL)  AS pending,
        count(*) FILTER (WHERE accepted)
            / nullif(count(*) FILTER (WHERE accepted IS NOT NULL), 0) AS acceptance_rate
-FROM candidates
+FROM candidates LEFT JOIN v_runs r USING (run_id)
 GROUP BY run_id, round
 ORDER BY run_id, round;
 
@@ -188,7 +201,7 @@ WITH per_category AS (
     WHERE split IN ('multi_turn_base', 'multi_turn_miss_func', 'multi_turn_miss_param', 'multi_turn_long_context')
     GROUP BY run_id, round, split
 )
-SELECT run_id, round,
+SELECT run_id, any_value(r.environment)                                AS environment, round,
        max(accuracy) FILTER (WHERE split = 'multi_turn_base')         AS multi_turn_base,
        max(accuracy) FILTER (WHERE split = 'multi_turn_miss_func')    AS multi_turn_miss_func,
        max(accuracy) FILTER (WHERE split = 'multi_turn_miss_param')   AS multi_turn_miss_param,
@@ -196,14 +209,14 @@ SELECT run_id, round,
        sum(accuracy) / 4                                              AS multi_turn_overall,
        count(*) = 4                                                   AS all_categories,
        sum(tasks)                                                     AS tasks
-FROM per_category
+FROM per_category LEFT JOIN v_runs r USING (run_id)
 GROUP BY run_id, round
 ORDER BY run_id, round;
 
 -- Purpose: a run as one GRPO run: every training step (the update of each of a round's
 -- training.batches_per_round batches) in order, the checkpoint it trained and the one it wrote.
 CREATE VIEW v_training_steps AS
-SELECT run_id, round,
+SELECT run_id, r.environment, round,
        coalesce(CAST(json_extract(output, '$.step') AS INTEGER), 0)        AS step,
        json_extract_string(output, '$.trained_from')                       AS trained_from,
        json_extract_string(output, '$.checkpoint')                         AS checkpoint,
@@ -215,7 +228,7 @@ SELECT run_id, round,
        json_extract_string(output, '$.stats.optimizer_resumed_from')       AS optimizer_resumed_from,
        json_extract(output, '$.trained_on')                                AS trained_on,
        finished_at
-FROM stage_runs
+FROM stage_runs LEFT JOIN v_runs r USING (run_id)
 WHERE stage = 'update' OR stage LIKE 'update@%'
 ORDER BY run_id, round, step;
 
@@ -227,13 +240,14 @@ WITH observed AS (
     SELECT run_id, round, task_id, count(*) AS episodes_in_round, avg(success::DOUBLE) AS success_in_round
     FROM trajectories GROUP BY ALL
 )
-SELECT d.run_id, d.round, d.task_id, d.origin, d.played, d.recent_played, d.recent_successes, d.last_round,
-       d.prior_mean, d.alpha, d.beta, d.estimate,
+SELECT d.run_id, r.environment, d.round, d.task_id, d.origin, d.played, d.recent_played, d.recent_successes,
+       d.last_round, d.prior_mean, d.alpha, d.beta, d.estimate,
        d.estimate * (1 - d.estimate)            AS learnability,
        coalesce(o.episodes_in_round, 0)         AS episodes_in_round,
        o.success_in_round
 FROM task_difficulty AS d
 LEFT JOIN observed AS o USING (run_id, round, task_id)
+LEFT JOIN v_runs AS r ON r.run_id = d.run_id
 ORDER BY d.run_id, d.round, d.task_id;
 """
 )

@@ -223,3 +223,24 @@ def test_training_steps_lists_every_update_step_in_order_and_older_records_as_st
         "SELECT round, step, trained_from, checkpoint, global_step FROM v_training_steps ORDER BY ALL"
     ).rows()
     assert rows == [(0, 0, None, "c0s1", 1), (1, 0, "c1", "c1s1", 2), (1, 1, "c1s1", "c2", 3)]
+
+
+def test_every_analysis_view_names_the_environment_of_its_rows_from_the_run_configuration(
+    warehouse: Warehouse, make_task, make_trajectory
+) -> None:
+    views = warehouse.sql("SELECT view_name FROM duckdb_views() WHERE view_name LIKE 'v\\_%' ESCAPE '\\'")
+    for view in views["view_name"].to_list():
+        assert warehouse.sql(f"SELECT * FROM {view} LIMIT 0").columns[:2] == ["run_id", "environment"], view
+
+    warehouse.ensure_run("in-bfcl", {"environment": {"name": "bfcl"}, "policy": {"model": "builtin:tiny"}})
+    warehouse.ensure_run("in-workplace", {"environment": {"name": "workplace"}, "policy": {"model": "m"}})
+    task = make_task(0)
+    warehouse.write_tasks([task])
+    for run in ("in-bfcl", "in-workplace", "unrecorded"):
+        warehouse.write_trajectories([make_trajectory(task.task_id, 0, True, run_id=run)])
+    rows = warehouse.sql("SELECT run_id, environment FROM v_success_by_round ORDER BY run_id").rows()
+    assert rows == [("in-bfcl", "bfcl"), ("in-workplace", "workplace"), ("unrecorded", None)]
+    assert warehouse.sql("SELECT run_id, environment, model FROM v_runs ORDER BY run_id").rows() == [
+        ("in-bfcl", "bfcl", "builtin:tiny"),
+        ("in-workplace", "workplace", "m"),
+    ]
