@@ -28,7 +28,7 @@ from agent.engines import context_length, make_engine
 from agent.serve import ServeOptions, base_url, start_server, stop_server, wait_until_ready
 from benchmarks.rollout import build_policy
 from coevolve.config import EnvironmentConfig, PipelineConfig
-from envs.bfcl.explorer import build_tasks
+from envs.registry import make_environment
 from tasks.rollout import play_episodes
 
 
@@ -52,6 +52,7 @@ def main() -> None:
     args = parser.parse_args()
 
     env_config = EnvironmentConfig()
+    build_tasks = make_environment(env_config).build_tasks
     tasks = build_tasks(args.tasks, seed=7)
     with tempfile.TemporaryDirectory() as tmp:
         model = (

@@ -24,7 +24,6 @@ from agent.http_engine import OpenAICompatibleEngine
 from agent.tiny import build_tiny_policy
 from agent.transformers_engine import TransformersEngine
 from coevolve.config import EnvironmentConfig, PolicyConfig
-from envs.bfcl.explorer import build_tasks, demonstration
 from envs.registry import make_environment
 from tasks.rollout import play_episodes
 
@@ -49,7 +48,7 @@ class RecordingEngine:
 
 def build_policy(out_dir: Path, tasks, sft_steps: int, env_config) -> Path:
     env = make_environment(env_config)
-    conversations = [demonstration(task, env) for task in tasks]
+    conversations = [env.demonstration(task) for task in tasks]
     return build_tiny_policy(out_dir, conversations, PolicyConfig(sft_steps=sft_steps), seed=0)
 
 
@@ -66,6 +65,7 @@ def main() -> None:
     args = parser.parse_args()
 
     env_config = EnvironmentConfig()
+    build_tasks = make_environment(env_config).build_tasks
     tasks = build_tasks(args.tasks, seed=7)
     with tempfile.TemporaryDirectory() as tmp:
         model = (

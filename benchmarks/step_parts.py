@@ -13,11 +13,12 @@ of a part counts, so a part calling itself or another call of the same part is n
   stage less its task body), the stage record (the task body less the stage function: the stage's
   warehouse session, the record's lookup and write) and the parts of the stage function;
 - inside them: engine open and weight load (`TransformersEngine.__init__`/``reload``), generation
-  (``generate``), engine close, playing episodes (`play_episodes`), the environment (`BfclEnvironment`
-  construction, ``reset``, ``step``, ``score``), warehouse writes, reads and session opens (`Warehouse`
-  methods), MLflow (`Tracker`), prepare's pools, checkpoint 0, splits and baseline scoring, evaluate's
-  scoring, and in the update the policy load, trainer construction, ``trainer.train()`` (of which the
-  trainer state load), the reference model load, trainer state save and checkpoint save;
+  (``generate``), engine close, playing episodes (`play_episodes`), the environment (the configured
+  environment class's construction, ``reset``, ``step``, ``score``), warehouse writes, reads and session
+  opens (`Warehouse` methods), MLflow (`Tracker`), prepare's pools, checkpoint 0, splits and baseline
+  scoring, evaluate's scoring, and in the update the policy load, trainer construction,
+  ``trainer.train()`` (of which the trainer state load), the reference model load, trainer state save and
+  checkpoint save;
 - the round's own calls: its checks, run slot and lock, releasing a step's folder, the finish record;
 - the episode stepping `play_episodes` runs on its worker thread (decode, environment step, encode)
   while the engine generates the next chunk: timed on that thread, marked "concurrent" and left out
@@ -55,7 +56,7 @@ import tasks.rollout as rollout_module
 import tasks.training.grpo_trainer as grpo_trainer
 from agent.transformers_engine import TransformersEngine
 from coevolve.config import PipelineConfig, load_config
-from envs.bfcl.environment import BfclEnvironment
+from envs.registry import environment_class
 from flows import local_api
 from flows.commands import prepare_environment
 from flows.stage import _BY_INPUT, STAGES
@@ -207,7 +208,7 @@ def _stage_name(cfg: PipelineConfig, inputs: Any) -> str:
     return _BY_INPUT[type(inputs)].name
 
 
-def instrument(wrapped: Wrapped) -> None:
+def instrument(wrapped: Wrapped, environment: str) -> None:
     """Wrap every part the round calls (see the module's docstring)."""
     # The round's calls: each stage (by name, steps aggregated), releasing a step's folder, the round's end.
     wrapped.attribute(round_flow, "run_stage", _stage_name)
@@ -241,7 +242,7 @@ def instrument(wrapped: Wrapped) -> None:
     wrapped.attribute(TransformersEngine, "generate", "generation")
     wrapped.attribute(TransformersEngine, "close", "engine close")
     for method in ("__init__", "reset", "step", "score"):
-        wrapped.attribute(BfclEnvironment, method, "environment")
+        wrapped.attribute(environment_class(environment), method, "environment")
     for method in WAREHOUSE_WRITES:
         wrapped.attribute(Warehouse, method, "warehouse writes")
     for method in WAREHOUSE_READS:
@@ -409,7 +410,7 @@ def measure(config: PipelineConfig) -> dict[str, Any]:
     steps = config.training.batches_per_round
     timer = PartTimer()
     wrapped = Wrapped(timer)
-    instrument(wrapped)
+    instrument(wrapped, config.environment.name)
     try:
         with timer.part(API):
             local_api.start()

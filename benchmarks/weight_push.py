@@ -46,7 +46,7 @@ from agent.transformers_engine import load_policy
 from agent.weights import served_name
 from benchmarks.rollout import build_policy
 from coevolve.config import EnvironmentConfig, PipelineConfig
-from envs.bfcl.explorer import build_tasks
+from envs.registry import make_environment
 from tasks.rollout import play_episodes
 
 TEMPERATURE = 0.9
@@ -121,6 +121,7 @@ def main() -> None:
     parser.add_argument("--model", help="checkpoint 0; default builds the tiny policy")
     args = parser.parse_args()
 
+    build_tasks = make_environment(EnvironmentConfig()).build_tasks
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         base = (
