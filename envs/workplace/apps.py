@@ -9,6 +9,7 @@ Nothing here touches anything but the state it is given.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from typing import Any
 
@@ -18,6 +19,11 @@ State = dict[str, Any]
 _EMAIL = re.compile(r"^[a-z0-9._-]+@[a-z0-9.-]+\.[a-z]{2,}$")
 MAX_TEXT = 300
 MAX_RESULTS = 10
+
+
+def copy_state(state: Any) -> Any:
+    """A deep copy of JSON data (a workplace state is one), several times faster than copy.deepcopy."""
+    return json.loads(json.dumps(state))
 
 
 class ToolError(Exception):
@@ -246,8 +252,8 @@ def find_free_slot(state: State, date: str, minutes: int = 30) -> str:
 
 # -- contacts ------------------------------------------------------------------------------------
 def _contact_line(key: str, contact: dict[str, Any]) -> str:
-    role = " ".join(f"{contact['role']} at {contact['company']}".split()).removeprefix("at ").strip()
-    return f"{key} {contact['name']} <{contact['email']}> {role}".rstrip()
+    work = " ".join(filter(None, [contact["role"], f"at {contact['company']}" if contact["company"] else ""]))
+    return f"{key} {contact['name']} <{contact['email']}> {work}".rstrip()
 
 
 def search_contacts(state: State, name: str = "", company: str = "", role: str = "") -> str:

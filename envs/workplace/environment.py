@@ -9,7 +9,6 @@ demonstrations are envs/workplace/explorer.py's. It has no official benchmark.
 
 from __future__ import annotations
 
-import copy
 import random
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -18,6 +17,7 @@ from coevolve.errors import ConfigError, EnvSetupError
 from coevolve.records import Message, Provenance, Task, ToolCall
 from envs.base import Environment, StepOutcome, Triplet
 from envs.calls import parse_tool_calls
+from envs.workplace.apps import copy_state
 from envs.workplace.tools import BY_NAME, is_ok, run_call, schemas, tool_line, tools_of
 from envs.workplace.world import APPS, weekday
 
@@ -89,8 +89,8 @@ class WorkplaceEnvironment(Environment):
         check_initial_config(task.initial_config, task.involved_classes)
         self._task = task
         self._apps = list(task.involved_classes)
-        self._model = copy.deepcopy(task.initial_config)
-        self._truth = copy.deepcopy(task.initial_config)
+        self._model = copy_state(task.initial_config)
+        self._truth = copy_state(task.initial_config)
         self._turn = 0
         self._steps_in_turn = 0
         self._turn_called = False
@@ -174,7 +174,7 @@ class WorkplaceEnvironment(Environment):
         return [run_call(self._model, self._apps, call) for call in calls]
 
     def state(self) -> dict[str, Any]:
-        return copy.deepcopy(self._model)
+        return dict(copy_state(self._model))
 
     def tool_names(self) -> list[str]:
         return sorted(tool.name for tool in tools_of(self._apps)) if self._task is not None else []

@@ -12,14 +12,13 @@ of the initial state and the calls, and the same calls cut into other turns are 
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from coevolve.records import ToolCall
-from envs.workplace.apps import State
+from envs.workplace.apps import State, copy_state
 from envs.workplace.tools import is_ok, run_call
 
 _FREE = re.compile(r"^Free on (\S+) at (\S+) for (\d+) minutes$")
@@ -67,23 +66,26 @@ class Context:
         if not is_ok(result):
             return
         first = result.split()[0] if result.split() else ""
+        # A lookup that found several things, or none, singles nothing out: what it replaces is forgotten.
         single = "\n" not in result and not result.startswith("No ")
         name = call.name
-        if name in ("search_contacts", "add_contact") and single:
-            found = _CONTACT.match(result.removeprefix("Added "))
-            if found:
-                self.person_id, self.person = found[1], found[2]
-        elif name == "read_email" or (name in ("search_mail", "list_mail") and single):
-            self.message_id = first
-            self.message = state["Mail"]["messages"].get(first)
-        elif name == "find_free_slot" and (free := _FREE.match(result)):
-            self.slot = (free[1], free[2], int(free[3]))
+        if name in ("search_contacts", "add_contact"):
+            found = _CONTACT.match(result.removeprefix("Added ")) if single else None
+            self.person_id, self.person = (found[1], found[2]) if found else (None, None)
+        elif name == "read_email" or name in ("search_mail", "list_mail"):
+            message = state["Mail"]["messages"].get(first) if single else None
+            self.message_id, self.message = (first, dict(message)) if message else (None, None)
+        elif name == "find_free_slot":
+            free = _FREE.match(result)
+            self.slot = (free[1], free[2], int(free[3])) if free else None
         elif name == "list_events":
             listed = [line.split()[0] for line in result.splitlines() if not result.startswith("No ")]
             events = state["Calendar"]["events"]
-            self.events = {k: (events[k]["title"], events[k]["attendees"]) for k in listed if k in events}
-        elif name == "create_task" or (name == "list_tasks" and single):
-            self.task_id = result.split()[1] if name == "create_task" else first
+            self.events = {k: (events[k]["title"], list(events[k]["attendees"])) for k in listed if k in events}
+        elif name == "create_task":
+            self.task_id = result.split()[1]
+        elif name == "list_tasks":
+            self.task_id = first if single else None
 
 
 def _clauses(*parts: str) -> str:
@@ -189,7 +191,7 @@ def literal(call: ToolCall) -> str:
 
 def phrases(calls: list[ToolCall], initial_config: dict[str, Any], apps: list[str]) -> list[str]:
     """One request per call, in order, each referring to what the calls before it singled out."""
-    state = copy.deepcopy(initial_config)
+    state = copy_state(initial_config)
     context = Context()
     out: list[str] = []
     for call in calls:

@@ -16,7 +16,7 @@ from typing import Any
 from coevolve.records import ToolCall
 from envs.calls import POSITIONAL_PREFIX
 from envs.workplace import apps
-from envs.workplace.apps import State, ToolError
+from envs.workplace.apps import State, ToolError, copy_state
 from envs.workplace.words import FOLDERS, STATUSES
 
 ERROR_PREFIX = "Error: "
@@ -238,16 +238,18 @@ def run_call(state: State, app_names: list[str], call: ToolCall) -> str:
     tool = BY_NAME.get(call.name)
     if tool is None or tool.app not in app_names:
         return f"{ERROR_PREFIX}unknown tool '{call.name}'"
-    # A refused call leaves the state as it found it, even where the app had begun to change it.
-    before = copy.deepcopy(state)
+    # A refused call leaves the state as it found it, even where the app had begun to change it (a tool changes
+    # only its own app's part; lookups change nothing).
+    keeps = not tool.reads and tool.app in state
+    before = copy_state(state[tool.app]) if keeps else None
     try:
-        return tool.run(state, **copy.deepcopy(checked_arguments(tool, call.arguments)))
+        return tool.run(state, **copy_state(checked_arguments(tool, call.arguments)))
     except ToolError as refused:
         message = str(refused)
     except Exception as exc:  # noqa: BLE001 - a malformed synthesized state must not end a rollout: the call fails
         message = f"{call.name} failed: {type(exc).__name__}"
-    state.clear()
-    state.update(before)
+    if keeps:
+        state[tool.app] = before
     return f"{ERROR_PREFIX}{message}"
 
 

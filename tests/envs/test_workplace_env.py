@@ -22,7 +22,7 @@ from envs.workplace.environment import WorkplaceEnvironment
 from envs.workplace.explorer import make_task
 from envs.workplace.tools import BY_NAME
 from envs.workplace.world import APPS
-from tasks.splits import build_dev_split, build_final_heldout, build_initial_pools, sft_demonstrations
+from tasks.splits import build_dev_split, build_initial_pools, sft_demonstrations
 from tests.envs.test_workplace_apps import ANA, BEN, STATE
 
 MEET_ANA = [
@@ -217,20 +217,19 @@ def test_the_splits_are_disjoint_and_the_demonstrations_are_of_other_tasks(tmp_p
             "state_dir": str(tmp_path),
             "environment": {"name": "workplace"},
             "pool": {"seed_size": 20},
-            "rollout": {"heldout_tasks": 10, "final_heldout_tasks": 10},
+            "rollout": {"heldout_tasks": 10},
             "policy": {"sft_tasks": 30},
         },
         environ={},
     )
     seed_pool, heldout = build_initial_pools(config)
     dev = build_dev_split(config, size=10)
-    final = build_final_heldout(config)
     ids, conversations = sft_demonstrations(config, seed_pool, heldout)
-    splits = [seed_pool, heldout, dev, final]
-    assert [len(s) for s in splits] == [20, 10, 10, 10] and len(ids) == len(conversations) == 30
+    splits = [seed_pool, heldout, dev]
+    assert [len(s) for s in splits] == [20, 10, 10] and len(ids) == len(conversations) == 30
     every = [t.task_id for s in splits for t in s] + ids
     assert len(set(every)) == len(every)
-    assert len({t.identity for s in splits for t in s}) == 50
+    assert len({t.identity for s in splits for t in s}) == 40
     assert all(t.environment == "workplace" for s in splits for t in s)
     # Checkpoint 0's demonstrations are short jobs, mostly one call per request.
     assert all(m.role != "assistant" or m.content == "done" or len(parse_tool_calls(m.content)[0]) <= 2
