@@ -38,8 +38,10 @@ Chooser = Callable[[State, Context, random.Random], dict[str, Any]]
 
 
 def day(state: State, rng: random.Random, days: int = 5) -> str:
-    """One of the next ``days`` days, today included."""
-    return (dt.date.fromisoformat(state["today"]) + dt.timedelta(days=rng.randrange(days))).isoformat()
+    """One of the working days among the next ``days`` days, today included."""
+    today = dt.date.fromisoformat(state["today"])
+    dates = [today + dt.timedelta(days=i) for i in range(days)]
+    return rng.choice([d for d in dates if d.weekday() < 5] or dates).isoformat()
 
 
 def later(state: State, rng: random.Random) -> str:
@@ -54,8 +56,13 @@ def body(rng: random.Random) -> str:
     return fill(rng.choice(REPLIES + BODY_SENTENCES), rng.choice(TOPICS), rng.choice(WEEKDAYS[:5]))
 
 
-def _ids(state: State, app: str, table: str) -> list[str]:
-    return sorted(state[app][table], key=lambda k: int(k[1:]))
+def ids(state: State, app: str, table: str) -> list[str]:
+    """A table's ids by number: the walk's choices do not depend on the order a stored state's dicts hold them in."""
+    return sorted(state[app][table], key=lambda k: (len(k), k))
+
+
+def records(state: State, app: str, table: str) -> list[dict[str, Any]]:
+    return [state[app][table][k] for k in ids(state, app, table)]
 
 
 def _chained(value: Any, rng: random.Random) -> bool:
@@ -66,7 +73,7 @@ def message_id(state: State, ctx: Context, rng: random.Random, folders: tuple[st
     if _chained(ctx.message_id, rng) and ctx.message_id in state["Mail"]["messages"]:
         return str(ctx.message_id)
     messages = state["Mail"]["messages"]
-    return rng.choice([k for k in _ids(state, "Mail", "messages") if messages[k]["folder"] in folders] or ["m1"])
+    return rng.choice([k for k in ids(state, "Mail", "messages") if messages[k]["folder"] in folders] or ["m1"])
 
 
 def person(state: State, ctx: Context, rng: random.Random) -> str:
@@ -75,28 +82,28 @@ def person(state: State, ctx: Context, rng: random.Random) -> str:
         return str(ctx.person)
     if _chained(ctx.message, rng) and ctx.message is not None:
         return str(ctx.message["sender"])
-    return str(rng.choice([c["email"] for c in state["Contacts"]["contacts"].values()]))
+    return str(rng.choice([c["email"] for c in records(state, "Contacts", "contacts")]))
 
 
 def colleague(state: State, ctx: Context, rng: random.Random) -> str:
     if _chained(ctx.person, rng):
         return str(ctx.person)
     company = state["owner"]["company"]
-    return str(rng.choice([c["email"] for c in state["Contacts"]["contacts"].values() if c["company"] == company]
-                          or [state["owner"]["email"]]))  # fmt: skip
+    found = [c["email"] for c in records(state, "Contacts", "contacts") if c["company"] == company]
+    return str(rng.choice(found or [state["owner"]["email"]]))
 
 
 def event_id(state: State, ctx: Context, rng: random.Random) -> str:
     listed = [k for k in ctx.events if k in state["Calendar"]["events"]]
     if listed and rng.random() < CHAIN:
         return rng.choice(listed)
-    return rng.choice(_ids(state, "Calendar", "events") or ["e1"])
+    return rng.choice(ids(state, "Calendar", "events") or ["e1"])
 
 
 def task_id(state: State, ctx: Context, rng: random.Random) -> str:
     if _chained(ctx.task_id, rng) and ctx.task_id in state["Tasks"]["tasks"]:
         return str(ctx.task_id)
-    return rng.choice(_ids(state, "Tasks", "tasks") or ["t1"])
+    return rng.choice(ids(state, "Tasks", "tasks") or ["t1"])
 
 
 def _maybe(rng: random.Random, p: float, key: str, value: Any) -> dict[str, Any]:
@@ -152,7 +159,7 @@ def _move_event(s: State, c: Context, r: random.Random) -> dict[str, Any]:
 
 
 def _search_contacts(s: State, c: Context, r: random.Random) -> dict[str, Any]:
-    contact = r.choice(list(s["Contacts"]["contacts"].values()))
+    contact = r.choice(records(s, "Contacts", "contacts"))
     field = r.choice(("name", "name", "company", "role"))
     value = r.choice(contact["name"].split()) if field == "name" else contact[field]
     return {field: value}
@@ -166,7 +173,7 @@ def _add_contact(s: State, c: Context, r: random.Random) -> dict[str, Any]:
 
 
 def _update_contact(s: State, c: Context, r: random.Random) -> dict[str, Any]:
-    key = c.person_id if _chained(c.person_id, r) else r.choice(_ids(s, "Contacts", "contacts"))
+    key = c.person_id if _chained(c.person_id, r) else r.choice(ids(s, "Contacts", "contacts"))
     field = r.choice(("role", "company", "phone"))
     values = {"role": r.choice(ROLES), "company": r.choice(COMPANIES), "phone": f"555-{r.randint(1000, 9999)}"}
     return {"contact_id": key, field: values[field]}
@@ -188,7 +195,7 @@ def _set_task_status(s: State, c: Context, r: random.Random) -> dict[str, Any]:
 
 
 def _list_events(s: State, c: Context, r: random.Random) -> dict[str, Any]:
-    busy = [e["date"] for e in s["Calendar"]["events"].values()]
+    busy = [e["date"] for e in records(s, "Calendar", "events")]
     return {"date": r.choice(busy) if busy and r.random() < 0.8 else day(s, r, 7)}
 
 

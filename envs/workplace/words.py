@@ -27,6 +27,9 @@ TOPICS: tuple[str, ...] = (
     "budget", "roadmap", "contract", "hiring plan", "launch", "invoice", "offsite", "security review",
     "quarterly report", "design review", "pricing", "onboarding",
 )  # fmt: skip
+# New colleagues a workflow adds (names no generated world uses).
+NEW_FIRST_NAMES: tuple[str, ...] = ("Alex", "Robin", "Sasha", "Jamie")
+NEW_LAST_NAMES: tuple[str, ...] = ("Moss", "Lind", "Kerr", "Rowe")
 PROJECTS: tuple[str, ...] = ("Apollo", "Atlas", "Beacon", "Comet", "Delta")
 WEEKDAYS: tuple[str, ...] = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 from coevolve.records import ToolCall
 from envs.base import Triplet
-from envs.workplace.explore_values import body, day, later
+from envs.workplace.explore_values import body, day, ids, later, records
 from envs.workplace.session import Session
 from envs.workplace.tools import BY_NAME
-from envs.workplace.words import EVENT_FORMS, MEETING_MINUTES, ROLES, TOPICS
+from envs.workplace.words import EVENT_FORMS, MEETING_MINUTES, NEW_FIRST_NAMES, NEW_LAST_NAMES, ROLES, TOPICS
 from envs.workplace.world import email_of, fill
 
 Workflow = Callable[[Session, random.Random, str], list[Triplet]]
@@ -28,7 +28,7 @@ def _steps(session: Session, calls: list[ToolCall], run_id: str) -> list[Triplet
 
 def meet_contact(session: Session, rng: random.Random, run_id: str) -> list[Triplet]:
     """Find the contact at a company, email them, find a free slot and book a meeting with them there."""
-    contacts = list(session.state["Contacts"]["contacts"].values())
+    contacts = records(session.state, "Contacts", "contacts")
     companies = [c["company"] for c in contacts]
     single = [c for c in contacts if c["company"] and companies.count(c["company"]) == 1]
     if not single:
@@ -54,7 +54,10 @@ def mail_to_task(session: Session, rng: random.Random, run_id: str) -> list[Trip
     """Find a message by its subject, read it, make a task of it for its sender, and tell them."""
     messages = session.state["Mail"]["messages"]
     subjects = [m["subject"] for m in messages.values()]
-    inbox = [k for k, m in messages.items() if m["folder"] == "inbox" and subjects.count(m["subject"]) == 1]
+    inbox = [
+        k for k in ids(session.state, "Mail", "messages")
+        if messages[k]["folder"] == "inbox" and subjects.count(messages[k]["subject"]) == 1
+    ]  # fmt: skip
     if not inbox:
         return []
     key = rng.choice(inbox)
@@ -70,7 +73,7 @@ def mail_to_task(session: Session, rng: random.Random, run_id: str) -> list[Trip
 
 def follow_up(session: Session, rng: random.Random, run_id: str) -> list[Triplet]:
     """List a day's meetings, email the attendees of one of them and make a follow-up task for one attendee."""
-    events = [e for e in session.state["Calendar"]["events"].values() if e["attendees"]]
+    events = [e for e in records(session.state, "Calendar", "events") if e["attendees"]]
     if not events:
         return []
     event = rng.choice(events)
@@ -88,7 +91,7 @@ def reschedule(session: Session, rng: random.Random, run_id: str) -> list[Triple
     events = session.state["Calendar"]["events"]
     if not events:
         return []
-    key = rng.choice(sorted(events))
+    key = rng.choice(ids(session.state, "Calendar", "events"))
     event = events[key]
     steps = _steps(session, [
         ToolCall("list_events", {"date": event["date"]}),
@@ -107,7 +110,7 @@ def reschedule(session: Session, rng: random.Random, run_id: str) -> list[Triple
 def welcome(session: Session, rng: random.Random, run_id: str) -> list[Triplet]:
     """Add a new colleague to the contacts, give them a first task and welcome them by mail."""
     company = session.state["owner"]["company"]
-    first, last = rng.choice(["Alex", "Robin", "Sasha", "Jamie"]), rng.choice(["Moss", "Lind", "Kerr", "Rowe"])
+    first, last = rng.choice(NEW_FIRST_NAMES), rng.choice(NEW_LAST_NAMES)
     address = email_of(first, last, company)
     title = fill("Read the {topic}", rng.choice(TOPICS))
     return _steps(session, [

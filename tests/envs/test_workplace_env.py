@@ -143,8 +143,10 @@ def test_the_prompt_names_the_person_today_and_the_tools_of_the_task_s_apps(env,
         "You manage the work apps of Sam Carter <sam.carter@northwind.com>; today is Monday 2025-03-03."
     )
     assert user.content == meet_ana.turns[0] and env.turn == 0 and len(env.tool_names()) == 20
-    calendar_only = replace(meet_ana, involved_classes=["Calendar"])
-    WorkplaceEnvironment(tool_list="signatures").reset(calendar_only)
+    calendar_only = WorkplaceEnvironment(tool_list="signatures")
+    system, _ = calendar_only.reset(replace(meet_ana, involved_classes=["Calendar"]))
+    assert calendar_only.tool_names() == ["cancel_event", "create_event", "find_free_slot", "list_events", "move_event"]
+    assert "\nlist_events(date: string)\n" in system.content and "send_email" not in system.content
     described = WorkplaceEnvironment(tool_list="described")
     assert (
         "find_free_slot(date: string, minutes: integer = 30) - The earliest free"
@@ -185,6 +187,20 @@ def test_explore_and_abstract_make_candidates_that_replay_cleanly(env, meet_ana)
     step = env.explore_call(ToolCall("cancel_event", {"event_id": "e1"}), "s")
     assert step.ok and step.state_changed and step.observation.startswith("Cancelled e1")
     assert not env.explore_call(ToolCall("cancel_event", {"event_id": "e1"}), "s").ok
+
+
+def reversed_order(value):
+    """The same data with every dict's keys in reverse order, as a store might hand a state back."""
+    if isinstance(value, dict):
+        return {k: reversed_order(value[k]) for k in reversed(list(value))}
+    return value
+
+
+def test_exploration_does_not_depend_on_the_order_a_stored_state_holds_its_records_in(env, meet_ana):
+    stored = replace(meet_ana, initial_config=reversed_order(STATE))
+    for seed in range(4):
+        walks = [env.explore(task, random.Random(seed), 10) for task in (meet_ana, stored)]
+        assert walks[0] == walks[1]
 
 
 def test_tasks_are_reproducible_from_the_seed_and_many_need_several_apps(env):
