@@ -1,5 +1,6 @@
 """Agent environments: the contract (envs.base), the registry that builds one by name (envs.registry), BFCL
-multi-turn (envs.bfcl) and call parsing (envs.calls)."""
+multi-turn (envs.bfcl), the workplace of mail, calendar, contacts and tasks (envs.workplace) and call parsing
+(envs.calls)."""
 
 import os
 import tempfile

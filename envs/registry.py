@@ -1,5 +1,5 @@
-"""The environments by name, and how every stage builds one: BFCL multi-turn, and any environment an installed
-package declares.
+"""The environments by name, and how every stage builds one: BFCL multi-turn, the workplace (mail, calendar,
+contacts, tasks), and any environment an installed package declares.
 
 Every environment keeps the contract of envs/base.py (`Environment`), so rollout, synthesis, validation, the splits
 and evaluation never branch on which one plays. This module is the only place outside an environment's own
@@ -22,8 +22,9 @@ from coevolve.plugins import declared_class
 from coevolve.records import Task
 from envs.base import Environment
 from envs.bfcl.environment import BfclEnvironment
+from envs.workplace.environment import WorkplaceEnvironment
 
-BUILT_IN: dict[str, type[Environment]] = {e.name: e for e in (BfclEnvironment,)}
+BUILT_IN: dict[str, type[Environment]] = {e.name: e for e in (BfclEnvironment, WorkplaceEnvironment)}
 
 
 def environment_class(name: str) -> type[Environment]:

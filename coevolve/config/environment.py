@@ -13,7 +13,7 @@ from coevolve.plugins import declared_names
 # The environments envs/registry.py builds in (tests/envs/test_environment_registry.py checks the two lists agree),
 # and the entry-point group under which an installed package declares another; its names are read here without
 # importing the package, so the configuration stays light.
-BUILT_IN_ENVIRONMENTS: tuple[str, ...] = ("bfcl",)
+BUILT_IN_ENVIRONMENTS: tuple[str, ...] = ("bfcl", "workplace")
 ENVIRONMENT_ENTRY_POINTS = "coevolve.environments"
 
 
@@ -26,7 +26,8 @@ class EnvironmentConfig(Section):
     name: str = Field(
         "bfcl",
         description=(
-            "Environment the agent plays. 'bfcl': BFCL v3 multi-turn, offline; an installed package may add others "
+            "Environment the agent plays. 'bfcl': BFCL v3 multi-turn, offline; 'workplace': a person's mail, calendar, "
+            "contacts and project tasks, generated from a seed; an installed package may add others "
             "(entry-point group coevolve.environments, docs/extending.md)."
         ),
     )

@@ -20,6 +20,7 @@ from coevolve.records import Provenance
 from envs.base import Environment
 from envs.bfcl.environment import BfclEnvironment
 from envs.registry import BUILT_IN, environment_class, environment_for, make_environment
+from envs.workplace.environment import WorkplaceEnvironment
 from tests.flows.conftest import install_package
 
 COUNTER_ENVIRONMENT = '''
@@ -194,6 +195,7 @@ def test_the_configuration_and_the_registry_name_the_same_built_in_environments(
     assert list(BUILT_IN) == list(BUILT_IN_ENVIRONMENTS)
     assert all(environment_class(name).name == name for name in BUILT_IN_ENVIRONMENTS)
     assert environment_class("bfcl") is BfclEnvironment
+    assert environment_class("workplace") is WorkplaceEnvironment
 
 
 def test_an_environment_nobody_declares_is_refused_with_the_names_that_exist(tmp_path):
@@ -206,7 +208,7 @@ def test_an_environment_nobody_declares_is_refused_with_the_names_that_exist(tmp
 
 
 def test_an_installed_environment_is_accepted_by_name_and_built_by_the_registry(counter_installed, tmp_path):
-    assert environment_names() == ["bfcl", "counter"]
+    assert environment_names() == ["bfcl", "workplace", "counter"]
     config = load_config(overrides=[f"state_dir={tmp_path}", "environment.name=counter"], environ={})
     env = make_environment(config.environment)
     assert isinstance(env, Environment) and type(env).__name__ == "CounterEnvironment"
