@@ -190,9 +190,25 @@ class Environment(ABC):
     def replay(self, task: Task) -> tuple[bool, str, bool]:
         """Run the reference on fresh state: (every call succeeded, reason, the state changed)."""
 
-    @abstractmethod
     def demonstration(self, task: Task) -> list[Message]:
-        """The expert conversation on ``task``, played in this environment: the reference calls, turn by turn."""
+        """The expert conversation on ``task``, played in this environment: per turn the reference calls in one
+        message, then ``done`` where the calls did not end the turn."""
+        messages = self.reset(task)
+        for reference in task.reference:
+            turn_ended = False
+            if reference:
+                text = "[" + ", ".join(call.render() for call in reference) + "]"
+                outcome = self.step(text)
+                messages.append(Message("assistant", text))
+                messages.extend(outcome.messages)
+                turn_ended = outcome.turn_ended
+            if not turn_ended:
+                outcome = self.step("done")
+                messages.append(Message("assistant", "done"))
+                messages.extend(outcome.messages)
+            if outcome.done:
+                break
+        return messages
 
     # -- prompts -------------------------------------------------------------------------------
     def conversation(self, task: Task, render_chat: Callable[[list[dict[str, Any]]], str]) -> Conversation | None:

@@ -304,9 +304,6 @@ class BfclEnvironment(Environment):
         # A fresh environment with the default settings: replay only executes calls and compares states.
         return explorer.replay(task, BfclEnvironment())
 
-    def demonstration(self, task: Task) -> list[Message]:
-        return explorer.demonstration(task, self)
-
     # -- prompts ---------------------------------------------------------------------------------
     def conversation(
         self, task: Task, render_chat: Callable[[list[dict[str, Any]]], str]

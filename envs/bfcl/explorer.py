@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 import envs.bfcl.api as bfcl_api
-from coevolve.records import Message, Provenance, Task, ToolCall, canonical_json
+from coevolve.records import Provenance, Task, ToolCall, canonical_json
 from envs.base import Environment, Triplet
 from envs.bfcl.api import ENVIRONMENT_NAME
 from envs.bfcl.explore_values import NEEDS_LOGIN, argument_value, login_call
@@ -26,7 +26,6 @@ __all__ = [
     "Triplet",
     "abstract",
     "build_tasks",
-    "demonstration",
     "environment_states",
     "explore",
     "replay",
@@ -242,23 +241,3 @@ def build_tasks(
         if task is not None and task.task_id not in exclude and task.task_id not in tasks:
             tasks[task.task_id] = task
     return list(tasks.values())
-
-
-def demonstration(task: Task, env: Environment) -> list[Message]:
-    """The expert conversation on ``task``: per turn the reference calls in one message, then ``done``."""
-    messages = env.reset(task)
-    for reference in task.reference:
-        turn_ended = False
-        if reference:
-            text = "[" + ", ".join(call.render() for call in reference) + "]"
-            outcome = env.step(text)
-            messages.append(Message("assistant", text))
-            messages.extend(outcome.messages)
-            turn_ended = outcome.turn_ended
-        if not turn_ended:
-            outcome = env.step("done")
-            messages.append(Message("assistant", "done"))
-            messages.extend(outcome.messages)
-        if outcome.done:
-            break
-    return messages

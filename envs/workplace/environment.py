@@ -242,9 +242,6 @@ class WorkplaceEnvironment(Environment):
         # A fresh environment with the default settings: replay only executes calls and compares states.
         return explorer.replay(task, WorkplaceEnvironment())
 
-    def demonstration(self, task: Task) -> list[Message]:
-        return explorer.demonstration(task, self)
-
 
 def state_differences(model: dict[str, Any], truth: dict[str, Any], limit: int = 2000) -> str:
     """Where two workplace states differ: per app, the records that are missing, extra or changed."""

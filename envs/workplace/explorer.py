@@ -13,7 +13,7 @@ from dataclasses import replace
 from functools import cache
 from typing import Any
 
-from coevolve.records import Message, Provenance, Task, ToolCall, canonical_json
+from coevolve.records import Provenance, Task, ToolCall, canonical_json
 from envs.base import Environment, Triplet
 from envs.workplace.explore_values import CHOOSERS
 from envs.workplace.session import Session
@@ -170,23 +170,3 @@ def build_tasks(
         if task is not None and task.task_id not in exclude and task.task_id not in tasks:
             tasks[task.task_id] = task
     return list(tasks.values())
-
-
-def demonstration(task: Task, env: Environment) -> list[Message]:
-    """The expert conversation on ``task``: per turn the reference calls in one message, then ``done``."""
-    messages = env.reset(task)
-    for reference in task.reference:
-        turn_ended = False
-        if reference:
-            text = "[" + ", ".join(call.render() for call in reference) + "]"
-            outcome = env.step(text)
-            messages.append(Message("assistant", text))
-            messages.extend(outcome.messages)
-            turn_ended = outcome.turn_ended
-        if not turn_ended:
-            outcome = env.step("done")
-            messages.append(Message("assistant", "done"))
-            messages.extend(outcome.messages)
-        if outcome.done:
-            break
-    return messages

@@ -12,7 +12,6 @@ from envs.bfcl.explorer import (
     Triplet,
     abstract,
     build_tasks,
-    demonstration,
     environment_states,
     explore,
     replay,
@@ -125,7 +124,7 @@ def test_replay_reports_the_failing_call():
 def test_demonstrations_end_each_turn_with_done_and_succeed():
     env = BfclEnvironment()
     for task in build_tasks(30, seed=3):
-        messages = demonstration(task, env)
+        messages = env.demonstration(task)
         assert [m.role for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
         assert messages[2].content == "[" + ", ".join(c.render() for c in task.reference[0]) + "]"
         assert messages[-1].content == "done"
@@ -133,7 +132,7 @@ def test_demonstrations_end_each_turn_with_done_and_succeed():
 
 
 def test_multi_turn_demonstration_brings_each_user_turn(fs_task):
-    messages = demonstration(fs_task, BfclEnvironment())
+    messages = BfclEnvironment().demonstration(fs_task)
     roles = [m.role for m in messages]
     assert roles == ["system", "user", "assistant", "tool", "assistant", "user", "assistant", "tool", "assistant"]
     assert messages[5].content == fs_task.turns[1]

@@ -7,7 +7,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from agent.tiny import build_tiny_policy
-from envs.bfcl.explorer import build_tasks, demonstration
+from envs.bfcl.explorer import build_tasks
 from envs.registry import make_environment
 from flows.evaluate import coevolve_evaluate
 from storage.warehouse import Warehouse
@@ -24,7 +24,7 @@ def tiny_checkpoint(tmp_path_factory, tiny_config):
     """A tiny policy fine-tuned briefly on demonstrations of a few explored tasks."""
     config = tiny_config(tmp_path_factory.mktemp("model"), policy={"sft_steps": 20})
     env = make_environment(config.environment)
-    conversations = [demonstration(task, env) for task in build_tasks(6, seed=11)]
+    conversations = [env.demonstration(task) for task in build_tasks(6, seed=11)]
     return str(build_tiny_policy(tmp_path_factory.mktemp("ckpt") / "tiny", conversations, config.policy, config.seed))
 
 
