@@ -9,7 +9,7 @@ from agent.chat import ChatFormat
 from agent.tiny import build_tiny_policy, train_tokenizer
 from agent.transformers_engine import Generation, TransformersEngine
 from coevolve.config import EnvironmentConfig, PolicyConfig
-from envs.bfcl.explorer import build_tasks, demonstration
+from envs.bfcl.explorer import build_tasks
 from envs.bfcl.official import official_tasks
 from envs.registry import make_environment
 from tasks.rollout import play_episodes
@@ -24,7 +24,7 @@ def tasks():
 def untrained_engine(tmp_path_factory, tasks):
     """A random-init policy: its output is garbage, which is exactly what this module needs."""
     env = make_environment(EnvironmentConfig())
-    conversations = [demonstration(t, env) for t in tasks]
+    conversations = [env.demonstration(t) for t in tasks]
     config = PolicyConfig(sft_steps=0, hidden_size=32, num_layers=1, vocab_size=400)
     path = build_tiny_policy(Path(tmp_path_factory.mktemp("policy")) / "m", conversations, config, seed=0)
     return TransformersEngine(path, torch_threads=1, seed=0)
