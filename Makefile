@@ -84,11 +84,12 @@ $(STAMP): pyproject.toml Makefile $(LOCK)
 run: setup
 	@$(VENV)/bin/coevolve evolve $(if $(CONFIG),--config $(CONFIG)) $(ARGS)
 
-# Rebuild the shipped checkpoint 0 (agent/builtin_tiny/) from its recipe for the default configuration:
-# about 7 minutes on 2 cores. Run it after changing agent/tiny.py, agent/chat.py, the demonstrations or the
-# policy settings (tests/agent/test_shipped_policy.py says when), then commit agent/builtin_tiny*.
+# Rebuild the shipped checkpoint 0 of the default configuration (envs/bfcl/checkpoint0/) from its recipe: about
+# 7 minutes on 2 cores; `make policy ARGS="--set environment.name=workplace"` rebuilds the workplace's
+# (envs/workplace/checkpoint0/). Run it after changing agent/tiny.py, agent/chat.py, the demonstrations or the
+# policy settings (tests/agent/test_shipped_policy.py says when), then commit envs/*/checkpoint0*.
 policy: setup
-	$(VENV)/bin/coevolve build-policy
+	$(VENV)/bin/coevolve build-policy $(ARGS)
 
 setup-vllm: $(VLLM_STAMP)
 

@@ -1,10 +1,11 @@
-"""Checkpoint 0 of the default configuration, shipped beside the code so a first run starts at round 0.
+"""Checkpoint 0 of an environment's default configuration, shipped beside the code so a first run starts at round 0.
 
-`SHIPPED_DIR` (agent/builtin_tiny/) holds exactly what `agent.tiny.build_tiny_policy` writes for the default
-configuration: weights, model config, tokenizer and the build marker. `SHIPPED_RECORD`
-(agent/builtin_tiny.json) says what it was built from and on: the run key round 0 files checkpoint 0
-under, the build digest (demonstrations, settings, seed and the recipe's code), the digest of its files,
-and the library versions and CPU of the build.
+An environment names the folder (`Environment.shipped_checkpoint`: envs/bfcl/checkpoint0/,
+envs/workplace/checkpoint0/). It holds exactly what `agent.tiny.build_tiny_policy` writes for that environment's
+default configuration: weights, model config, tokenizer and the build marker. Its record, the .json of the same
+name beside it, says what it was built from and on: the run key round 0 files checkpoint 0 under, the build
+digest (demonstrations, settings, seed and the recipe's code), the digest of its files, and the library
+versions and CPU of the build.
 
 Round 0 copies the shipped folder into the state folder instead of building when all three agree with
 the configuration in hand (`shipped_policy`): the same key, the same build digest as today's recipe
@@ -30,8 +31,6 @@ from agent.tiny import MARKER, build_digest
 from coevolve.config import PolicyConfig
 from coevolve.records import Message
 
-SHIPPED_DIR = Path(__file__).resolve().parent / "builtin_tiny"
-SHIPPED_RECORD = SHIPPED_DIR.with_suffix(".json")
 REBUILD_COMMAND = "make policy"
 # Recorded with a build, not compared: the weights are the shipped ones on every machine, whatever it runs.
 _RECORDED_PACKAGES = ("torch", "transformers", "trl", "tokenizers", "datasets", "numpy")
@@ -49,9 +48,15 @@ class ShippedCheck:
         return self.folder is not None
 
 
-def read_record(record: Path = SHIPPED_RECORD) -> dict[str, Any] | None:
+def record_path(folder: Path) -> Path:
+    """Where the record of the checkpoint shipped in ``folder`` is kept: beside it, ``<folder>.json``."""
+    return folder.with_suffix(".json")
+
+
+def read_record(folder: Path) -> dict[str, Any] | None:
+    """The record of the checkpoint shipped in ``folder``; None when it is missing or unreadable."""
     try:
-        value = json.loads(record.read_text())
+        value = json.loads(record_path(folder).read_text())
     except (OSError, json.JSONDecodeError):
         return None
     return value if isinstance(value, dict) else None
@@ -62,10 +67,12 @@ def check_shipped(
     conversations: Sequence[Sequence[Message]],
     config: PolicyConfig,
     seed: int,
-    folder: Path = SHIPPED_DIR,
+    folder: Path | None,
 ) -> ShippedCheck:
     """The shipped folder if it is checkpoint 0 of exactly these inputs under today's recipe, intact."""
-    record = read_record(folder.with_suffix(".json"))
+    if folder is None:
+        return ShippedCheck(None, "the environment ships no checkpoint 0")
+    record = read_record(folder)
     if record is None or not (folder / MARKER).is_file():
         return ShippedCheck(None, f"no shipped checkpoint 0 at {folder}")
     if record.get("key") != key:
@@ -91,7 +98,7 @@ def copy_shipped(shipped: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def ship(built: Path, key: str, folder: Path = SHIPPED_DIR) -> dict[str, Any]:
+def ship(built: Path, key: str, folder: Path) -> dict[str, Any]:
     """Replace the shipped checkpoint 0 with ``built`` and record what it was built from and on."""
     save_atomically(folder, lambda staging: shutil.copytree(built, staging))
     summary = json.loads((folder / MARKER).read_text())
@@ -107,7 +114,7 @@ def ship(built: Path, key: str, folder: Path = SHIPPED_DIR) -> dict[str, Any]:
         "machine": {"cpu": _cpu_name(), "python": platform.python_version()},
         "rebuild": REBUILD_COMMAND,
     }
-    folder.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    record_path(folder).write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 

@@ -1,7 +1,7 @@
 """Where a round's wall time goes, by part: one real round, its training steps and its per-round stages.
 
 Runs one round of the configuration (default: the embedded default policy, whose checkpoint 0 is shipped
-in agent/builtin_tiny) in this process through the real round flow (`flows.round.coevolve_round`, as
+in envs/bfcl/checkpoint0) in this process through the real round flow (`flows.round.coevolve_round`, as
 ``coevolve round`` runs it), with ``training.batches_per_round`` set by ``--steps``, in a fresh state
 folder. Nothing in the project changes: the script wraps the functions the round calls with timers
 for the length of the round and puts the originals back afterwards.
@@ -224,7 +224,7 @@ def instrument(wrapped: Wrapped, environment: str) -> None:
         wrapped.attribute(round_flow, check, "round checks (state, stores, finished round)")
     wrapped.context(round_flow, "run_slot", "run slot (Prefect global concurrency limit)")
     wrapped.context(round_flow, "round_lock", "round lock")
-    # Prepare: the pools, checkpoint 0 (copied from agent/builtin_tiny or built), the splits, the baseline scores.
+    # Prepare: the pools, checkpoint 0 (copied from envs/bfcl/checkpoint0 or built), the splits, the baseline scores.
     wrapped.attribute(prepare_module, "build_initial_pools", "initial pools")
     wrapped.attribute(prepare_module, "initial_checkpoint", "checkpoint 0 (copied or built)")
     wrapped.attribute(prepare_module, "store_dev_split", "dev and final held-out splits")

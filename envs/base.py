@@ -14,6 +14,7 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from coevolve.errors import ConfigError
@@ -81,6 +82,10 @@ class Environment(ABC):
     official_categories: ClassVar[tuple[str, ...]] = ()
     default_categories: ClassVar[tuple[str, ...]] = ()
     overall_name: ClassVar[str] = "overall"
+    # The embedded policy's checkpoint 0 for the default settings on this environment, shipped beside the code
+    # (a folder, and its record in the .json of the same name; agent/shipped_policy.py) so a first run starts at
+    # round 0 instead of spending minutes on SFT. `make policy` rebuilds it; None builds it in every new state folder.
+    shipped_checkpoint: ClassVar[Path | None] = None
 
     @classmethod
     @abstractmethod

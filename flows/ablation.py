@@ -254,7 +254,7 @@ def seed_chain(
         summaries = [coevolve_round(round_=r, config=cfg.model_dump(mode="json")) for r in range(rounds)]
         official = coevolve_evaluate(
             checkpoint=summaries[-1]["checkpoint"],
-            categories=["multi_turn_base"],
+            categories=None,  # the environment's default official splits (BFCL: multi_turn_base; none elsewhere)
             heldout=False,
             config=cfg.model_dump(mode="json"),
             limit=official_limit,

@@ -184,7 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--official-limit",
         type=int,
         default=50,
-        help="multi_turn_base entries scored per final checkpoint (default: %(default)s).",
+        help=(
+            "Entries of each of the environment's official splits (BFCL: multi_turn_base; the workplace has none) "
+            "scored per final checkpoint (default: %(default)s)."
+        ),
     )
     p.add_argument(
         "--name", default="ablation", help="Prefix of the runs and the report folder (default: %(default)s)."
@@ -268,7 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     common(p)
-    p.add_argument("--output", help="Folder to write it to (default: agent/builtin_tiny, the shipped checkpoint 0).")
+    p.add_argument(
+        "--output",
+        help="Folder to write it to (default: the environment's shipped checkpoint 0, e.g. envs/bfcl/checkpoint0).",
+    )
     p.set_defaults(func=cmd_build_policy)
 
     p = sub.add_parser("status", help="Print a run's rounds: finished ones with their duration, and a running one.")

@@ -21,7 +21,7 @@ import yaml
 
 from coevolve import console
 from coevolve.config import PipelineConfig, load_config
-from coevolve.errors import PipelineError
+from coevolve.errors import ConfigError, PipelineError
 from coevolve.optional import optional_module
 from coevolve.settings import apply_settings
 from flows import preflight, query_output
@@ -360,10 +360,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_build_policy(args: argparse.Namespace) -> int:
     """Build checkpoint 0 of the configuration from the recipe and ship it (``make policy``)."""
     config = _load(args)
-    folder = Path(args.output).resolve() if args.output else shipped_policy.SHIPPED_DIR
+    folder = Path(args.output).resolve() if args.output else prepare_stage.shipped_folder(config)
+    if folder is None:
+        raise ConfigError(
+            f"environment {config.environment.name!r} ships no checkpoint 0 (its `shipped_checkpoint` is None): "
+            "name the folder to write it to with `coevolve build-policy --output DIR`."
+        )
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="coevolve-policy-") as scratch:
         record = prepare_stage.rebuild_shipped_policy(config, Path(scratch), folder)
     print(f"checkpoint 0 built in {time.perf_counter() - t0:.0f}s and written to {folder}")
-    print(f"files digest {record['checkpoint_digest']}; what it was built from: {folder.with_suffix('.json')}")
+    print(f"files digest {record['checkpoint_digest']}; what it was built from: {shipped_policy.record_path(folder)}")
     return 0

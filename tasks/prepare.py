@@ -21,7 +21,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from agent.checkpoints import checkpoint_digest, checkpoint_folder
-from agent.shipped_policy import SHIPPED_DIR, check_shipped, copy_shipped, ship
+from agent.shipped_policy import check_shipped, copy_shipped, ship
 from agent.tiny import build_digest, build_tiny_policy, is_built
 from agent.warmup import warm_up
 from coevolve.config import PipelineConfig
@@ -30,6 +30,7 @@ from coevolve.errors import PipelineError
 from coevolve.optional import optional_module
 from coevolve.records import Task, digest
 from coevolve.stages import PrepareInput, PrepareOutput, VersionOutput
+from envs.registry import environment_class
 from tasks.common import open_warehouse
 from tasks.evaluate import evaluate_splits
 from tasks.registry import stage
@@ -104,7 +105,8 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
 
     The tiny policy is fine-tuned on ``policy.sft_tasks`` short demonstrations from another distribution
     (tasks/splits.sft_demonstrations); no task of D_0 or the held-out split is among them. When the shipped
-    checkpoint 0 (agent/shipped_policy.py) is the one these inputs build, it is copied instead of built.
+    checkpoint 0 of the environment (`Environment.shipped_checkpoint`, agent/shipped_policy.py) is the one these
+    inputs build, it is copied instead of built.
     """
     if config.policy.model != BUILTIN_TINY:
         return warmed_up_checkpoint(config, seed_pool, heldout)
@@ -114,7 +116,7 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
     recipe = build_digest(conversations, config.policy, config.start_seed)
     cached = config.policy_cache_dir / f"tiny-{key[:16]}-{recipe[:16]}" if config.policy_cache_dir else None
     if not is_built(out_dir, conversations, config.policy, config.start_seed):
-        shipped = check_shipped(key, conversations, config.policy, config.start_seed)
+        shipped = check_shipped(key, conversations, config.policy, config.start_seed, shipped_folder(config))
         if shipped.folder is not None:
             log.info("checkpoint 0: the shipped build %s, copied to %s", shipped.folder, out_dir)
             copy_shipped(shipped.folder, out_dir)
@@ -160,10 +162,15 @@ def _add_to_cache(built: Path, cached: Path) -> None:
         log.info("checkpoint 0: not added to policy_cache_dir %s (%s)", cached.parent, exc)
 
 
-def rebuild_shipped_policy(config: PipelineConfig, scratch: Path, folder: Path = SHIPPED_DIR) -> dict[str, Any]:
+def shipped_folder(config: PipelineConfig) -> Path | None:
+    """Where ``config``'s environment ships checkpoint 0 of its default settings; None where it ships none."""
+    return environment_class(config.environment.name).shipped_checkpoint
+
+
+def rebuild_shipped_policy(config: PipelineConfig, scratch: Path, folder: Path) -> dict[str, Any]:
     """Build checkpoint 0 of ``config`` from the recipe, in ``scratch``, and ship it in ``folder``.
 
-    What ``make policy`` runs for the default configuration; returns the shipped record.
+    What ``make policy`` runs (``folder``: the environment's `shipped_checkpoint`); returns the shipped record.
     """
     if config.policy.model != BUILTIN_TINY:
         raise PipelineError(f"policy.model is {config.policy.model!r}: only {BUILTIN_TINY!r} is built and shipped.")

@@ -17,8 +17,9 @@ class PolicyConfig(Section):
         "builtin:tiny",
         description=(
             "'builtin:tiny' is a 656k-parameter Qwen3 built offline (tokenizer + SFT on demonstrations, never on "
-            "held-out tasks); with the default settings round 0 copies the build shipped in agent/builtin_tiny/ "
-            "(make policy rebuilds it). Otherwise a Hugging Face model id or a local path, loaded the same way."
+            "held-out tasks); with the default settings round 0 copies the build the environment ships "
+            "(envs/<name>/checkpoint0/; make policy rebuilds it). Otherwise a Hugging Face model id or a local "
+            "path, loaded the same way."
         ),
     )
     sft_tasks: int = Field(

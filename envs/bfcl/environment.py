@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_checker, state_checker
@@ -48,6 +49,7 @@ class BfclEnvironment(Environment):
     # The paper's protocol: all 200 multi_turn_base entries.
     default_categories: ClassVar[tuple[str, ...]] = ("multi_turn_base",)
     overall_name: ClassVar[str] = "multi_turn_overall"
+    shipped_checkpoint: ClassVar[Path | None] = Path(__file__).resolve().parent / "checkpoint0"
 
     def __init__(
         self,

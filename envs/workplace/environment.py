@@ -10,6 +10,7 @@ demonstrations are envs/workplace/explorer.py's. It has no official benchmark.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import envs.workplace.explorer as explorer
@@ -47,6 +48,7 @@ class WorkplaceEnvironment(Environment):
     """One episode at a time on a workplace state, and the workplace's tasks; implements envs.base.Environment."""
 
     name: ClassVar[str] = ENVIRONMENT_NAME
+    shipped_checkpoint: ClassVar[Path | None] = Path(__file__).resolve().parent / "checkpoint0"
 
     def __init__(
         self,

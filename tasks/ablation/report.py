@@ -53,6 +53,12 @@ def _counts(values: dict[str, float], kinds: tuple[str, ...]) -> str:
     return "/".join(_cell(values[k], ".0f" if float(values[k]).is_integer() else ".1f") for k in kinds)
 
 
+def official_header(results: list[dict[str, Any]]) -> str:
+    """The official-benchmark column's title: the splits the runs were scored on, or that there were none."""
+    splits = sorted({split for r in results for split in r["official"]})
+    return f"official {', '.join(splits)}" if splits else "official benchmark (none)"
+
+
 def _fmt(pair: tuple[float, float]) -> str:
     mean, sd = pair
     return "n/a" if math.isnan(mean) else f"{mean:.3f} +- {sd:.3f}"
@@ -179,7 +185,7 @@ def write_report(
         f"{len(results)} runs: arms {', '.join(summary['arms'])}; seeds "
         f"{', '.join(str(s) for s in sorted({r['seed'] for r in results}))}; {len(results[0]['rounds'])} rounds each.",
         "",
-        "| arm | held-out success after the last round, per-round split | BFCL multi_turn_base | final pool "
+        f"| arm | held-out success after the last round, per-round split | {official_header(results)} | final pool "
         f"| acceptance | signals {letters()} | episodes played | optimizer steps |",
         "|---|---|---|---|---|---|---|---|",
     ]

@@ -26,6 +26,12 @@ def run_total(run: dict[str, Any], key: str) -> float:
     return math.nan if any(v is None for v in values) else float(sum(values))
 
 
+def official_score(run: dict[str, Any]) -> float:
+    """A run's final checkpoint on its environment's official splits (their mean); nan where it has none."""
+    scores = [float(v) for v in run["official"].values()]
+    return statistics.fmean(scores) if scores else math.nan
+
+
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-arm figures and the report's families of comparisons, each tested with seed and task as units.
 
@@ -44,7 +50,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     table = {}
     for arm, runs in arms.items():
         heldout = [final_heldout(r) for r in runs]
-        official = [float(r["official"].get("multi_turn_base", math.nan)) for r in runs]
+        official = [official_score(r) for r in runs]
         accepted = sum(s["accepted"] for r in runs for s in r["rounds"])
         judged = accepted + sum(s["rejected"] for r in runs for s in r["rounds"])
         signals = {k: sum(s["signals"].get(k, 0) for r in runs for s in r["rounds"]) for k in SIGNAL_KINDS}

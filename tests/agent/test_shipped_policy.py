@@ -1,9 +1,11 @@
-"""The shipped checkpoint 0: what today's recipe builds for the default configuration, used instead of a build.
+"""The shipped checkpoint 0: what today's recipe builds for an environment's default configuration, used
+instead of a build.
 
-agent/builtin_tiny/ is the default configuration's checkpoint 0, committed so `make run` starts at round 0.
-These tests keep it honest: when the recipe (agent/tiny.py, agent/chat.py), the demonstrations or the
-policy settings change, the first test fails and names the command that rebuilds it, and a run with
-other inputs builds from the recipe instead of using stale weights.
+Each built-in environment ships its default configuration's checkpoint 0 (`Environment.shipped_checkpoint`:
+envs/bfcl/checkpoint0/, envs/workplace/checkpoint0/), committed so a first run starts at round 0.
+These tests keep them honest: when the recipe (agent/tiny.py, agent/chat.py), the demonstrations or the
+policy settings change, the first test fails and names the command that rebuilds the stale one, and a run
+with other inputs builds from the recipe instead of using stale weights.
 """
 
 from __future__ import annotations
@@ -19,42 +21,61 @@ from pathlib import Path
 import pytest
 
 from agent.checkpoints import checkpoint_digest
-from agent.shipped_policy import REBUILD_COMMAND, SHIPPED_DIR, SHIPPED_RECORD, check_shipped, read_record
+from agent.shipped_policy import REBUILD_COMMAND, check_shipped, read_record, record_path
 from agent.tiny import MARKER, code_digest
 from coevolve.config import load_config
-from tasks.prepare import initial_checkpoint, tiny_policy_inputs
+from envs.registry import BUILT_IN
+from tasks.prepare import initial_checkpoint, shipped_folder, tiny_policy_inputs
 from tasks.splits import build_initial_pools
 
 REPO = Path(__file__).resolve().parents[2]
+SHIPPING = sorted(name for name, env in BUILT_IN.items() if env.shipped_checkpoint is not None)
 
 
-@pytest.fixture(scope="module")
-def default_inputs():
-    """The default configuration's seed pool, held-out split, run key and demonstrations."""
-    config = load_config(data={}, environ={})
+def default_config(environment: str):
+    return load_config(data={"environment": {"name": environment}}, environ={})
+
+
+def inputs_of(config):
+    """A configuration's seed pool, held-out split, run key and demonstrations."""
     seed_pool, heldout = build_initial_pools(config)
     key, conversations = tiny_policy_inputs(config, seed_pool, heldout)
     return config, seed_pool, heldout, key, conversations
 
 
-def test_the_shipped_checkpoint_0_is_what_todays_recipe_builds_for_the_default_configuration(default_inputs):
-    config, _, _, key, conversations = default_inputs
-    check = check_shipped(key, conversations, config.policy, config.start_seed)
+@pytest.fixture(scope="module")
+def default_inputs():
+    """The default configuration's inputs (the default environment's)."""
+    return inputs_of(load_config(data={}, environ={}))
+
+
+def test_every_built_in_environment_ships_a_checkpoint_0():
+    assert SHIPPING == sorted(BUILT_IN)
+
+
+@pytest.mark.parametrize("environment", SHIPPING)
+def test_the_shipped_checkpoint_0_is_what_todays_recipe_builds_for_the_default_configuration(environment):
+    config, _, _, key, conversations = inputs_of(default_config(environment))
+    folder = shipped_folder(config)
+    check = check_shipped(key, conversations, config.policy, config.start_seed, folder)
+    rebuild = REBUILD_COMMAND + ("" if environment == "bfcl" else f' ARGS="--set environment.name={environment}"')
     assert check.usable, (
-        f"{check.reason}. Rebuild it with `{REBUILD_COMMAND}` (about 7 minutes) and commit "
-        f"{SHIPPED_DIR.relative_to(REPO)}/ and {SHIPPED_RECORD.relative_to(REPO)}."
+        f"{check.reason}. Rebuild it with `{rebuild}` (about 7-12 minutes) and commit "
+        f"{folder.relative_to(REPO)}/ and {record_path(folder).relative_to(REPO)}."
     )
 
 
-def test_the_shipped_record_says_what_it_was_built_from_and_on():
-    record = read_record()
+@pytest.mark.parametrize("environment", SHIPPING)
+def test_the_shipped_record_says_what_it_was_built_from_and_on(environment):
+    folder = BUILT_IN[environment].shipped_checkpoint
+    record = read_record(folder)
     assert record is not None
-    assert record["checkpoint_digest"] == checkpoint_digest(SHIPPED_DIR)
-    assert record["build_digest"] == json.loads((SHIPPED_DIR / MARKER).read_text())["digest"]
+    assert record["checkpoint_digest"] == checkpoint_digest(folder)
+    assert record["build_digest"] == json.loads((folder / MARKER).read_text())["digest"]
     assert record["rebuild"] == REBUILD_COMMAND
     assert record["built_with"]["torch"] and record["machine"]["cpu"]
     # A few MB: the 656,128-parameter model in float32 and its tokenizer.
-    size = sum(f.stat().st_size for f in SHIPPED_DIR.rglob("*") if f.is_file())
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
     assert size < 8 * 1024 * 1024
 
 
@@ -65,23 +86,31 @@ def test_round_0_copies_the_shipped_checkpoint_into_the_state_folder_instead_of_
     checkpoint = Path(initial_checkpoint(config, seed_pool, heldout))
     assert time.perf_counter() - started < 60, "a build takes minutes; the copy takes a second"
     assert checkpoint == tmp_path / "state" / "models" / f"tiny-{key[:12]}"
-    assert checkpoint_digest(checkpoint) == read_record()["checkpoint_digest"]
+    assert checkpoint_digest(checkpoint) == read_record(shipped_folder(config))["checkpoint_digest"]
 
 
 def test_other_policy_settings_build_from_the_recipe_instead_of_using_the_shipped_weights(default_inputs):
     config, _, _, key, conversations = default_inputs
     changed = config.policy.model_copy(update={"sft_steps": config.policy.sft_steps + 1})
-    check = check_shipped(key, conversations, changed, config.start_seed)
+    folder = shipped_folder(config)
+    check = check_shipped(key, conversations, changed, config.start_seed, folder)
     assert not check.usable
     assert "another recipe" in check.reason
-    assert not check_shipped("0" * 64, conversations, config.policy, config.start_seed).usable
+    assert not check_shipped("0" * 64, conversations, config.policy, config.start_seed, folder).usable
+
+
+def test_an_environment_that_ships_none_builds_and_says_why(default_inputs):
+    config, _, _, key, conversations = default_inputs
+    check = check_shipped(key, conversations, config.policy, config.start_seed, None)
+    assert not check.usable
+    assert check.reason == "the environment ships no checkpoint 0"
 
 
 def test_damaged_shipped_files_are_not_used(default_inputs, tmp_path):
     config, _, _, key, conversations = default_inputs
-    copy = tmp_path / "builtin_tiny"
-    shutil.copytree(SHIPPED_DIR, copy)
-    shutil.copy(SHIPPED_RECORD, copy.with_suffix(".json"))
+    copy = tmp_path / "checkpoint0"
+    shutil.copytree(shipped_folder(config), copy)
+    shutil.copy(record_path(shipped_folder(config)), record_path(copy))
     assert check_shipped(key, conversations, config.policy, config.start_seed, folder=copy).usable
     with (copy / "tokenizer.json").open("ab") as handle:
         handle.write(b" ")
@@ -118,7 +147,7 @@ def test_the_rebuild_command_builds_and_ships_a_checkpoint_that_round_0_then_use
     }
     config = load_config(data={"state_dir": str(tmp_path / "state"), "policy": policy}, environ={})
     options = [arg for name, value in policy.items() for arg in ("--set", f"policy.{name}={value}")]
-    out = tmp_path / "shipped" / "builtin_tiny"
+    out = tmp_path / "shipped" / "checkpoint0"
     done = subprocess.run(
         [sys.executable, "-m", "flows.cli", "build-policy", "--output", str(out),
          "--set", f"state_dir={config.state_dir}", *options],

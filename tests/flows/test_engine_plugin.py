@@ -21,7 +21,7 @@ from storage.warehouse import Warehouse
 from tests.flows.conftest import REPO, env_with_package, install_package
 
 # Checkpoint 0 of the default configuration, shipped in the repository: the toy engine reads its tokenizer.
-SHIPPED_CHECKPOINT = REPO / "agent" / "builtin_tiny"
+SHIPPED_CHECKPOINT = REPO / "envs" / "bfcl" / "checkpoint0"
 
 CANNED_ENGINE = '''
 """canned: answers every prompt with one fixed tool call, whatever the checkpoint's weights would say."""

@@ -18,9 +18,10 @@ from prefect.states import Failed
 from transformers import Trainer, TrainingArguments
 
 from agent.checkpoints import checkpoint_digest, save_atomically
-from agent.shipped_policy import SHIPPED_DIR
 from agent.transformers_engine import load_policy
+from coevolve.config import EnvironmentConfig
 from coevolve.errors import DiskFullError, InfrastructureError, is_retryable
+from envs.registry import environment_class
 from storage.pool import read_pool_snapshot, write_pool_snapshot
 from storage.tracking import Tracker
 from storage.warehouse import Warehouse
@@ -41,8 +42,11 @@ def says_disk_full(error: DiskFullError, folder: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def policy():
-    """Checkpoint 0 as shipped (656,128 parameters: 2.6 MB of weights, 5.2 MB of AdamW state)."""
-    return load_policy(SHIPPED_DIR)
+    """Checkpoint 0 of the default configuration as shipped (656,128 parameters: 2.6 MB of weights, 5.2 MB of
+    AdamW state)."""
+    shipped = environment_class(EnvironmentConfig().name).shipped_checkpoint
+    assert shipped is not None
+    return load_policy(shipped)
 
 
 def test_a_checkpoint_written_onto_a_full_disk_names_its_folder_and_leaves_the_earlier_one_whole(tmp_path, policy):
