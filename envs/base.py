@@ -64,6 +64,26 @@ class Conversation(Protocol):
         ...
 
 
+# One unguided walk: draws a start and a length from ``rng``, explores and abstracts the walk into a task (None when
+# it made too few usable calls). ``run_id`` names the walk's exploration run.
+Walk = Callable[[random.Random, str], Task | None]
+
+
+def tasks_from_walks(n: int, seed: int, origin: str, exclude: set[str] | frozenset[str], walk: Walk) -> list[Task]:
+    """``n`` distinct tasks, none with an id in ``exclude``, each from one ``walk`` on one random stream seeded by
+    ``seed``: how every environment's `Environment.build_tasks` makes the seed pool and the splits. Gives up after
+    50 walks a task, returning fewer."""
+    rng = random.Random(seed)
+    tasks: dict[str, Task] = {}
+    attempts = 0
+    while len(tasks) < n and attempts < 50 * n:
+        attempts += 1
+        task = walk(rng, f"{origin}-{seed}-{attempts}")
+        if task is not None and task.task_id not in exclude and task.task_id not in tasks:
+            tasks[task.task_id] = task
+    return list(tasks.values())
+
+
 class Environment(ABC):
     """A multi-turn tool environment: plays a task's episode and scores it, and makes and checks the tasks.
 

@@ -72,7 +72,7 @@ class PipelineConfig(Section):
         2, ge=1, description="Seeds whose runs the ablation command plays at the same time, each in its own process."
     )
     # Five: every arm of the built-in ablation at its earlier schedule (20 optimizer steps,
-    # configs/ablation_20steps.yaml); configs/ablation.yaml sets 12, the paper's length of 120 steps a run.
+    # configs/ablation_20steps.yaml); configs/ablation.yaml sets 14, the paper's length of 120 steps a run.
     ablation_rounds: int = Field(
         5, ge=1, description="Rounds of every (arm, seed) run of the ablation command, the same for every arm."
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 import envs.bfcl.api as bfcl_api
 from coevolve.records import Provenance, Task, ToolCall, canonical_json
-from envs.base import Environment, Triplet
+from envs.base import Environment, Triplet, tasks_from_walks
 from envs.bfcl.api import ENVIRONMENT_NAME
 from envs.bfcl.explore_values import NEEDS_LOGIN, argument_value, login_call
 from envs.bfcl.official import CATEGORIES
@@ -226,18 +226,13 @@ def build_tasks(
 
     ``calls_per_turn`` splits each task into user turns (see ``abstract``); None keeps one turn.
     """
-    rng = random.Random(seed)
     states = environment_states(list(classes or DEFAULT_CLASSES))
     if not states:
         raise ValueError(f"no official initial state involves any of {classes}")
-    tasks: dict[str, Task] = {}
-    attempts = 0
-    while len(tasks) < n and attempts < 50 * n:
-        attempts += 1
+
+    def walk(rng: random.Random, run_id: str) -> Task | None:
         config, involved = states[rng.randrange(len(states))]
-        run_id = f"{origin}-{seed}-{attempts}"
         triplets = explore(config, involved, rng, rng.randint(max_steps, max_steps + 3), run_id=run_id)
-        task = abstract(triplets, config, involved, Provenance(origin=origin), min_steps, max_steps, calls_per_turn)
-        if task is not None and task.task_id not in exclude and task.task_id not in tasks:
-            tasks[task.task_id] = task
-    return list(tasks.values())
+        return abstract(triplets, config, involved, Provenance(origin=origin), min_steps, max_steps, calls_per_turn)
+
+    return tasks_from_walks(n, seed, origin, exclude, walk)

@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any
 
 from coevolve.records import Provenance, Task, ToolCall, canonical_json
-from envs.base import Environment, Triplet
+from envs.base import Environment, Triplet, tasks_from_walks
 from envs.workplace.explore_values import CHOOSERS
 from envs.workplace.session import Session
 from envs.workplace.templates import phrases, sentence, verbalize_turns
@@ -158,15 +158,10 @@ def build_tasks(
     calls_per_turn: int | None = None,
 ) -> list[Task]:
     """``n`` distinct tasks from unguided exploration of the seeded worlds, reproducible from ``seed``."""
-    rng = random.Random(seed)
-    tasks: dict[str, Task] = {}
-    attempts = 0
-    while len(tasks) < n and attempts < 50 * n:
-        attempts += 1
+
+    def walk(rng: random.Random, run_id: str) -> Task | None:
         config = world(rng.randrange(WORLD_COUNT))
-        run_id = f"{origin}-{seed}-{attempts}"
         triplets = explore(config, list(APPS), rng, rng.randint(max_steps, max_steps + 3), run_id=run_id)
-        task = abstract(triplets, config, list(APPS), Provenance(origin=origin), min_steps, max_steps, calls_per_turn)
-        if task is not None and task.task_id not in exclude and task.task_id not in tasks:
-            tasks[task.task_id] = task
-    return list(tasks.values())
+        return abstract(triplets, config, list(APPS), Provenance(origin=origin), min_steps, max_steps, calls_per_turn)
+
+    return tasks_from_walks(n, seed, origin, exclude, walk)
