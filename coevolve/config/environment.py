@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from coevolve.config.base import Section
 from coevolve.plugins import declared_names
@@ -86,6 +86,16 @@ class EnvironmentConfig(Section):
             "(coevolve.config.derive_bfcl_handler)."
         ),
     )
+
+    @model_validator(mode="after")
+    def _bfcl_prompts_only_on_bfcl(self) -> EnvironmentConfig:
+        # BFCL's prompts are bfcl-eval's, written by envs/bfcl only; every other environment writes the compact ones.
+        if self.prompt_style == "bfcl" and self.name != "bfcl":
+            raise ValueError(
+                f"environment.prompt_style 'bfcl' writes BFCL's own prompts and applies to environment.name 'bfcl' "
+                f"only; set environment.prompt_style to compact for {self.name!r}."
+            )
+        return self
 
 
 def derive_bfcl_handler(model: str) -> str | None:

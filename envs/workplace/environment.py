@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import envs.workplace.explorer as explorer
-from coevolve.errors import ConfigError, EnvSetupError
+from coevolve.errors import EnvSetupError
 from coevolve.records import Message, Provenance, Task, ToolCall
 from envs.base import Environment, StepOutcome, Triplet
 from envs.calls import parse_tool_calls
@@ -72,9 +72,8 @@ class WorkplaceEnvironment(Environment):
 
     @classmethod
     def from_config(cls, config: EnvironmentConfig) -> WorkplaceEnvironment:
-        """The environment of the ``environment`` section; it writes only the compact prompts."""
-        if config.prompt_style != "compact":
-            raise ConfigError("the workplace environment has no prompt_style 'bfcl'; use 'compact'")
+        """The environment of the ``environment`` section; it writes only the compact prompts (the section refuses
+        prompt_style 'bfcl' for it)."""
         return cls(
             max_steps_per_turn=config.max_steps_per_turn,
             max_observation_chars=config.max_observation_chars,

@@ -257,5 +257,16 @@ def test_the_registry_builds_it_by_name_with_the_environment_section_s_settings(
     assert isinstance(env, WorkplaceEnvironment) and (env.max_steps_per_turn, env.tool_list) == (3, "described")
     config = load_config(overrides=[f"state_dir={tmp_path}", "environment.name=workplace"], environ={})
     assert type(make_environment(config.environment)) is WorkplaceEnvironment
-    with pytest.raises(ConfigError, match="no prompt_style 'bfcl'"):
-        make_environment(EnvironmentConfig(name="workplace", prompt_style="bfcl", bfcl_handler="qwen"))
+    # BFCL's prompts are BFCL's: the configuration refuses them for the workplace, naming the setting that fixes it.
+    with pytest.raises(ConfigError, match="applies to environment.name 'bfcl' only; set environment.prompt_style to"):
+        load_config(
+            overrides=[f"state_dir={tmp_path}", "environment.name=workplace", "environment.prompt_style=bfcl",
+                       "policy.model=Qwen/Qwen2.5-7B-Instruct", "environment.bfcl_handler=qwen"],
+            environ={},
+        )  # fmt: skip
+    fixed = load_config(
+        overrides=[f"state_dir={tmp_path}", "environment.name=workplace", "environment.prompt_style=compact",
+                   "policy.model=Qwen/Qwen2.5-7B-Instruct", "environment.bfcl_handler=qwen"],
+        environ={},
+    )  # fmt: skip
+    assert type(make_environment(fixed.environment)) is WorkplaceEnvironment
