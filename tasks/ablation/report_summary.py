@@ -50,7 +50,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     table = {}
     for arm, runs in arms.items():
         heldout = [final_heldout(r) for r in runs]
-        official = [official_score(r) for r in runs]
+        official = [score for score in map(official_score, runs) if not math.isnan(score)]
         accepted = sum(s["accepted"] for r in runs for s in r["rounds"])
         judged = accepted + sum(s["rejected"] for r in runs for s in r["rounds"])
         signals = {k: sum(s["signals"].get(k, 0) for r in runs for s in r["rounds"]) for k in SIGNAL_KINDS}

@@ -66,6 +66,17 @@ def test_the_report_is_markdown_with_its_figures(tmp_path):
         assert figure.endswith(".png") and (tmp_path / figure.split("/")[-1]).stat().st_size > 1000
 
 
+def test_an_environment_without_an_official_benchmark_gets_a_report_that_says_so(tmp_path):
+    """The workplace has no official splits: its runs carry no official scores, and the column says there are none."""
+    results = [{**r, "official": {}} for r in RESULTS]
+    write_report(results, tmp_path, "Ablation test")
+    text = (tmp_path / "report.md").read_text()
+    assert "| official benchmark (none) |" in text
+    assert "| full | 0.323 +- 0.025 | n/a |" in text
+    write_report(RESULTS, tmp_path, "Ablation test")
+    assert "| official multi_turn_base |" in (tmp_path / "report.md").read_text()
+
+
 def test_a_left_out_signal_is_reported_as_the_cost_of_leaving_it_out(tmp_path):
     without_rare = [run("no-rare", seed, [0.1, 0.25]) for seed in (1, 2, 3)]
     write_report(RESULTS + without_rare, tmp_path, "Ablation test")
