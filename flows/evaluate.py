@@ -95,6 +95,10 @@ def coevolve_evaluate(
         + ([HELDOUT_SPLIT] if heldout else [])
         + ([DEV_SPLIT] if dev else [])
     )
+    if not splits:
+        # Nothing to score (the ablation's official splits of an environment without an official benchmark):
+        # no warehouse lookup and no empty MLflow evaluation run.
+        return {}
     if round_ is None:
         with open_warehouse(cfg) as wh:
             round_ = evaluation_round(cfg, wh, checkpoint)

@@ -82,3 +82,18 @@ def test_accuracy_is_logged_to_mlflow(evaluated):
     overall = (results["multi_turn_base"] + results["multi_turn_long_context"]) / 4
     assert metrics["accuracy.multi_turn_overall"] == pytest.approx(overall)
     assert runs[0].data.params["prompt_style"] == "compact"
+
+
+def test_an_evaluation_with_no_split_to_score_returns_nothing_and_logs_no_run(prefect_api, tiny_config, tmp_path):
+    """What the ablation asks of an environment without an official benchmark: its default official splits, none."""
+    config = tiny_config(tmp_path, run_id="nothing", environment={"name": "workplace"})
+    results = coevolve_evaluate(
+        checkpoint=str(tmp_path / "never-loaded"), categories=None, heldout=False, config=config.model_dump(mode="json")
+    )
+    assert results == {}
+    experiment = MlflowClient(tracking_uri=config.mlflow_tracking_uri).get_experiment_by_name(
+        config.tracking.experiment
+    )
+    assert experiment is None or not MlflowClient(tracking_uri=config.mlflow_tracking_uri).search_runs(
+        [experiment.experiment_id], "tags.`coevolve.kind` = 'evaluation'"
+    )
