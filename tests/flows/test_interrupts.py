@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -367,3 +368,10 @@ def test_damaged_inputs_of_the_round_are_refused_within_seconds_before_prefect_s
     assert re.match(rf"error: round 0 \(prepare\): {said}", refused.lines[0]), refused.lines
     assert refused.seconds < REFUSED_WITHIN_S, f"refused after {refused.seconds:.1f} s"
     assert not refused.prefect_started, "the refused command started a Prefect server"
+
+
+def test_the_commands_temporary_api_registers_no_prefect_block_types(run):
+    """The pipeline keeps nothing in Prefect blocks, so its temporary API skips registering Prefect's block types
+    (coevolve/settings.py), which cost about 4 CPU-seconds on every new Prefect home."""
+    with sqlite3.connect(run.config.state_dir / "prefect" / "prefect.db") as db:
+        assert db.execute("SELECT count(*) FROM block_type").fetchone() == (0,)
