@@ -61,10 +61,6 @@ def apply_settings(config: PipelineConfig, *, prefect_home: bool = False, log_fi
         # log file of a command that keeps one (on the console they would bury the table).
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if log_file else "WARNING")
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
-        # The command's temporary API (flows/local_api.py) skips Prefect's block-type registration: the pipeline
-        # stores nothing in Prefect blocks, and registering them took about 4 of the API's 11 CPU-seconds to
-        # start on each new Prefect home (benchmarks/README.md, "Feedback: make run and make test").
-        os.environ.setdefault("PREFECT_API_BLOCKS_REGISTER_ON_START", "false")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     if log_file:
         for key, value in LOG_FILE_ENV.items():

@@ -47,8 +47,16 @@ class TiedServer(SubprocessASGIServer):
 
     def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
         # Prefect's own command line and environment for its temporary server (SubprocessASGIServer), run
-        # through this module's entry point, which ties the server's life to this process.
-        server_env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        # through this module's entry point, which ties the server's life to this process. One difference: it
+        # registers no block types, since the pipeline keeps nothing in Prefect blocks and registering them took
+        # about 4 of the server's 11 CPU-seconds to start on each new Prefect home (benchmarks/README.md, "Where
+        # the time went at c44023e"); an operator's own setting, in Prefect's settings below, still wins.
+        server_env = {
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+            "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
+        }
         return subprocess.Popen(
             args=[
                 sys.executable,

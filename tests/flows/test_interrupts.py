@@ -372,6 +372,6 @@ def test_damaged_inputs_of_the_round_are_refused_within_seconds_before_prefect_s
 
 def test_the_commands_temporary_api_registers_no_prefect_block_types(run):
     """The pipeline keeps nothing in Prefect blocks, so its temporary API skips registering Prefect's block types
-    (coevolve/settings.py), which cost about 4 CPU-seconds on every new Prefect home."""
+    (flows/local_api.py), which cost about 4 CPU-seconds on every new Prefect home."""
     with sqlite3.connect(run.config.state_dir / "prefect" / "prefect.db") as db:
         assert db.execute("SELECT count(*) FROM block_type").fetchone() == (0,)
