@@ -152,6 +152,10 @@ def server_env(options: ServeOptions, base: dict[str, str] | None = None) -> dic
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if options.cpu:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache; raise it for larger models
+        # The model runs in the engine process instead of a third one: vLLM's CPU platform starts a separate worker
+        # only under multiprocessing, and that process's start (importing vLLM again) was 18 of a server's 49 CPU
+        # seconds here (benchmarks/README.md).
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return env
 
 
