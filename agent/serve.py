@@ -15,7 +15,9 @@ tested way. What the pipeline needs from a server:
   ``--worker-extension-cls`` (`agent.vllm_worker`), whose ``refresh_tied_output`` makes that reload
   exact for models with tied input/output embeddings;
 - on a CPU build: ``--no-enable-chunked-prefill --max-num-batched-tokens N`` (seeded requests crash
-  chunked prefill there: "CPU Generator does not use offset");
+  chunked prefill there: "CPU Generator does not use offset"), and ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+  unless the environment sets it: the model then runs in vLLM's engine process instead of a worker process
+  of its own, which would import vLLM and torch a third time;
 - bound to 127.0.0.1 unless another host is given.
 
 With ``rollout.managed_servers: N`` the pipeline starts its own servers (`start_managed`) on each
@@ -154,7 +156,7 @@ def server_env(options: ServeOptions, base: dict[str, str] | None = None) -> dic
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache; raise it for larger models
         # The model runs in the engine process instead of a third one: vLLM's CPU platform starts a separate worker
         # only under multiprocessing, and that process's start (importing vLLM again) was 18 of a server's 49 CPU
-        # seconds here (benchmarks/README.md).
+        # seconds here (benchmarks/README.md, "Feedback: make run and make test").
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return env
 

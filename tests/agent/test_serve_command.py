@@ -111,6 +111,14 @@ def test_every_server_accepts_weight_reloads_and_stays_on_loopback(tmp_path):
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
 
 
+def test_a_cpu_server_runs_its_model_in_the_engine_process_unless_the_operator_says_otherwise(tmp_path):
+    # The CPU build starts a separate worker process only under vLLM's multiprocessing; GPU servers keep vLLM's own.
+    assert server_env(ServeOptions(model=str(tmp_path), cpu=True), base={})["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    kept = server_env(ServeOptions(model=str(tmp_path), cpu=True), base={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    assert kept["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server_env(ServeOptions(model=str(tmp_path)), base={})
+
+
 def test_a_relative_model_path_is_served_under_its_absolute_path(tmp_path, monkeypatch):
     (tmp_path / "round-000").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -187,6 +195,16 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+@pytest.mark.slow
+def test_a_cpu_serve_runs_the_model_in_vllm_s_engine_process_without_a_worker_process(serve_processes):
+    # Before the stop tests below stop the servers. A worker process of its own would import vLLM and torch a third
+    # time: about 18 of a server's 49 CPU-seconds to start (benchmarks/README.md, "Feedback: make run and make test").
+    server = next(iter(serve_processes.values()))
+    titles = [" ".join(psutil.Process(pid).cmdline()) for pid in server.started if _alive(pid)]
+    assert any(t.startswith("VLLM::EngineCore") for t in titles), titles
+    assert not any(t.startswith("VLLM::Worker") for t in titles), titles
 
 
 @pytest.mark.slow
