@@ -160,6 +160,10 @@ def vllm_env() -> dict[str, str]:
     )
     # The CPU build's KV cache, in GiB: small, the models served in tests are tiny.
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # The model runs in vLLM's engine process, as on the pipeline's CPU servers (`agent.serve.server_env`); a worker
+    # process of its own would import vLLM and torch once more (about 18 CPU-seconds); in-process engines
+    # (`agent.vllm_engine`) then run their engine core in the calling process.
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return env
 
 
@@ -201,11 +205,20 @@ def vllm_python() -> Path:
 
 @pytest.fixture(scope="session")
 def served_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny policy trained on four short exchanges: what the test server serves."""
+    """A tiny policy trained on four short exchanges: what the test server serves. Built once per test session
+    (`session_folder`; about 15 CPU-seconds), by the first pytest-xdist worker that asks, while the other waits."""
     config = PolicyConfig(
         sft_steps=150, sft_learning_rate=3e-3, sft_batch_size=4, hidden_size=64, num_layers=2, vocab_size=320
     )
-    return build_tiny_policy(tmp_path_factory.mktemp("served") / "tiny", _conversations(), config, seed=0)
+    folder = session_folder(tmp_path_factory, "served-policy")
+    with FileLock(f"{folder}.lock"):
+        if not (folder / "tiny").is_dir():
+            scratch = Path(tempfile.mkdtemp(prefix="served-", dir=folder.parent))
+            build_tiny_policy(scratch / "tiny", _conversations(), config, seed=0)
+            folder.mkdir(parents=True, exist_ok=True)
+            (scratch / "tiny").rename(folder / "tiny")  # whole, or not there: a build cut short is built again
+            shutil.rmtree(scratch, ignore_errors=True)
+    return folder / "tiny"
 
 
 def _free_port() -> int:
