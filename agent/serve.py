@@ -155,8 +155,8 @@ def server_env(options: ServeOptions, base: dict[str, str] | None = None) -> dic
     if options.cpu:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache; raise it for larger models
         # The model runs in the engine process instead of a third one: vLLM's CPU platform starts a separate worker
-        # only under multiprocessing, and that process's start (importing vLLM again) was 18 of a server's 49 CPU
-        # seconds here (benchmarks/README.md, "Feedback: make run and make test").
+        # only under multiprocessing, and a server then took 48 CPU-seconds to answer /health against 34 without it
+        # (benchmarks/server_start.py; benchmarks/README.md, "What 8a1339b cut").
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return env
 

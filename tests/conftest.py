@@ -161,8 +161,8 @@ def vllm_env() -> dict[str, str]:
     # The CPU build's KV cache, in GiB: small, the models served in tests are tiny.
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     # The model runs in vLLM's engine process, as on the pipeline's CPU servers (`agent.serve.server_env`); a worker
-    # process of its own would import vLLM and torch once more (about 18 CPU-seconds); in-process engines
-    # (`agent.vllm_engine`) then run their engine core in the calling process.
+    # process of its own would import vLLM and torch once more (a server's start: 48 CPU-seconds with it, 34 without,
+    # benchmarks/server_start.py); in-process engines (`agent.vllm_engine`) then run their engine core in the caller.
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return env
 
@@ -206,7 +206,8 @@ def vllm_python() -> Path:
 @pytest.fixture(scope="session")
 def served_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny policy trained on four short exchanges: what the test server serves. Built once per test session
-    (`session_folder`; about 15 CPU-seconds), by the first pytest-xdist worker that asks, while the other waits."""
+    (`session_folder`; 22 CPU-seconds here beside another job) by the first pytest-xdist worker that asks, while the
+    other waits."""
     config = PolicyConfig(
         sft_steps=150, sft_learning_rate=3e-3, sft_batch_size=4, hidden_size=64, num_layers=2, vocab_size=320
     )

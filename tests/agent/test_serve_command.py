@@ -200,7 +200,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_a_cpu_serve_runs_the_model_in_vllm_s_engine_process_without_a_worker_process(serve_processes):
     # Before the stop tests below stop the servers. A worker process of its own would import vLLM and torch a third
-    # time: about 18 of a server's 49 CPU-seconds to start (benchmarks/README.md, "Feedback: make run and make test").
+    # time: a server took 48 CPU-seconds to start with it and 34 without (benchmarks/server_start.py).
     server = next(iter(serve_processes.values()))
     titles = [" ".join(psutil.Process(pid).cmdline()) for pid in server.started if _alive(pid)]
     assert any(t.startswith("VLLM::EngineCore") for t in titles), titles
