@@ -37,7 +37,15 @@ from filelock import FileLock
 from xdist.scheduler import LoadFileScheduling
 
 from agent.pretrained import materialize_smollm2, smollm2_available
-from agent.serve import ServeOptions, base_url, free_port, start_server, stop_server, wait_until_ready
+from agent.serve import (
+    ServeOptions,
+    base_url,
+    free_port,
+    server_env,
+    start_server,
+    stop_server,
+    wait_until_ready,
+)
 from agent.tiny import build_tiny_policy
 from agent.weights import served_name
 from coevolve.config import PolicyConfig, load_config
@@ -146,24 +154,11 @@ class OpenAIServer:
 
 
 def vllm_env() -> dict[str, str]:
-    """The environment vLLM processes run with: offline, no telemetry, loopback only."""
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        DO_NOT_TRACK="true",
-        VLLM_NO_USAGE_STATS="1",
-        VLLM_HOST_IP="127.0.0.1",  # otherwise vLLM may pick a non-loopback address
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=str(REPO),
-    )
-    # The CPU build's KV cache, in GiB: small, the models served in tests are tiny.
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # The model runs in vLLM's engine process, as on the pipeline's CPU servers (`agent.serve.server_env`); a worker
-    # process of its own would import vLLM and torch once more (a server's start: 48 CPU-seconds with it, 34 without,
-    # benchmarks/server_start.py); in-process engines (`agent.vllm_engine`) then run their engine core in the caller.
-    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    """The environment vLLM processes run with: a CPU server's as the pipeline starts one (`agent.serve.server_env`:
+    offline, no telemetry, loopback only, a small KV cache, the model in vLLM's engine process), with the repository
+    on PYTHONPATH. In-process engines (`agent.vllm_engine`) then run their engine core in the calling process."""
+    env = server_env(ServeOptions(model=str(REPO), cpu=True))
+    env["PYTHONPATH"] = str(REPO)
     return env
 
 
