@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
+from prefect.testing.utilities import prefect_test_harness
 from xdist.scheduler import LoadFileScheduling
 
 from agent.pretrained import materialize_smollm2, smollm2_available
@@ -282,6 +283,18 @@ def openai_server(start_servers, served_policy_dir: Path) -> OpenAIServer:
     return OpenAIServer(
         base_url=server.base_url, model=server.model, model_dir=served_policy_dir, log_path=server.log_path
     )
+
+
+# --- the Prefect API of flows run in the test process --------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[None]:
+    """A real Prefect API for flows run in the test process: Prefect's own test harness (a temporary database and
+    server), started once per test process (each pytest-xdist worker) by the first test that asks for it. A harness
+    costs about 17 CPU-seconds to start here, so every module shares this one instead of starting its own."""
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
 
 
 # --- a Prefect database migrated once per process ----------------------------------------------------

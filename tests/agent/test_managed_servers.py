@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from prefect.testing.utilities import prefect_test_harness
 
 from agent.http_engine import local_logprobs, weight_sync_mode
 from agent.serve import free_port, managed_ports, start_managed
@@ -149,12 +148,6 @@ def _importable(module: str) -> bool:
 
 
 # --- a two-round flow on managed servers -------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def prefect_api():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from prefect.testing.utilities import prefect_test_harness
 
 from benchmarks.step_parts import REST, ROOT, STEP_STAGES, main, markdown
 from tests.conftest import make_tiny_config
@@ -15,13 +14,12 @@ TOLERANCE_S = 0.01  # the timers' own cost and clock granularity
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def measured(tmp_path_factory: pytest.TempPathFactory, prefect_api) -> dict:
     base = tmp_path_factory.mktemp("step-parts")
     config = make_tiny_config(base / "unused", training={"updates_per_batch": 1})
     config_file = base / "config.yaml"
     config_file.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    with prefect_test_harness(server_startup_timeout=120):
-        return main(["--steps", "2", "--state-dir", str(base / "state"), "--config", str(config_file)])
+    return main(["--steps", "2", "--state-dir", str(base / "state"), "--config", str(config_file)])
 
 
 def _children(rows: list[dict], row: dict) -> list[dict]:

@@ -1,4 +1,5 @@
-"""A real Prefect API for flow tests: Prefect's own test harness (a temporary database and server)."""
+"""Helpers for flow tests: rounds through the real CLI in their own processes, and the crash test's round. (The
+Prefect API of flows run in the test process, `prefect_api`, is in tests/conftest.py.)"""
 
 from __future__ import annotations
 
@@ -18,19 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 from filelock import FileLock
-from prefect.testing.utilities import prefect_test_harness
 
 from coevolve.errors import PipelineError
 from storage.warehouse import Warehouse
 from tasks.prepare import initial_checkpoint
 from tasks.splits import build_initial_pools
 from tests.conftest import make_tiny_config, migrated_prefect_home, session_folder
-
-
-@pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory):
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 @pytest.fixture(scope="session")

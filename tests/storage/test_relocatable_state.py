@@ -14,13 +14,13 @@ from flows.cli import main
 from flows.round import coevolve_round
 from storage.relocation import follow_moved_mlflow_store, reroot_text, rewrites
 from tests.conftest import make_tiny_config
-from tests.flows.conftest import prefect_api, write_config_file  # noqa: F401 - prefect_api is a fixture
+from tests.flows.conftest import write_config_file
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def moved_run(prefect_api, tmp_path_factory):  # noqa: F811 - the imported fixture
+def moved_run(prefect_api, tmp_path_factory):
     """Round 0 in one folder; the folder copied, the original deleted; round 1 in the copy."""
     original = tmp_path_factory.mktemp("original")
     coevolve_round(round_=0, config=make_tiny_config(original).model_dump(mode="json"))

@@ -25,7 +25,6 @@ from flows.stage import coevolve_stage
 from storage.tracking import Tracker
 from storage.warehouse import Warehouse
 from tasks.version import flatten
-from tests.flows.conftest import prefect_api  # noqa: F401 - a fixture
 from tests.storage.test_object_storage import BUCKET, keys, s3  # noqa: F401 - s3 is a fixture
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-s3cr3t"

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from prefect import flow
-from prefect.testing.utilities import prefect_test_harness
 
 from agent.chat import ChatFormat
 from agent.checkpoints import TRAINER_STATE_SUBDIR
@@ -241,7 +240,9 @@ def test_lora_on_two_ranks_saves_the_adapter_and_merged_weights_that_match_one_r
 
 
 @pytest.mark.slow
-def test_the_update_stage_with_two_processes_launches_ranks_and_records_what_each_trained(policy_dir, stored, tmp_path):
+def test_the_update_stage_with_two_processes_launches_ranks_and_records_what_each_trained(
+    policy_dir, stored, tmp_path, prefect_api
+):
 
     _, trajectories = stored
     config = _config(tmp_path, num_processes=2, kl_reference="round")
@@ -251,8 +252,7 @@ def test_the_update_stage_with_two_processes_launches_ranks_and_records_what_eac
     def update_round() -> dict:
         return update_stage(config, UpdateInput(round_=0, checkpoint=str(policy_dir))).model_dump(mode="json")
 
-    with prefect_test_harness(server_startup_timeout=120):
-        output = update_round()
+    output = update_round()
     assert (
         output["checkpoint"] == str(config.checkpoint_dir(1))
         and (config.checkpoint_dir(1) / "model.safetensors").is_file()
