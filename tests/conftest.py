@@ -14,6 +14,9 @@ missing environment fails instead, so CI always exercises vLLM.
 `make_tiny_config` is the configuration of a real round small enough for the suite. Its checkpoint 0 is
 built once per test session (all pytest-xdist workers together) and copied into each state folder:
 ``policy_cache_dir`` is the session's `policy_cache` folder.
+
+`prefect_api` is the Prefect API of flows the tests run in their own process: Prefect's test harness, one per
+test process.
 """
 
 from __future__ import annotations
