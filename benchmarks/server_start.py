@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import psutil
 
@@ -75,19 +76,13 @@ class TreeCPU:
 
 
 def start_once(model: Path, mode: str, log: Path) -> dict:
-    previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = MODES[mode]
-    try:
-        options = ServeOptions(
-            model=str(model), dtype="float32", max_model_len=2048, seed=0, cpu=True, port=free_port("127.0.0.1")
-        )
+    options = ServeOptions(
+        model=str(model), dtype="float32", max_model_len=2048, seed=0, cpu=True, port=free_port("127.0.0.1")
+    )
+    # `server_env` keeps the environment's own value, so the mode is set there for this start only.
+    with mock.patch.dict(os.environ, {"VLLM_ENABLE_V1_MULTIPROCESSING": MODES[mode]}):
         started = time.monotonic()
         process = start_server(options, log)
-    finally:
-        if previous is None:
-            del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
     cpu = TreeCPU(process.pid)
     try:
         wait_until_ready(process, base_url(options), log, timeout_s=600)
