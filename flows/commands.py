@@ -319,6 +319,7 @@ def cmd_ablation(args: argparse.Namespace) -> int:
     if args.workers is not None:
         config = config.with_overrides({"ablation_workers": args.workers})
     t0 = time.perf_counter()
+    local_api.start()  # as `coevolve evolve`: the arms' pool processes report to it and it ends with the command
     out = ablation_flow.coevolve_ablation(
         arms=arms,
         seeds=seeds,

@@ -3,15 +3,19 @@
 Prefect starts such a server on first use (``SubprocessASGIServer``: a uvicorn process in the command's
 process group, stopped by an exit handler). That server outlives a command killed with -9, and Ctrl-C at a
 terminal reaches it as well, so the flow runs it was about to mark crashed lose their API mid-report. The
-server started here is Prefect's own (same application, settings and database under ``PREFECT_HOME``), with
-two differences:
+server started here runs Prefect's own application (same factory, settings and database under
+``PREFECT_HOME``), with three differences:
 
 - it runs in its own session, so a terminal's Ctrl-C interrupts only the command, which records its flow
   runs as crashed and stops the server on its way out;
 - it ends when the command ends, however the command ends: the kernel sends it SIGTERM when its parent dies
-  (Linux's PR_SET_PDEATHSIG), and a thread in it that watches its parent process does the same elsewhere.
+  (Linux's PR_SET_PDEATHSIG), and a thread in it that watches its parent process does the same elsewhere;
+- the command names it as its API (``PREFECT_API_URL`` in its environment and Prefect's settings), so every
+  client of the command, in any thread, and every process the command starts (an ablation's process pool)
+  uses it. Prefect's clients then never import Prefect's server module, which took about 4 CPU-seconds of
+  every command's start (benchmarks/README.md, "What the tied API's URL cut").
 
-It is registered where Prefect looks for its temporary server, so every client of the command uses it::
+::
 
     with console.log_to_file(log):
         local_api.start()
@@ -22,86 +26,159 @@ It is registered where Prefect looks for its temporary server, so every client o
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import os
 import runpy
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Any
 
+import httpx
 import prefect
-from prefect.server.api.server import SubprocessASGIServer
-from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, get_current_settings
+from prefect.context import refresh_global_settings_context
+from prefect.settings import (
+    PREFECT_API_URL,
+    PREFECT_SERVER_EPHEMERAL_ENABLED,
+    PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+    get_current_settings,
+)
+
+from coevolve.errors import PipelineError
 
 PR_SET_PDEATHSIG = 1
 # Seconds between the server's looks at its parent process, and the seconds it then has to shut down cleanly.
 WATCH_INTERVAL_S = 1.0
 SHUTDOWN_GRACE_S = 5.0
+# Seconds between the command's looks at the starting server's /health (Prefect's own interval).
+HEALTH_POLL_S = 0.1
+# uvicorn's exit status when its port was taken between choosing it and binding it; the start tries another port.
+PORT_TAKEN_EXIT = 3
+PORT_ATTEMPTS = 5
+# Set beside PREFECT_API_URL while that names a command's temporary API, so the command and the processes it
+# starts can tell it from a server: `on_temporary_api`.
+TEMPORARY_API_VAR = "COEVOLVE_TEMPORARY_PREFECT_API"
+# Prefect's fixed settings for its temporary server, and one more: no block types are registered, since the
+# pipeline keeps nothing in Prefect blocks and registering them took about 4 of the server's 11 CPU-seconds to
+# start on each new Prefect home (benchmarks/README.md, "Where the time went at c44023e"); an operator's own
+# setting, in Prefect's settings, still wins.
+SERVER_ENV = {
+    "PREFECT_UI_ENABLED": "0",
+    "PREFECT__SERVER_EPHEMERAL": "1",
+    "PREFECT__SERVER_FINAL": "1",
+    "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
+}
 
 
-class TiedServer(SubprocessASGIServer):
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class TiedServer:
     """Prefect's temporary server, started in its own session and ended with the process that started it."""
 
-    def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
-        # Prefect's own command line and environment for its temporary server (SubprocessASGIServer), run
-        # through this module's entry point, which ties the server's life to this process. One difference: it
-        # registers no block types, since the pipeline keeps nothing in Prefect blocks and registering them took
-        # about 4 of the server's 11 CPU-seconds to start on each new Prefect home (benchmarks/README.md, "Where
-        # the time went at c44023e"); an operator's own setting, in Prefect's settings below, still wins.
-        server_env = {
-            "PREFECT_UI_ENABLED": "0",
-            "PREFECT__SERVER_EPHEMERAL": "1",
-            "PREFECT__SERVER_FINAL": "1",
-            "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
-        }
-        return subprocess.Popen(
-            args=[
-                sys.executable,
-                "-m",
-                "flows.local_api",
-                str(os.getpid()),
-                "--app-dir",
-                str(prefect.__module_path__.parent),
-                "--factory",
-                "prefect.server.api.server:create_app",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "error",
-                "--lifespan",
-                "on",
-            ],
-            env={
-                **os.environ,
-                **server_env,
-                **get_current_settings().to_environment_variables(exclude_unset=True),
-            },
-            start_new_session=True,
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def _launch(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        command = [
+            sys.executable, "-m", "flows.local_api", str(os.getpid()),
+            "--app-dir", str(prefect.__module_path__.parent), "--factory", "prefect.server.api.server:create_app",
+            "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on",
+        ]  # fmt: skip
+        return subprocess.Popen(command, env=env, start_new_session=True)
+
+    def start(self) -> None:
+        """Start the server and wait until it answers, as long as Prefect waits for its own temporary server."""
+        env = {**os.environ, **SERVER_ENV, **get_current_settings().to_environment_variables(exclude_unset=True)}
+        timeout_s = float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+        self.process = self._launch(env)
+        atexit.register(self.stop)
+        # The wait is counted as Prefect counts it for its own temporary server, by the pauses between looks, so
+        # a loaded machine, where each look and pause take longer, gives the server the time it gave it before.
+        waited_s, attempts = 0.0, 1
+        with httpx.Client() as client:
+            while waited_s < timeout_s:
+                status = self.process.poll()
+                if status == PORT_TAKEN_EXIT and attempts < PORT_ATTEMPTS:
+                    self.port, attempts = _free_port(), attempts + 1
+                    self.process = self._launch(env)
+                    continue
+                if status is not None:
+                    break
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.api_url}/health").status_code == 200:
+                        return
+                time.sleep(HEALTH_POLL_S)
+                waited_s += HEALTH_POLL_S
+        status = self.process.poll()
+        self.stop()
+        ended = f" It exited with status {status}." if status is not None else ""
+        raise PipelineError(
+            f"The command's temporary Prefect API did not answer on {self.api_url} within {timeout_s:.0f} s.{ended} "
+            "On a slow machine raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or start a server "
+            "(prefect server start) and set PREFECT_API_URL to it."
         )
 
+    def stop(self) -> None:
+        """Stop the server (uvicorn's clean shutdown, then -9 after Prefect's five seconds); idempotent."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
-def start() -> SubprocessASGIServer | None:
-    """Start this process's temporary API and return it; None where a server is configured or one already runs.
 
-    Nothing is started when ``PREFECT_API_URL`` is set (a real server, or a test harness's) or when Prefect's
-    temporary server is switched off (``PREFECT_SERVER_EPHEMERAL_ENABLED=false``, which makes Prefect ask for
-    a URL instead).
+def start() -> TiedServer | None:
+    """Start this process's temporary API, name it as the process's Prefect API, and return it; None where a
+    server is configured (or one started here already runs).
+
+    Nothing is started when ``PREFECT_API_URL`` is set (a real server, a test harness's, or this process's own
+    temporary API) or when Prefect's temporary server is switched off (``PREFECT_SERVER_EPHEMERAL_ENABLED=false``,
+    which makes Prefect ask for a URL instead).
     """
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return None
-    current = SubprocessASGIServer._instances.get(None)
-    if current is not None:
-        if current.running:
-            return None
-        del SubprocessASGIServer._instances[None]  # a stopped one: Prefect would hand it out and start it as it is
-    server = TiedServer()  # registered under Prefect's key for its temporary server (None: no port asked for)
+    server = TiedServer()
     server.start()
+    # The environment for the processes the command starts and for threads outside any settings context; the
+    # global settings context (which Prefect rebuilds from the environment) for the command's own clients.
+    os.environ["PREFECT_API_URL"] = os.environ[TEMPORARY_API_VAR] = server.api_url
+    refresh_global_settings_context()
+    atexit.register(_forget, server)  # runs before server.stop (exit handlers run last registered first)
     return server
+
+
+def _forget(server: TiedServer) -> None:
+    """Stop naming ``server`` as the process's API (at exit, or when a test ends it)."""
+    if os.environ.get("PREFECT_API_URL") == server.api_url:
+        del os.environ["PREFECT_API_URL"]
+        refresh_global_settings_context()
+    if os.environ.get(TEMPORARY_API_VAR) == server.api_url:
+        del os.environ[TEMPORARY_API_VAR]
+    server.stop()
+
+
+def on_temporary_api() -> bool:
+    """Whether this process's flows run on a command's temporary API (its own, or the command's that started it)
+    rather than on a Prefect server: every flow run is then on this machine."""
+    url = os.environ.get("PREFECT_API_URL")
+    return not url or os.environ.get(TEMPORARY_API_VAR) == url
 
 
 def _end_with(parent: int) -> None:

@@ -19,7 +19,6 @@ Run one stage by hand: ``prefect deployment run coevolve-stage/mine-cpu -p stage
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -39,6 +38,7 @@ from coevolve.config import PipelineConfig
 from coevolve.errors import InfrastructureError, RoundLockedError
 from coevolve.settings import apply_settings
 from coevolve.stages import PLACEABLE, Contract, OutputT, StageInput, record_name, step_of
+from flows import local_api
 from tasks.common import open_warehouse
 from tasks.evaluate import evaluate_stage
 from tasks.mine import mine_stage
@@ -170,10 +170,11 @@ def _cancel(flow_run_id: Any, state: Any) -> None:
 def run_slot(cfg: PipelineConfig, round_: int) -> Iterator[None]:
     """Hold the run's global concurrency slot while a round runs, on a Prefect server.
 
-    With Prefect's temporary local API (no ``PREFECT_API_URL``) every round is on this machine and
-    the file lock of `tasks.common.round_lock` is the guard; the slot adds the guard across machines.
+    On a command's temporary API (flows/local_api.py) every round is on this machine and the file lock of
+    `tasks.common.round_lock` is the guard; the slot adds the guard across machines. (A slot there would also
+    outlive a command killed with -9 in the home's database, and hold up the command run again after it.)
     """
-    if not os.environ.get("PREFECT_API_URL"):
+    if local_api.on_temporary_api():
         yield
         return
     name = f"coevolve-run-{cfg.run_id}"

@@ -11,8 +11,11 @@ from the registry (coevolve/signals/registry.py).
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import psutil
 import pytest
 import yaml
 
@@ -20,6 +23,8 @@ from storage.warehouse import Warehouse
 from tests.flows.conftest import REPO, cli_env, env_with_package, install_package
 
 pytestmark = pytest.mark.slow
+
+SERVER_APP = "prefect.server.api.server:create_app"  # on the command line of every Prefect API server
 
 TOY_KIND = '''
 """failed: every trajectory of the round that scored below ``signals.failed_below``."""
@@ -75,9 +80,33 @@ def plugin_ablation(tiny_config, tmp_path_factory):
     env = env_with_package(state, plugin)
     command = [sys.executable, "-m", "flows.cli", "ablation", "--config", str(config_file)]
     command += ["--arms", "full,no-failed", "--seeds", "1", "--rounds", "1", "--official-limit", "1", "--name", "plug"]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return config, state / "reports" / "plug" / "report.md", env
+    with (root / "ablation.out").open("w+") as out:
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+        servers = prefect_servers_until_exit(process, timeout_s=900)
+        out.seek(0)
+        assert process.returncode == 0, out.read()[-6000:]
+    return SimpleNamespace(config=config, report=state / "reports" / "plug" / "report.md", env=env, servers=servers)
+
+
+def prefect_servers_until_exit(process: subprocess.Popen, timeout_s: float) -> dict[int, str]:
+    """The command lines of every Prefect API server below ``process`` while it runs (pid -> command line)."""
+    servers: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_s
+    while process.poll() is None:
+        assert time.monotonic() < deadline, f"the command ran longer than {timeout_s:.0f} s"
+        try:
+            below = psutil.Process(process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            below = []
+        for child in below:
+            try:
+                line = " ".join(child.cmdline())
+            except psutil.Error:
+                continue
+            if SERVER_APP in line:
+                servers[child.pid] = line
+        time.sleep(0.5)
+    return servers
 
 
 def test_the_configuration_refuses_the_kinds_setting_where_the_kind_is_not_installed(tmp_path):
@@ -90,7 +119,7 @@ def test_the_configuration_refuses_the_kinds_setting_where_the_kind_is_not_insta
 
 
 def test_the_installed_kind_is_mined_in_the_full_arm_and_left_out_in_its_own_arm(plugin_ablation):
-    config, _, _ = plugin_ablation
+    config = plugin_ablation.config
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         configs = wh.sql("SELECT run_id, config FROM runs")
         enabled = {
@@ -109,7 +138,7 @@ def test_the_installed_kind_is_mined_in_the_full_arm_and_left_out_in_its_own_arm
 
 
 def test_synthesis_follows_the_installed_kind_and_its_tasks_reach_the_pool(plugin_ablation):
-    config, _, env = plugin_ablation
+    config, env = plugin_ablation.config, plugin_ablation.env
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         made = wh.sql(
             "SELECT count(*) AS made, count(*) FILTER (WHERE accepted) AS accepted FROM candidates "
@@ -130,9 +159,16 @@ def test_synthesis_follows_the_installed_kind_and_its_tasks_reach_the_pool(plugi
 
 
 def test_the_report_counts_the_installed_kind_beside_the_built_in_ones(plugin_ablation):
-    _, report, _ = plugin_ablation
-    text = report.read_text()
+    text = plugin_ablation.report.read_text()
     assert "signals f/b/r/x" in text and "accepted f/b/r/x/random" in text
     full_row = next(line for line in text.splitlines() if line.startswith("| full |"))
     assert any(cell.strip().count("/") == 3 for cell in full_row.split("|"))
     assert "| no-failed |" in text
+
+
+def test_the_ablation_and_its_pool_process_report_to_the_commands_one_temporary_api(plugin_ablation):
+    """`coevolve ablation` starts the temporary API every command starts (flows/local_api.py: it ends with the
+    command, even one killed with -9) and names it to the process that runs its arms, which so starts none of
+    its own."""
+    (line,) = plugin_ablation.servers.values()
+    assert "-m flows.local_api" in line

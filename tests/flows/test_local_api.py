@@ -1,0 +1,101 @@
+"""A command's temporary Prefect API (flows/local_api.py) is the one Prefect API of the command and what it starts.
+
+One process starts it as a command does (``local_api.start()``, no ``PREFECT_API_URL`` set) and reports what a
+client sees from its main thread, from a thread of its own and from a process it starts, and whether Prefect's
+server module was imported. How the API ends with a command killed or interrupted is
+tests/flows/test_interrupts.py.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+
+from flows import local_api
+from tests.flows.conftest import REPO, cli_env
+
+PROBE = textwrap.dedent(
+    """
+    import json, os, subprocess, sys, threading
+
+    from prefect.client.orchestration import get_client
+    from flows import local_api
+
+    server = local_api.start()
+    seen = {"started": server.api_url, "main": get_client(sync_client=True).api_url.__str__()}
+    def from_thread():
+        seen["thread"] = str(get_client(sync_client=True).api_url)
+    thread = threading.Thread(target=from_thread)
+    thread.start()
+    thread.join()
+    child = "from prefect.settings import PREFECT_API_URL as U; from flows import local_api as L; "
+    child += "print(U.value(), L.on_temporary_api())"
+    seen["child"], seen["child_on_temporary_api"] = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, check=True
+    ).stdout.split()
+    seen["on_temporary_api"] = local_api.on_temporary_api()
+    seen["again"] = local_api.start()
+    seen["server_module_imported"] = "prefect.server.api.server" in sys.modules
+    print(json.dumps(seen))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory) -> dict:
+    state = tmp_path_factory.mktemp("local-api")
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=REPO, env=cli_env(state), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_every_client_of_the_command_uses_its_temporary_api(seen) -> None:
+    assert seen["started"].startswith("http://127.0.0.1:") and seen["started"].endswith("/api")
+    assert seen["main"].rstrip("/") == seen["thread"].rstrip("/") == seen["started"]
+
+
+def test_a_process_the_command_starts_is_given_the_same_api(seen) -> None:
+    assert seen["child"] == seen["started"]
+
+
+def test_the_command_and_its_processes_know_the_api_is_not_a_server(seen) -> None:
+    """So a round takes no run slot on it (flows/stage.py `run_slot`): the file lock guards the machine, and a slot
+    in the home's database would outlive a command killed with -9."""
+    assert seen["on_temporary_api"] is True
+    assert seen["child_on_temporary_api"] == "True"
+
+
+def test_a_configured_server_is_not_taken_for_a_temporary_api(monkeypatch) -> None:
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
+    monkeypatch.delenv(local_api.TEMPORARY_API_VAR, raising=False)
+    assert local_api.on_temporary_api() is False
+
+
+def test_a_second_start_in_the_same_process_starts_nothing(seen) -> None:
+    assert seen["again"] is None
+
+
+def test_the_command_does_not_import_prefects_server_module(seen) -> None:
+    """The server module (about 4 CPU-seconds to import) is imported by the API's own process only."""
+    assert seen["server_module_imported"] is False
+
+
+def test_the_api_ends_with_the_command(seen) -> None:
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{seen['started']}/health", timeout=5)
+
+
+def test_a_server_that_never_answers_fails_with_the_setting_that_gives_it_longer(tmp_path: Path) -> None:
+    env = cli_env(tmp_path) | {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", "from flows import local_api; local_api.start()"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in done.stderr
