@@ -124,11 +124,16 @@ class TiedServer:
                 waited_s += HEALTH_POLL_S
         status = self.process.poll()
         self.stop()
-        ended = f" It exited with status {status}." if status is not None else ""
+        if status is not None:
+            raise PipelineError(
+                f"The command's temporary Prefect API exited with status {status} before answering on {self.api_url}; "
+                "its error is printed above (or in the command's log). To run without it, start a server (prefect "
+                "server start) and set PREFECT_API_URL to it."
+            )
         raise PipelineError(
-            f"The command's temporary Prefect API did not answer on {self.api_url} within {timeout_s:.0f} s.{ended} "
-            "On a slow machine raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or start a server "
-            "(prefect server start) and set PREFECT_API_URL to it."
+            f"The command's temporary Prefect API did not answer on {self.api_url} within {timeout_s:.0f} s. On a "
+            "slow machine raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or start a server (prefect server "
+            "start) and set PREFECT_API_URL to it."
         )
 
     def stop(self) -> None:
@@ -165,7 +170,7 @@ def start() -> TiedServer | None:
 
 
 def _forget(server: TiedServer) -> None:
-    """Stop naming ``server`` as the process's API (at exit, or when a test ends it)."""
+    """At exit: stop naming ``server`` as the process's API, and stop it."""
     if os.environ.get("PREFECT_API_URL") == server.api_url:
         del os.environ["PREFECT_API_URL"]
         refresh_global_settings_context()

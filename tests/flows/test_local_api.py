@@ -99,3 +99,15 @@ def test_a_server_that_never_answers_fails_with_the_setting_that_gives_it_longer
     )  # fmt: skip
     assert done.returncode != 0
     assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in done.stderr
+
+
+def test_a_server_that_exits_before_answering_fails_with_its_status_and_the_way_around_it(tmp_path: Path) -> None:
+    # A setting the server cannot read (the command read its own before the value was spoiled).
+    probe = "import os; from flows import local_api; "
+    probe += "os.environ['PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS'] = 'soon'; local_api.start()"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, env=cli_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode != 0
+    assert "temporary Prefect API exited with status 1 before answering" in done.stderr
+    assert "set PREFECT_API_URL" in done.stderr
