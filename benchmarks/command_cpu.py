@@ -26,18 +26,10 @@ from pathlib import Path
 
 import yaml
 
+from coevolve.settings import OFFLINE_ENV
 from tests.conftest import make_tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
-OFFLINE = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "DO_NOT_TRACK": "true",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "TOKENIZERS_PARALLELISM": "false",
-}
 
 
 def children_cpu_s() -> float:
@@ -53,7 +45,7 @@ def run_round(tree: Path, folder: Path, cache: Path) -> dict[str, float]:
     folder.mkdir(parents=True)
     config_file.write_text(yaml.safe_dump(config, sort_keys=False))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(OFFLINE, PREFECT_HOME=str(folder / "prefect"), BFCL_PROJECT_ROOT=str(folder / "bfcl"))
+    env.update(OFFLINE_ENV, PREFECT_HOME=str(folder / "prefect"), BFCL_PROJECT_ROOT=str(folder / "bfcl"))
     env["PYTHONPATH"] = str(tree)  # the tree's own packages before the checkout's editable install
     command = [sys.executable, "-m", "flows.cli", "round", "--round", "0", "--config", str(config_file)]
     cpu_before, started = children_cpu_s(), time.perf_counter()
@@ -72,7 +64,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="command-cpu-") as scratch:
         root = Path(scratch)
         base = root / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=REPO, check=True)
+        subprocess.run(["git", "worktree", "add", "--quiet", "--detach", str(base), args.base], cwd=REPO, check=True)
         try:
             trees = {args.base: base, "checkout": REPO}
             cache = root / "policy-cache"
