@@ -32,7 +32,6 @@ import ctypes
 import os
 import runpy
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -48,6 +47,7 @@ from prefect.settings import (
     get_current_settings,
 )
 
+from agent.serve import free_port
 from coevolve.errors import PipelineError
 
 PR_SET_PDEATHSIG = 1
@@ -74,17 +74,11 @@ SERVER_ENV = {
 }
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class TiedServer:
     """Prefect's temporary server, started in its own session and ended with the process that started it."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -112,7 +106,7 @@ class TiedServer:
             while waited_s < timeout_s:
                 status = self.process.poll()
                 if status == PORT_TAKEN_EXIT and attempts < PORT_ATTEMPTS:
-                    self.port, attempts = _free_port(), attempts + 1
+                    self.port, attempts = free_port(), attempts + 1
                     self.process = self._launch(env)
                     continue
                 if status is not None:

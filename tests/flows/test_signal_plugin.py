@@ -11,20 +11,17 @@ from the registry (coevolve/signals/registry.py).
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import psutil
 import pytest
 import yaml
+from test_interrupts import SERVER_APP, Command
 
 from storage.warehouse import Warehouse
 from tests.flows.conftest import REPO, cli_env, env_with_package, install_package
 
 pytestmark = pytest.mark.slow
-
-SERVER_APP = "prefect.server.api.server:create_app"  # on the command line of every Prefect API server
 
 TOY_KIND = '''
 """failed: every trajectory of the round that scored below ``signals.failed_below``."""
@@ -78,35 +75,12 @@ def plugin_ablation(tiny_config, tmp_path_factory):
     config_file = root / "config.yaml"
     config_file.write_text(yaml.safe_dump(data, sort_keys=False))
     env = env_with_package(state, plugin)
-    command = [sys.executable, "-m", "flows.cli", "ablation", "--config", str(config_file)]
-    command += ["--arms", "full,no-failed", "--seeds", "1", "--rounds", "1", "--official-limit", "1", "--name", "plug"]
-    with (root / "ablation.out").open("w+") as out:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
-        servers = prefect_servers_until_exit(process, timeout_s=900)
-        out.seek(0)
-        assert process.returncode == 0, out.read()[-6000:]
+    args = ["ablation", "--config", str(config_file)]
+    args += ["--arms", "full,no-failed", "--seeds", "1", "--rounds", "1", "--official-limit", "1", "--name", "plug"]
+    ablation = Command(root, "ablation", args, env)  # `coevolve ablation`; every process it starts is noted
+    assert ablation.finish(timeout_s=900) == 0, ablation.text()[-6000:]
+    servers = {pid: line for pid, (_, line) in ablation.started.items() if SERVER_APP in line}
     return SimpleNamespace(config=config, report=state / "reports" / "plug" / "report.md", env=env, servers=servers)
-
-
-def prefect_servers_until_exit(process: subprocess.Popen, timeout_s: float) -> dict[int, str]:
-    """The command lines of every Prefect API server below ``process`` while it runs (pid -> command line)."""
-    servers: dict[int, str] = {}
-    deadline = time.monotonic() + timeout_s
-    while process.poll() is None:
-        assert time.monotonic() < deadline, f"the command ran longer than {timeout_s:.0f} s"
-        try:
-            below = psutil.Process(process.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            below = []
-        for child in below:
-            try:
-                line = " ".join(child.cmdline())
-            except psutil.Error:
-                continue
-            if SERVER_APP in line:
-                servers[child.pid] = line
-        time.sleep(0.5)
-    return servers
 
 
 def test_the_configuration_refuses_the_kinds_setting_where_the_kind_is_not_installed(tmp_path):
