@@ -159,18 +159,7 @@ def start() -> TiedServer | None:
     # global settings context (which Prefect rebuilds from the environment) for the command's own clients.
     os.environ["PREFECT_API_URL"] = os.environ[TEMPORARY_API_VAR] = server.api_url
     refresh_global_settings_context()
-    atexit.register(_forget, server)  # runs before server.stop (exit handlers run last registered first)
-    return server
-
-
-def _forget(server: TiedServer) -> None:
-    """At exit: stop naming ``server`` as the process's API, and stop it."""
-    if os.environ.get("PREFECT_API_URL") == server.api_url:
-        del os.environ["PREFECT_API_URL"]
-        refresh_global_settings_context()
-    if os.environ.get(TEMPORARY_API_VAR) == server.api_url:
-        del os.environ[TEMPORARY_API_VAR]
-    server.stop()
+    return server  # stopped at exit (`TiedServer.start`)
 
 
 def on_temporary_api() -> bool:
