@@ -28,15 +28,14 @@ spec_name = $(firstword $(subst ==, ,$(subst >=, ,$(1))))
 CONFIG ?=
 ARGS ?=
 
-# pip byte-compiles what it installs in one process, most of an install's time on 2 cores (about 110 of the
-# 190 s of .venv's). So every install here skips it (--no-compile), and byte_compile then writes the same .pyc
-# files with compileall on every core, the project's own modules too. They are written ahead, not left to each
-# first import, because under PYTHONDONTWRITEBYTECODE (set in many container images) every process would
-# otherwise compile each module it imports again. A file that does not compile only stays uncached, as under
-# pip (torch ships one in Python 3.12 syntax), so neither its message nor its status is the install's.
+# pip byte-compiles what it installs in one process, most of an install's time on 2 cores. So every install
+# here skips it (--no-compile), and byte_compile then writes the same .pyc files on every core, the project's own
+# modules too (.ci/byte_compile.py). They are written ahead, not left to each first import, because under
+# PYTHONDONTWRITEBYTECODE (set in many container images) every process would otherwise compile each module it
+# imports again.
 PIP_INSTALL := -m pip install -q --no-compile
-# $(call byte_compile,PYTHON[,FOLDERS]): that environment's site-packages, and FOLDERS.
-byte_compile = { $(1) -m compileall -qq -j 0 $$($(1) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') $(2) || true; }
+# $(call byte_compile,PYTHON[,FOLDERS]): that environment's installed packages, and FOLDERS.
+byte_compile = $(1) .ci/byte_compile.py $(2)
 # The project's packages (pyproject.toml, [tool.setuptools.packages.find]), which the editable install leaves
 # uncompiled.
 PROJECT_PACKAGES := coevolve envs agent tasks flows storage deployments

@@ -1,8 +1,11 @@
 """The Makefile's contract with CI and fresh clones, read from `make -n` (commands printed, none run):
-`make test` lints before it tests, and every resolving install goes through the lock."""
+`make test` lints before it tests, every resolving install goes through the lock, and each environment is
+byte-compiled on every core after its installs."""
 
 import ast
+import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 from tests.conftest import LONGEST_FIRST, SESSION_SERVER_MODULES, work_unit
@@ -65,3 +68,35 @@ def test_the_modules_of_the_session_vllm_server_are_one_unit_of_work_for_the_wor
 def test_the_longest_modules_handed_out_first_are_test_modules():
     assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
     assert [m for m in LONGEST_FIRST if not (REPO / m).is_file() or not Path(m).name.startswith("test_")] == []
+
+
+def test_every_install_leaves_byte_compiling_to_one_pass_over_all_cores_afterwards(tmp_path):
+    """pip's own compiling runs in one process; each environment is compiled once after its last install, the
+    project's packages with .venv (they are imported from the checkout, which the editable install leaves
+    uncompiled)."""
+    lines = _planned(tmp_path, "setup", "setup-vllm")
+    installs = [i for i, line in enumerate(lines) if "-m pip install" in line]
+    compiles = [i for i, line in enumerate(lines) if ".ci/byte_compile.py" in line]
+    assert installs and all("--no-compile" in lines[i] for i in installs)
+    venv_compile, vllm_compile = (lines[i] for i in compiles)
+    assert venv_compile.startswith(f"{tmp_path / 'venv'}/bin/python .ci/byte_compile.py coevolve ")
+    assert vllm_compile.startswith(f"{tmp_path / 'vllm'}/bin/python .ci/byte_compile.py")
+    for environment, compile_at in (("venv", compiles[0]), ("vllm", compiles[1])):
+        own = [i for i in installs if lines[i].startswith(str(tmp_path / environment) + "/")]
+        assert own and max(own) < compile_at
+
+
+def test_byte_compile_writes_what_imports_read_and_names_what_does_not_compile(tmp_path):
+    (tmp_path / "good.py").write_text("VALUE = 1\n")
+    (tmp_path / "newer_syntax.py").write_text("def f(:\n")
+    done = subprocess.run(
+        [sys.executable, str(REPO / ".ci" / "byte_compile.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    uncached = [line.rpartition(": ")[2] for line in done.stdout.splitlines() if line.startswith("did not compile")]
+    assert str(tmp_path / "newer_syntax.py") in uncached and str(tmp_path / "good.py") not in uncached
+    assert Path(importlib.util.cache_from_source(str(tmp_path / "good.py"))).is_file()
+    assert not Path(importlib.util.cache_from_source(str(tmp_path / "newer_syntax.py"))).exists()
