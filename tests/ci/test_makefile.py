@@ -6,7 +6,10 @@ import ast
 import importlib.util
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+
+import setuptools
 
 from tests.conftest import LONGEST_FIRST, SESSION_SERVER_MODULES, work_unit
 
@@ -79,7 +82,7 @@ def test_every_install_leaves_byte_compiling_to_one_pass_over_all_cores_afterwar
     compiles = [i for i, line in enumerate(lines) if ".ci/byte_compile.py" in line]
     assert installs and all("--no-compile" in lines[i] for i in installs)
     venv_compile, vllm_compile = (lines[i] for i in compiles)
-    assert venv_compile.startswith(f"{tmp_path / 'venv'}/bin/python .ci/byte_compile.py coevolve ")
+    assert venv_compile.startswith(f"{tmp_path / 'venv'}/bin/python .ci/byte_compile.py --project pyproject.toml ")
     assert vllm_compile.startswith(f"{tmp_path / 'vllm'}/bin/python .ci/byte_compile.py")
     for environment, compile_at in (("venv", compiles[0]), ("vllm", compiles[1])):
         own = [i for i in installs if lines[i].startswith(str(tmp_path / environment) + "/")]
@@ -87,16 +90,34 @@ def test_every_install_leaves_byte_compiling_to_one_pass_over_all_cores_afterwar
 
 
 def test_byte_compile_writes_what_imports_read_and_names_what_does_not_compile(tmp_path):
-    (tmp_path / "good.py").write_text("VALUE = 1\n")
-    (tmp_path / "newer_syntax.py").write_text("def f(:\n")
+    """The project's packages are the ones pyproject.toml's include patterns name, read from it, not listed again."""
+    (tmp_path / "pyproject.toml").write_text('[tool.setuptools.packages.find]\ninclude = ["pkg*"]\n')
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "pkg" / "good.py").write_text("VALUE = 1\n")
+    (tmp_path / "pkg" / "newer_syntax.py").write_text("def f(:\n")
+    (tmp_path / "other" / "left_out.py").write_text("VALUE = 2\n")
     done = subprocess.run(
-        [sys.executable, str(REPO / ".ci" / "byte_compile.py"), str(tmp_path)],
+        [sys.executable, str(REPO / ".ci" / "byte_compile.py"), "--project", str(tmp_path / "pyproject.toml")],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stderr
     uncached = [line.rpartition(": ")[2] for line in done.stdout.splitlines() if line.startswith("did not compile")]
-    assert str(tmp_path / "newer_syntax.py") in uncached and str(tmp_path / "good.py") not in uncached
-    assert Path(importlib.util.cache_from_source(str(tmp_path / "good.py"))).is_file()
-    assert not Path(importlib.util.cache_from_source(str(tmp_path / "newer_syntax.py"))).exists()
+    assert str(tmp_path / "pkg" / "newer_syntax.py") in uncached and str(tmp_path / "pkg" / "good.py") not in uncached
+    assert Path(importlib.util.cache_from_source(str(tmp_path / "pkg" / "good.py"))).is_file()
+    assert not Path(importlib.util.cache_from_source(str(tmp_path / "pkg" / "newer_syntax.py"))).exists()
+    assert not Path(importlib.util.cache_from_source(str(tmp_path / "other" / "left_out.py"))).exists()
+
+
+def test_byte_compile_finds_every_package_setuptools_installs_from_this_project():
+    """Every package of the install is compiled (a matching folder without modules, deployments/, costs nothing)."""
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    installed = {name.split(".")[0] for name in setuptools.find_packages(str(REPO), include=include)}
+    spec = importlib.util.spec_from_file_location("byte_compile", REPO / ".ci" / "byte_compile.py")
+    assert spec and spec.loader
+    byte_compile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(byte_compile)
+    found = {Path(folder).name for folder in byte_compile.project_packages(REPO / "pyproject.toml")}
+    assert installed and installed <= found
