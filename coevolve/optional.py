@@ -14,6 +14,7 @@ top (a subclass of a trl trainer must) are named the same way by the modules abo
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
@@ -66,3 +67,13 @@ class OptionalModule:
 def optional_module(name: str) -> Any:
     """``name`` (a module path), imported when first used; see the module docstring."""
     return OptionalModule(name)
+
+
+def preload(names: Iterable[str]) -> None:
+    """Import the modules ``names`` now rather than on first use, with first use's error for one not installed.
+
+    A command imports its flow's libraries while its temporary Prefect API starts in another process
+    (flows/local_api.py), instead of after the API answers.
+    """
+    for name in names:
+        OptionalModule(name)._load()

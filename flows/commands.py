@@ -6,6 +6,7 @@ flows/cli.py builds the parser that names them; ``coevolve <command>`` calls ``c
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -22,7 +23,7 @@ import yaml
 from coevolve import console
 from coevolve.config import PipelineConfig, load_config
 from coevolve.errors import ConfigError, PipelineError
-from coevolve.optional import optional_module
+from coevolve.optional import optional_module, preload
 from coevolve.settings import apply_settings
 from flows import preflight, query_output
 from flows.table import COLUMNS, WIDTHS, format_row, summary_row
@@ -62,6 +63,9 @@ else:
     state_version = optional_module("storage.state_version")
     tracking = optional_module("storage.tracking")
     warehouse = optional_module("storage.warehouse")
+
+# What `coevolve evaluate` imports to load and play its checkpoint (flows.round.round_imports for a round's).
+EVALUATE_IMPORTS = ("torch", "transformers.models.auto.modeling_auto")
 
 
 def prepare_environment(config: PipelineConfig, log_file: bool = False) -> None:
@@ -137,7 +141,8 @@ def cmd_evolve(args: argparse.Namespace) -> int:
     # The flow prints the table as each round finishes (the nightly deployment runs the same flow); the
     # rest of the run's output goes to the log. An error leaves the block first, so its line reaches the console.
     with preflight.reported(config, None, log), console.log_to_file(log):
-        local_api.start()
+        # The libraries the rounds import, imported while the command's Prefect API starts in another process.
+        local_api.start(while_starting=functools.partial(preload, round_flow.round_imports(config)))
         evolve_flow.coevolve_evolve(
             rounds=target, more_rounds=args.more, config=config.model_dump(mode="json"), print_table=True
         )
@@ -162,7 +167,7 @@ def cmd_round(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     # As `coevolve evolve`: the table on the console, the rest of the round's output in the log.
     with preflight.reported(config, args.round, log), console.log_to_file(log):
-        local_api.start()
+        local_api.start(while_starting=functools.partial(preload, round_flow.round_imports(config)))
         summary = round_flow.coevolve_round(round_=args.round, config=config.model_dump(mode="json"))
         print(format_row(COLUMNS), file=console.table_stream())
         print(summary_row(summary, time.perf_counter() - t0), file=console.table_stream(), flush=True)
@@ -264,7 +269,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         for c in (given if given is not None else evaluate_stage.default_categories(config.environment))
         if c.strip()
     ]
-    local_api.start()  # a temporary Prefect API that ends with this command, however it ends
+    # A temporary Prefect API that ends with this command, however it ends; the checkpoint's libraries are imported
+    # while it starts.
+    local_api.start(while_starting=functools.partial(preload, EVALUATE_IMPORTS))
     results = evaluate_flow.coevolve_evaluate(
         checkpoint=args.checkpoint,
         categories=categories,

@@ -18,8 +18,13 @@ server started here runs Prefect's own application (same factory, settings and d
 ::
 
     with console.log_to_file(log):
-        local_api.start()
+        local_api.start(while_starting=functools.partial(preload, round_imports(config)))
         coevolve_evolve(...)
+
+The server takes seconds of CPU to answer (its imports, and on a new Prefect home its database's migrations), in a
+process of its own: ``while_starting`` runs in the command meanwhile, so the libraries its flow will import are
+imported on the other core instead of after the server answers (benchmarks/README.md, "What importing while the
+API starts cut").
 
 ``python -m flows.local_api PARENT_PID UVICORN_ARGS...`` is the server process itself.
 """
@@ -36,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import prefect
@@ -93,12 +99,19 @@ class TiedServer:
         ]  # fmt: skip
         return subprocess.Popen(command, env=env, start_new_session=True)
 
-    def start(self) -> None:
-        """Start the server and wait until it answers, as long as Prefect waits for its own temporary server."""
+    def start(self, while_starting: Callable[[], object] | None = None) -> None:
+        """Start the server, call ``while_starting`` while it starts, and wait until it answers, as long as Prefect
+        waits for its own temporary server. The server is stopped if ``while_starting`` raises."""
         env = {**os.environ, **SERVER_ENV, **get_current_settings().to_environment_variables(exclude_unset=True)}
         timeout_s = float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
         self.process = self._launch(env)
         atexit.register(self.stop)
+        if while_starting is not None:
+            try:
+                while_starting()
+            except BaseException:
+                self.stop()
+                raise
         # The wait is counted as Prefect counts it for its own temporary server, by the pauses between looks, so
         # a loaded machine, where each look and pause take longer, gives the server the time it gave it before.
         waited_s, attempts = 0.0, 1
@@ -143,18 +156,21 @@ class TiedServer:
             process.wait()
 
 
-def start() -> TiedServer | None:
+def start(while_starting: Callable[[], object] | None = None) -> TiedServer | None:
     """Start this process's temporary API, name it as the process's Prefect API, and return it; None where a
-    server is configured (or one started here already runs).
+    server is configured (or one started here already runs). ``while_starting`` is called in this process while the
+    server starts (or at once, when none is started): the command's own work that needs no Prefect API.
 
     Nothing is started when ``PREFECT_API_URL`` is set (a real server, a test harness's, or this process's own
     temporary API) or when Prefect's temporary server is switched off (``PREFECT_SERVER_EPHEMERAL_ENABLED=false``,
     which makes Prefect ask for a URL instead).
     """
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        if while_starting is not None:
+            while_starting()
         return None
     server = TiedServer()
-    server.start()
+    server.start(while_starting)
     # The environment for the processes the command starts and for threads outside any settings context; the
     # global settings context (which Prefect rebuilds from the environment) for the command's own clients.
     os.environ["PREFECT_API_URL"] = os.environ[TEMPORARY_API_VAR] = server.api_url

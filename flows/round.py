@@ -50,6 +50,19 @@ from tasks.update import release_step_checkpoint
 from tasks.version import finish_round, round_settings
 
 
+def round_imports(cfg: PipelineConfig) -> list[str]:
+    """The heavy libraries a round imports in its own process, for a command to import while its Prefect API starts
+    (coevolve.optional.preload): MLflow and its SQL store, which the round checks first (a server's store is reached
+    over HTTP); torch, which the version stage uses; and transformers' auto classes, which load the policy when
+    rollout or evaluate runs inline. Anything else is imported on first use."""
+    names = ["mlflow", "torch"]
+    if cfg.mlflow_tracking_uri.startswith("sqlite:"):
+        names.append("mlflow.store.tracking.sqlalchemy_store")
+    if "inline" in (cfg.placement.rollout, cfg.placement.evaluate):
+        names.append("transformers.models.auto.modeling_auto")
+    return names
+
+
 @flow(name="coevolve-round", flow_run_name="round-{round_}")
 def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run round ``round_`` of the run described by ``config`` (a PipelineConfig as a dict)."""

@@ -1,9 +1,9 @@
 """A command's temporary Prefect API (flows/local_api.py) is the one Prefect API of the command and what it starts.
 
-One process starts it as a command does (``local_api.start()``, no ``PREFECT_API_URL`` set) and reports what a
-client sees from its main thread, from a thread of its own and from a process it starts, and whether Prefect's
-server module was imported. How the API ends with a command killed or interrupted is
-tests/flows/test_interrupts.py.
+One process starts it as a command does (``local_api.start()``, no ``PREFECT_API_URL`` set, importing a round's
+libraries while the server starts) and reports what a client sees from its main thread, from a thread of its own
+and from a process it starts, and whether Prefect's server module was imported. How the API ends with a command
+killed or interrupted is tests/flows/test_interrupts.py.
 """
 
 import json
@@ -15,18 +15,35 @@ from pathlib import Path
 import httpx
 import pytest
 
+from coevolve.config import PipelineConfig
 from flows import local_api
+from flows.round import round_imports
 from tests.flows.conftest import REPO, cli_env
 
 PROBE = textwrap.dedent(
     """
     import json, os, subprocess, sys, threading
 
+    import psutil
     from prefect.client.orchestration import get_client
+    from coevolve.config import PipelineConfig
+    from coevolve.optional import preload
     from flows import local_api
+    from flows.round import round_imports
 
-    server = local_api.start()
+    imports = round_imports(PipelineConfig())
+    during = {}
+    def while_starting():
+        during["server_running"] = any(
+            "flows.local_api" in " ".join(child.cmdline()) for child in psutil.Process().children()
+        )
+        during["api_named"] = "PREFECT_API_URL" in os.environ
+        preload(imports)
+
+    server = local_api.start(while_starting=while_starting)
     seen = {"started": server.api_url, "main": get_client(sync_client=True).api_url.__str__()}
+    seen["while_starting"] = during
+    seen["preloaded"] = {name: name in sys.modules for name in imports}
     def from_thread():
         seen["thread"] = str(get_client(sync_client=True).api_url)
     thread = threading.Thread(target=from_thread)
@@ -38,7 +55,9 @@ PROBE = textwrap.dedent(
         [sys.executable, "-c", child], capture_output=True, text=True, check=True
     ).stdout.split()
     seen["on_temporary_api"] = local_api.on_temporary_api()
-    seen["again"] = local_api.start()
+    called = []
+    seen["again"] = local_api.start(while_starting=lambda: called.append(True))
+    seen["again_called"] = called == [True]
     seen["server_module_imported"] = "prefect.server.api.server" in sys.modules
     print(json.dumps(seen))
     """
@@ -79,6 +98,52 @@ def test_a_configured_server_is_not_taken_for_a_temporary_api(monkeypatch) -> No
 
 def test_a_second_start_in_the_same_process_starts_nothing(seen) -> None:
     assert seen["again"] is None
+    assert seen["again_called"] is True  # the command's own work still runs, at once
+
+
+def test_the_command_imports_its_rounds_libraries_while_the_server_starts(seen) -> None:
+    """The server (its imports; a new home's migrations) starts in its own process while the command imports."""
+    assert seen["while_starting"] == {"server_running": True, "api_named": False}
+    assert seen["preloaded"] == {
+        "mlflow": True, "torch": True, "mlflow.store.tracking.sqlalchemy_store": True,
+        "transformers.models.auto.modeling_auto": True,
+    }  # fmt: skip
+
+
+def test_a_round_imports_here_only_what_its_inline_stages_and_its_store_need() -> None:
+    placed = {"rollout": "coevolve-stage/rollout-gpu", "evaluate": "coevolve-stage/evaluate-gpu"}
+    config = PipelineConfig.model_validate({"placement": placed, "tracking": {"mlflow_uri": "http://127.0.0.1:5000"}})
+    assert round_imports(config) == ["mlflow", "torch"]
+    assert "transformers.models.auto.modeling_auto" in round_imports(
+        config.with_overrides({"placement": {"evaluate": "inline"}})
+    )
+
+
+def test_a_failure_while_the_server_starts_stops_the_server_and_is_raised(tmp_path: Path) -> None:
+    probe = textwrap.dedent(
+        """
+        import json, psutil
+        from flows import local_api
+        servers = []
+        def while_starting():
+            servers.extend(c for c in psutil.Process().children() if "flows.local_api" in " ".join(c.cmdline()))
+            raise ModuleNotFoundError("no torch here")
+        try:
+            local_api.start(while_starting=while_starting)
+        except ModuleNotFoundError as exc:
+            running = [server.is_running() for server in servers]
+            print(json.dumps({"raised": str(exc), "servers": len(servers), "running": running}))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, env=cli_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "raised": "no torch here",
+        "servers": 1,
+        "running": [False],
+    }
 
 
 def test_the_command_does_not_import_prefects_server_module(seen) -> None:

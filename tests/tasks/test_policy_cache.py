@@ -7,6 +7,7 @@ recipe for the same inputs is copied, and the shared folder never loses a build 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from agent.checkpoints import checkpoint_digest
@@ -45,14 +46,19 @@ def test_other_settings_build_their_own_checkpoint_and_add_it(tmp_path) -> None:
     assert len(list(cache.iterdir())) == 2
 
 
-def test_a_damaged_build_in_the_shared_folder_is_not_copied_and_not_replaced(tmp_path) -> None:
+def test_a_damaged_build_in_the_shared_folder_is_not_copied_and_not_replaced(tmp_path, caplog) -> None:
     cache = tmp_path / "cache"
     first = _checkpoint_0(tmp_path / "a", cache)
     (published,) = cache.iterdir()
     (published / MARKER).write_text("{}")  # not today's recipe any more
 
-    second = _checkpoint_0(tmp_path / "b", cache)
+    with caplog.at_level(logging.INFO, logger="tasks.prepare"):
+        second = _checkpoint_0(tmp_path / "b", cache)
 
     assert json.loads((second / MARKER).read_text())["digest"] == json.loads((first / MARKER).read_text())["digest"]
-    assert json.loads((second / MARKER).read_text()) != json.loads((first / MARKER).read_text())  # built anew
+    # Built anew from the recipe, not copied: the build's own log line, and a build report written after the first's.
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checkpoint 0:")]
+    assert any(f"building from the recipe into {second}" in line for line in said), said
+    assert not any(f"copied to {second}" in line for line in said), said
+    assert (second / MARKER).stat().st_mtime_ns > (first / MARKER).stat().st_mtime_ns
     assert (published / MARKER).read_text() == "{}"  # another run may be reading it: left as it was
