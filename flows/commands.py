@@ -64,9 +64,6 @@ else:
     tracking = optional_module("storage.tracking")
     warehouse = optional_module("storage.warehouse")
 
-# What `coevolve evaluate` imports to load and play its checkpoint (flows.round.round_imports for a round's).
-EVALUATE_IMPORTS = ("torch", "transformers.models.auto.modeling_auto")
-
 
 def prepare_environment(config: PipelineConfig, log_file: bool = False) -> None:
     """Offline switches, CPU kernels and state locations, set before torch, prefect, mlflow or bfcl_eval load.
@@ -271,7 +268,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     ]
     # A temporary Prefect API that ends with this command, however it ends; the checkpoint's libraries are imported
     # while it starts.
-    local_api.start(while_starting=functools.partial(preload, EVALUATE_IMPORTS))
+    local_api.start(while_starting=functools.partial(preload, evaluate_flow.EVALUATE_IMPORTS))
     results = evaluate_flow.coevolve_evaluate(
         checkpoint=args.checkpoint,
         categories=categories,

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 else:
     tracking = optional_module("storage.tracking")
 
+# What `coevolve evaluate` imports to load and play its checkpoint, while its Prefect API starts
+# (flows.round.round_imports for a round's).
+EVALUATE_IMPORTS = ("torch", "transformers.models.auto.modeling_auto")
+
 
 def evaluation_run_name(config: PipelineConfig, checkpoint: str, round_: int) -> str:
     """MLflow run name: the run, the round the rows are stored under, and a short id of the checkpoint."""
