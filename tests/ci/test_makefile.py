@@ -4,6 +4,7 @@ byte-compiled on every core after its installs."""
 
 import ast
 import importlib.util
+import os
 import subprocess
 import sys
 import tomllib
@@ -74,19 +75,35 @@ def test_the_longest_modules_handed_out_first_are_test_modules():
 
 
 def test_every_install_leaves_byte_compiling_to_one_pass_over_all_cores_afterwards(tmp_path):
-    """pip's own compiling runs in one process; each environment is compiled once after its last install, the
-    project's packages with .venv (they are imported from the checkout, which the editable install leaves
-    uncompiled)."""
-    lines = _planned(tmp_path, "setup", "setup-vllm")
+    """pip's own compiling runs in one process; each environment the tests use is compiled once after its last
+    install, the project's packages with .venv (they are imported from the checkout, which the editable install
+    leaves uncompiled), and before the first test."""
+    lines = _planned(tmp_path, "test-only")
     installs = [i for i, line in enumerate(lines) if "-m pip install" in line]
     compiles = [i for i, line in enumerate(lines) if ".ci/byte_compile.py" in line]
     assert installs and all("--no-compile" in lines[i] for i in installs)
-    venv_compile, vllm_compile = (lines[i] for i in compiles)
+    vllm_compile, venv_compile = (lines[i] for i in compiles)
     assert venv_compile.startswith(f"{tmp_path / 'venv'}/bin/python .ci/byte_compile.py --project pyproject.toml ")
     assert vllm_compile.startswith(f"{tmp_path / 'vllm'}/bin/python .ci/byte_compile.py")
-    for environment, compile_at in (("venv", compiles[0]), ("vllm", compiles[1])):
+    for environment, compile_at in (("vllm", compiles[0]), ("venv", compiles[1])):
         own = [i for i in installs if lines[i].startswith(str(tmp_path / environment) + "/")]
         assert own and max(own) < compile_at
+    assert max(compiles) < next(i for i, line in enumerate(lines) if "-m pytest" in line)
+
+
+def test_make_run_compiles_on_import_what_it_imports(tmp_path):
+    """`make run` does not compile .venv's 28,000 modules ahead: its commands write the .pyc files of the modules
+    they import, even under a shell's PYTHONDONTWRITEBYTECODE, so later commands load them compiled."""
+    lines = _planned(tmp_path, "run")
+    assert any("coevolve evolve" in line for line in lines)
+    assert not any(".ci/byte_compile.py" in line for line in lines)
+    probe = 'probe:\n\t@echo "[$$PYTHONDONTWRITEBYTECODE]"\n'
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-f", "Makefile", "-f", "-", "probe"],
+        cwd=REPO, input=probe, capture_output=True, text=True, check=True, timeout=60,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )  # fmt: skip
+    assert done.stdout.strip() == "[]"
 
 
 def test_byte_compile_writes_what_imports_read_and_names_what_does_not_compile(tmp_path):
