@@ -49,6 +49,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from prefect.context import refresh_global_settings_context
+
 import flows.round as round_flow
 import tasks.evaluate as evaluate_module
 import tasks.prepare as prepare_module
@@ -453,6 +455,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         overrides = [*args.set, f"state_dir={state_dir}", f"training.batches_per_round={args.steps}"]
         config = load_config(args.config, overrides)
         prepare_environment(config)  # as the CLI: offline switches, CPU threads, Prefect's home in the state folder
+        # Prefect loaded with this module's imports, before those settings: it reads them again, so the round's
+        # temporary API gets the commands' start-up timeout (coevolve/settings.py), not Prefect's 20 s.
+        refresh_global_settings_context()
         result = measure(config)
     result["load_average_before"], result["load_average_after"] = load_before, os.getloadavg()
     print(markdown(result["rows"], result["steps"], result["round_s"]))
