@@ -30,9 +30,9 @@ ARGS ?=
 
 # pip byte-compiles what it installs in one process, most of an install's time on 2 cores. So every install
 # here skips it (--no-compile). .venv is then compiled on import: `make run` imports about 6,800 of its 28,000
-# modules, and writing those on first import cost its first run about 13 s against about 45 s for compiling them
-# all (benchmarks/README.md, "What compiling on import cut"). The tests compile it all ahead (`compile`: every
-# test process would otherwise compile a module the first time it imports it, several at once), and so do the vLLM
+# modules, and writing those on first import cost its first run 13-18 s against 45-52 s for compiling them all
+# (benchmarks/README.md, "What compiling on import cut"). The tests compile it all ahead (`compile`: the suite
+# starts many processes at once, which would each compile the same modules on first import), and so do the vLLM
 # and GPU environments, whose first servers start several processes at once: byte_compile writes the same .pyc
 # files on every core, the project's own modules too (.ci/byte_compile.py).
 PIP_INSTALL := -m pip install -q --no-compile

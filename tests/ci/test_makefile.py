@@ -1,6 +1,6 @@
 """The Makefile's contract with CI and fresh clones, read from `make -n` (commands printed, none run):
-`make test` lints before it tests, every resolving install goes through the lock, and each environment is
-byte-compiled on every core after its installs."""
+`make test` lints before it tests, every resolving install goes through the lock, each environment the tests use is
+byte-compiled on every core after its installs, and `make run` compiles on import only what it imports."""
 
 import ast
 import importlib.util
