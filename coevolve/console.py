@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from coevolve.optional import optional_module
+from coevolve.optional import collector_paused, optional_module
 
 transformers_logging = optional_module("transformers.utils.logging")
 
@@ -113,9 +113,10 @@ def log_to_file(path: Path, load_first: Sequence[str] = LIBRARIES) -> Iterator[N
     if isinstance(stdout, io.TextIOWrapper) and block_buffered:
         stdout.reconfigure(line_buffering=True)
     try:
-        for name in load_first:
-            if importlib.util.find_spec(name) is not None:  # one not installed is the pipeline's to report
-                importlib.import_module(name)
+        with collector_paused():  # imports make objects that live as long as the process (coevolve/optional.py)
+            for name in load_first:
+                if importlib.util.find_spec(name) is not None:  # one not installed is the pipeline's to report
+                    importlib.import_module(name)
         if "transformers" in sys.modules:
             transformers_logging.disable_default_handler()
             transformers_logging.enable_propagation()

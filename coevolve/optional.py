@@ -9,12 +9,20 @@ and the package is imported the first time an attribute is read (``torch.no_grad
 flows stays cheap. A package that is not installed raises `MissingDependencyError` at that point,
 naming the command that installs it. Modules of this project that import such a package at their own
 top (a subclass of a trl trainer must) are named the same way by the modules above them.
+
+Such an import runs with Python's cycle collector paused (`collector_paused`). Importing torch, transformers,
+TRL and MLflow creates about a million objects that live as long as the process, and the collector, triggered
+by every few hundred new objects, walks them again and again while they are made: about 15% of those imports'
+CPU, some 1.5 CPU-seconds in every command, flow run and rank that loads the pipeline's libraries
+(benchmarks/README.md, "What pausing the collector during imports cut").
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -35,6 +43,19 @@ class MissingDependencyError(ConfigError):
     """An optional package a setting needs is not installed in this environment."""
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the cycle collector inside the block, and leave it as it was found: an import makes long-lived objects,
+    not garbage. What the block leaves unreachable is collected by the next collection after it."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 class OptionalModule:
     """A stand-in for a module that imports it when one of its attributes is first read."""
 
@@ -45,7 +66,8 @@ class OptionalModule:
     def _load(self) -> ModuleType:
         if self._module is None:
             try:
-                self._module = importlib.import_module(self._name)
+                with collector_paused():
+                    self._module = importlib.import_module(self._name)
             except ImportError as exc:
                 top = self._name.split(".")[0]
                 hint = INSTALL_HINTS.get(top, "run `make setup`")
@@ -57,7 +79,13 @@ class OptionalModule:
     def __getattr__(self, attribute: str) -> Any:
         if attribute.startswith("__") and attribute.endswith("__"):
             raise AttributeError(attribute)  # copy, pickle and introspection never trigger the import
-        return getattr(self._load(), attribute)
+        module = self._load()
+        try:
+            return module.__dict__[attribute]
+        except KeyError:
+            # Not set yet: a lazy package (transformers) imports the submodule that defines it now.
+            with collector_paused():
+                return getattr(module, attribute)
 
     def __repr__(self) -> str:
         state = "imported" if self._module is not None else "not imported yet"

@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import importlib
 import os
 import runpy
 import signal
@@ -55,6 +56,7 @@ from prefect.settings import (
 
 from agent.serve import free_port
 from coevolve.errors import PipelineError
+from coevolve.optional import collector_paused
 
 PR_SET_PDEATHSIG = 1
 # Seconds between the server's looks at its parent process, and the seconds it then has to shut down cleanly.
@@ -72,6 +74,8 @@ TEMPORARY_API_VAR = "COEVOLVE_TEMPORARY_PREFECT_API"
 # pipeline keeps nothing in Prefect blocks and registering them took about 4 of the server's 11 CPU-seconds to
 # start on each new Prefect home (benchmarks/README.md, "Where the time went at c44023e"); an operator's own
 # setting, in Prefect's settings, still wins.
+# The application the server runs: Prefect's own factory, imported by the server process before uvicorn starts.
+APP_MODULE, APP_FACTORY = "prefect.server.api.server", "create_app"
 SERVER_ENV = {
     "PREFECT_UI_ENABLED": "0",
     "PREFECT__SERVER_EPHEMERAL": "1",
@@ -94,7 +98,7 @@ class TiedServer:
     def _launch(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
         command = [
             sys.executable, "-m", "flows.local_api", str(os.getpid()),
-            "--app-dir", str(prefect.__module_path__.parent), "--factory", "prefect.server.api.server:create_app",
+            "--app-dir", str(prefect.__module_path__.parent), "--factory", f"{APP_MODULE}:{APP_FACTORY}",
             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on",
         ]  # fmt: skip
         return subprocess.Popen(command, env=env, start_new_session=True)
@@ -202,6 +206,8 @@ def serve(argv: list[str]) -> None:
     if os.getppid() != parent:
         return  # the parent ended before the death signal was set
     threading.Thread(target=_end_with, args=(parent,), name="parent-watch", daemon=True).start()
+    with collector_paused():  # about 0.5 of the server's CPU-seconds to start (coevolve/optional.py)
+        importlib.import_module(APP_MODULE)
     sys.argv = ["uvicorn", *argv[1:]]
     runpy.run_module("uvicorn", run_name="__main__", alter_sys=True)
 

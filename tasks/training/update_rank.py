@@ -16,14 +16,20 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError, DiskFullError
+from coevolve.optional import optional_module
 from coevolve.stages import step_samples
 from storage.warehouse import Warehouse
 from tasks.training.grpo_groups import RoundGroups, group_trajectories
-from tasks.training.grpo_trainer import train
+
+# Torch, trl and peft, imported when the rank starts training, with the cycle collector paused (coevolve/optional.py).
+if TYPE_CHECKING:
+    import tasks.training.grpo_trainer as grpo_trainer
+else:
+    grpo_trainer = optional_module("tasks.training.grpo_trainer")
 
 
 def read_share(config: PipelineConfig, round_: int, task_ids: list[str], step: int = 0) -> list:
@@ -55,7 +61,7 @@ def run_rank(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         )
     round_groups = RoundGroups.from_plan(spec["round_groups"], groups)
     resume_from = Path(spec["resume_from"]) if spec.get("resume_from") else None
-    return train(
+    return grpo_trainer.train(
         Path(spec["checkpoint"]),
         round_groups,
         config,

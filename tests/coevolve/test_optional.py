@@ -1,7 +1,9 @@
-"""coevolve/optional.py: a heavy package named at a module's top is imported only when first used."""
+"""coevolve/optional.py: a heavy package named at a module's top is imported only when first used, with the cycle
+collector paused while it is imported."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 
@@ -28,3 +30,46 @@ def test_a_missing_package_names_the_install_command():
     vllm_like = optional_module("vllm_is_not_installed_here")
     with pytest.raises(MissingDependencyError, match="make setup"):
         _ = vllm_like.LLM
+
+
+def _package_that_records_the_collector(folder, name: str) -> None:
+    """A package whose module body, and the submodule its ``__getattr__`` imports lazily (as transformers does), each
+    record whether the cycle collector was running while they were imported."""
+    package = folder / name
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import gc, importlib\n"
+        "collecting_at_import = gc.isenabled()\n"
+        "def __getattr__(attribute):\n"
+        "    return getattr(importlib.import_module(f'{__name__}.lazy'), attribute)\n"
+    )
+    (package / "lazy.py").write_text("import gc\nLazyClass = type('LazyClass', (), {'collecting': gc.isenabled()})\n")
+
+
+def test_a_package_and_its_lazy_parts_are_imported_with_the_cycle_collector_paused_and_it_runs_again_after(
+    tmp_path, monkeypatch
+):
+    _package_that_records_the_collector(tmp_path, "records_the_collector")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    package = optional_module("records_the_collector")
+    assert gc.isenabled()
+    assert package.collecting_at_import is False
+    assert package.LazyClass.collecting is False
+    assert gc.isenabled()
+
+
+def test_an_import_leaves_a_paused_collector_paused(tmp_path, monkeypatch):
+    _package_that_records_the_collector(tmp_path, "records_the_collector_again")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    gc.disable()
+    try:
+        assert optional_module("records_the_collector_again").LazyClass.collecting is False
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_failed_import_leaves_the_collector_running():
+    with pytest.raises(MissingDependencyError):
+        _ = optional_module("not_installed_either").anything
+    assert gc.isenabled()
