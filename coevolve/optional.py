@@ -13,8 +13,8 @@ top (a subclass of a trl trainer must) are named the same way by the modules abo
 Such an import runs with Python's cycle collector paused (`collector_paused`). Importing torch, transformers,
 TRL and MLflow creates about a million objects that live as long as the process, and the collector, triggered
 by every few hundred new objects, walks them again and again while they are made: about 15% of those imports'
-CPU, some 1.5 CPU-seconds in every command, flow run and rank that loads the pipeline's libraries
-(benchmarks/README.md, "What pausing the collector during imports cut").
+CPU, about a CPU-second of every command, flow run and rank that loads the pipeline's libraries
+(benchmarks/README.md, "The suite on an Intel Xeon, ... and what pausing the collector during imports cut").
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ class MissingDependencyError(ConfigError):
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """Pause the cycle collector inside the block, and leave it as it was found: an import makes long-lived objects,
-    not garbage. What the block leaves unreachable is collected by the next collection after it."""
+    """Pause the cycle collector inside the block, and leave it as it was found: for work that makes many objects and
+    no garbage cycles (an import's long-lived objects, tasks/mine.py's signal records). What the block leaves
+    unreachable is collected by the next collection after it."""
     collecting = gc.isenabled()
     gc.disable()
     try:

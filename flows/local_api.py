@@ -70,12 +70,12 @@ PORT_ATTEMPTS = 5
 # Set beside PREFECT_API_URL while that names a command's temporary API, so the command and the processes it
 # starts can tell it from a server: `on_temporary_api`.
 TEMPORARY_API_VAR = "COEVOLVE_TEMPORARY_PREFECT_API"
+# The application the server runs: Prefect's own factory, imported by the server process before uvicorn starts.
+APP_MODULE, APP_FACTORY = "prefect.server.api.server", "create_app"
 # Prefect's fixed settings for its temporary server, and one more: no block types are registered, since the
 # pipeline keeps nothing in Prefect blocks and registering them took about 4 of the server's 11 CPU-seconds to
 # start on each new Prefect home (benchmarks/README.md, "Where the time went at c44023e"); an operator's own
 # setting, in Prefect's settings, still wins.
-# The application the server runs: Prefect's own factory, imported by the server process before uvicorn starts.
-APP_MODULE, APP_FACTORY = "prefect.server.api.server", "create_app"
 SERVER_ENV = {
     "PREFECT_UI_ENABLED": "0",
     "PREFECT__SERVER_EPHEMERAL": "1",

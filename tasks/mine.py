@@ -9,13 +9,12 @@ kind a package registers) is computed independently; a trajectory may carry seve
 from __future__ import annotations
 
 import dataclasses
-import gc
 from typing import TYPE_CHECKING
 
 from prefect import get_run_logger
 
 from coevolve.config import PipelineConfig, SignalConfig
-from coevolve.optional import optional_module
+from coevolve.optional import collector_paused, optional_module
 from coevolve.records import Signal
 from coevolve.signals import KINDS, SIGNAL_KINDS
 from coevolve.stages import MineInput, MineOutput
@@ -72,18 +71,13 @@ def signals_from_frames(frames: dict[str, pl.DataFrame], round_: int, run_id: st
     signals: list[Signal] = []
     # Hundreds of thousands of small records at once: the cycle collector would walk the whole heap
     # again and again while they are built (it doubled this function's time), and they hold no cycles.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         for name, kind in KINDS.items():
             fired = frames.get(name)
             if fired is None or fired.is_empty():
                 continue
             ids, tasks = fired["trajectory_id"].to_list(), fired["task_id"].to_list()
             signals += _signals(run_id, round_, name, ids, tasks, kind.evidence(fired))
-    finally:
-        if collecting:
-            gc.enable()
     return signals
 
 
