@@ -13,14 +13,13 @@ neighbours, the batch size or earlier calls. Without seeds the engine's own gene
 
 from __future__ import annotations
 
-import atexit
 import gc
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.chat import ChatFormat
 from agent.engine import Engine, Generation
-from coevolve.optional import optional_module
+from coevolve.optional import freeze_long_lived, optional_module
 
 if TYPE_CHECKING:
     from coevolve.config import PipelineConfig
@@ -61,14 +60,12 @@ def free_device_memory() -> None:
     A dropped model is freed only by the cycle collector (its modules refer to each other), and a full
     collection walks every object of the process: 0.33-0.4 s with the pipeline's libraries loaded, at every
     engine close (benchmarks/README.md, "A training step by part"). So the first collection freezes what
-    survives it (`gc.freeze`: the libraries' objects, which live as long as the process) and later ones walk
-    only what was made since; the frozen objects are handed back to the collector at exit, where the
-    interpreter's last collection frees them.
+    survives it (`coevolve.optional.freeze_long_lived`: the libraries' objects, which live as long as the process)
+    and later ones walk only what was made since.
     """
     gc.collect()
     if not _FROZEN:
-        gc.freeze()
-        atexit.register(gc.unfreeze)
+        freeze_long_lived()  # nothing it freezes is garbage: the collection just ran
         _FROZEN.append(True)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

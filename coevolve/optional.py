@@ -19,6 +19,7 @@ CPU, about a CPU-second of every command, flow run and rank that loads the pipel
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import importlib
@@ -55,6 +56,25 @@ def collector_paused() -> Iterator[None]:
     finally:
         if collecting:
             gc.enable()
+
+
+# Whether gc.unfreeze is registered to run at exit yet (`freeze_long_lived`).
+_UNFREEZE_AT_EXIT: list[bool] = []
+
+
+def freeze_long_lived() -> None:
+    """Move every object alive now out of the cycle collector's walks (`gc.freeze`, its permanent generation), and
+    hand them back at exit (`gc.unfreeze`), where the interpreter's last collection frees them.
+
+    For a process's start, once its libraries are imported: what is alive then is their module state, which lives
+    as long as the process, and every later collection, full ones included, walks only what was made since. A
+    garbage cycle not yet collected when frozen stays until exit, so a process calls this at its start, not between
+    a run's stages (`agent.transformers_engine.free_device_memory` collects first).
+    """
+    gc.freeze()
+    if not _UNFREEZE_AT_EXIT:
+        atexit.register(gc.unfreeze)
+        _UNFREEZE_AT_EXIT.append(True)
 
 
 class OptionalModule:
@@ -99,10 +119,12 @@ def optional_module(name: str) -> Any:
 
 
 def preload(names: Iterable[str]) -> None:
-    """Import the modules ``names`` now rather than on first use, with first use's error for one not installed.
+    """Import the modules ``names`` now rather than on first use, with first use's error for one not installed, then
+    freeze what is alive (`freeze_long_lived`): for a process's start.
 
     A command imports its flow's libraries while its temporary Prefect API starts in another process
     (flows/local_api.py), instead of after the API answers.
     """
     for name in names:
         OptionalModule(name)._load()
+    freeze_long_lived()

@@ -56,7 +56,7 @@ from prefect.settings import (
 
 from agent.serve import free_port
 from coevolve.errors import PipelineError
-from coevolve.optional import collector_paused
+from coevolve.optional import collector_paused, freeze_long_lived
 
 PR_SET_PDEATHSIG = 1
 # Seconds between the server's looks at its parent process, and the seconds it then has to shut down cleanly.
@@ -208,6 +208,8 @@ def serve(argv: list[str]) -> None:
     threading.Thread(target=_end_with, args=(parent,), name="parent-watch", daemon=True).start()
     with collector_paused():  # about 0.5 of the server's CPU-seconds to start (coevolve/optional.py)
         importlib.import_module(APP_MODULE)
+    # Prefect's, SQLAlchemy's and pydantic's module state, out of the walks of the collections its requests trigger.
+    freeze_long_lived()
     sys.argv = ["uvicorn", *argv[1:]]
     runpy.run_module("uvicorn", run_name="__main__", alter_sys=True)
 

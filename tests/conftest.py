@@ -53,6 +53,7 @@ from agent.serve import (
 from agent.tiny import build_tiny_policy
 from agent.weights import served_name
 from coevolve.config import PolicyConfig, load_config
+from coevolve.optional import collector_paused, freeze_long_lived
 from coevolve.records import Message
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,6 +128,17 @@ class ModuleScheduling(LoadFileScheduling):
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """The scheduler of ``--dist loadfile`` (`make test`); other modes keep pytest-xdist's own."""
     return ModuleScheduling(config, log) if config.getoption("dist") == "loadfile" else None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> Iterator[None]:
+    """Collect (importing every test module and the libraries they import) with the cycle collector paused, then
+    freeze what is alive out of its later walks, as a command does at its start (`coevolve.optional.preload`): the
+    tests that run in the worker's own process then pay for collections of their own objects only."""
+    with collector_paused():
+        result = yield
+    freeze_long_lived()
+    return result
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -20,16 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError, DiskFullError
-from coevolve.optional import optional_module
+from coevolve.optional import optional_module, preload
 from coevolve.stages import step_samples
 from storage.warehouse import Warehouse
 from tasks.training.grpo_groups import RoundGroups, group_trajectories
 
-# Torch, trl and peft, imported when the rank starts training, with the cycle collector paused (coevolve/optional.py).
+# Torch, trl and peft, imported when the rank starts, with the cycle collector paused (coevolve/optional.py).
+TRAINER_MODULE = "tasks.training.grpo_trainer"
 if TYPE_CHECKING:
     import tasks.training.grpo_trainer as grpo_trainer
 else:
-    grpo_trainer = optional_module("tasks.training.grpo_trainer")
+    grpo_trainer = optional_module(TRAINER_MODULE)
 
 
 def read_share(config: PipelineConfig, round_: int, task_ids: list[str], step: int = 0) -> list:
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     _redirect_output(work / f"rank-{rank}.log")
     try:
+        # The trainer's libraries first, then frozen out of the collections training triggers (coevolve/optional.py).
+        preload([TRAINER_MODULE])
         stats = run_rank(json.loads(spec_path.read_text()), rank, world)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the launcher, then the rank exits non-zero
         traceback.print_exc()
