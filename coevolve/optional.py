@@ -15,6 +15,11 @@ TRL and MLflow creates about a million objects that live as long as the process,
 by every few hundred new objects, walks them again and again while they are made: about 15% of those imports'
 CPU, about a CPU-second of every command, flow run and rank that loads the pipeline's libraries
 (benchmarks/README.md, "The suite on an Intel Xeon, ... and what pausing the collector during imports cut").
+
+Once imported, those objects would still be walked by every full collection the process makes later (about 0.3 s
+each with the pipeline's libraries loaded). So a process, at its start, imports its libraries and freezes what is
+alive then out of the collector's walks (`preload`, `freeze_long_lived`): a command, the temporary Prefect API, a
+training rank (benchmarks/README.md, "What freezing at a process's start cut").
 """
 
 from __future__ import annotations
