@@ -4,9 +4,9 @@ Each run is ``python -m flows.cli round --round 0`` on the tests' tiny configura
 in a new state folder and a new Prefect home, as a user's first round is; checkpoint 0 is built once beforehand
 into a policy cache both trees share, so every run measures the command and not the policy's build. The CPU is the
 command's and every process it reaped (its temporary Prefect API), read with ``getrusage(RUSAGE_CHILDREN)``; ``gc_s``
-is the part of the command's own CPU that Python's cycle collector took (every collection timed through
-``gc.callbacks``), and ``collections`` how many full (generation 2) collections it made. The other commit runs from a
-git worktree made for the run and removed after it, with this checkout's environment.
+is the part of the command's own CPU that Python's cycle collector took (every collection timed by
+benchmarks/gc_clock.py), and ``collections`` how many full (generation 2) collections it made. The other commit
+runs from a git worktree made for the run and removed after it, with this checkout's environment.
 
     PYTHONPATH=. .venv/bin/python benchmarks/command_cpu.py --base 7b9acdd --repeats 3
 
@@ -32,20 +32,14 @@ from coevolve.settings import OFFLINE_ENV
 from tests.conftest import make_tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
-# `coevolve ARGS` with every cycle collection timed (CPU seconds by generation, and counts), written to the file
-# named first when the command exits.
+# `coevolve ARGS` with every cycle collection timed (benchmarks/gc_clock.py), its figures written to the file named
+# first when the command exits.
 TIMED_COLLECTIONS = """
-import atexit, gc, json, runpy, sys, time
-spent, started = {"0": 0.0, "1": 0.0, "2": 0.0, "n2": 0}, []
-def timed(phase, info):
-    if phase == "start":
-        started.append(time.process_time())
-        return
-    spent[str(info["generation"])] += time.process_time() - started.pop()
-    spent["n2"] += info["generation"] == 2
-gc.callbacks.append(timed)
+import atexit, json, runpy, sys
+import gc_clock
+gc_clock.start()
 out = sys.argv[1]
-atexit.register(lambda: open(out, "w").write(json.dumps(spent)))
+atexit.register(lambda: open(out, "w").write(json.dumps(gc_clock.figures())))
 sys.argv = ["coevolve", *sys.argv[2:]]
 runpy.run_module("flows.cli", run_name="__main__", alter_sys=True)
 """
@@ -65,7 +59,8 @@ def run_round(tree: Path, folder: Path, cache: Path) -> dict[str, float]:
     config_file.write_text(yaml.safe_dump(config, sort_keys=False))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(OFFLINE_ENV, PREFECT_HOME=str(folder / "prefect"), BFCL_PROJECT_ROOT=str(folder / "bfcl"))
-    env["PYTHONPATH"] = str(tree)  # the tree's own packages before the checkout's editable install
+    # The tree's own packages before the checkout's editable install; gc_clock from this checkout's benchmarks/.
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(REPO / "benchmarks")])
     collections = folder / "collections.json"
     round_0 = ["round", "--round", "0", "--config", str(config_file)]
     command = [sys.executable, "-c", TIMED_COLLECTIONS, str(collections), *round_0]
@@ -74,9 +69,10 @@ def run_round(tree: Path, folder: Path, cache: Path) -> dict[str, float]:
     wall_s, cpu_s = time.perf_counter() - started, children_cpu_s() - cpu_before
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed in {tree}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    spent = json.loads(collections.read_text())
-    gc_s = spent["0"] + spent["1"] + spent["2"]
-    return {"wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1), "gc_s": round(gc_s, 2), "collections": spent["n2"]}
+    timed = json.loads(collections.read_text())
+    gc_s = sum(timed["collector_s"].values())
+    full = timed["collections"]["2"]
+    return {"wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1), "gc_s": round(gc_s, 2), "collections": full}
 
 
 def main() -> None:
