@@ -119,6 +119,14 @@ def test_a_cpu_server_runs_its_model_in_the_engine_process_unless_the_operator_s
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server_env(ServeOptions(model=str(tmp_path)), base={})
 
 
+def test_a_cpu_server_samples_without_compiling_unless_the_operator_says_otherwise(tmp_path):
+    # vLLM's CPU platform would build its torch.compile'd sampler helpers with inductor (a C++ compiler run).
+    assert server_env(ServeOptions(model=str(tmp_path), cpu=True), base={})["TORCH_COMPILE_DISABLE"] == "1"
+    kept = server_env(ServeOptions(model=str(tmp_path), cpu=True), base={"TORCH_COMPILE_DISABLE": "0"})
+    assert kept["TORCH_COMPILE_DISABLE"] == "0"
+    assert "TORCH_COMPILE_DISABLE" not in server_env(ServeOptions(model=str(tmp_path)), base={})
+
+
 def test_a_relative_model_path_is_served_under_its_absolute_path(tmp_path, monkeypatch):
     (tmp_path / "round-000").mkdir()
     monkeypatch.chdir(tmp_path)
