@@ -31,7 +31,12 @@ from tasks.update import grpo_update
 
 pytestmark = pytest.mark.slow
 
-TEMPERATURE = 0.9
+# Above 1, so that a group's samples differ whatever CPU kernels torch and the servers use: the served policy is nearly
+# certain of every token, and at 0.9 its four samples of a task came out identical under AVX2 kernels (a process
+# where policy.cpu_kernels pinned them, say), so the groups' GRPO terms cancelled and round 0's update left the policy
+# where it was (a largest logprob change of 0.0002 on the probe against 0.03 with AVX-512 kernels; 6.4 at 1.2 with
+# either).
+TEMPERATURE = 1.2
 # Served logprobs against a local transformers (+ merged adapter) forward pass of the same checkpoint.
 LOGPROB_MATCH = 1e-3
 
