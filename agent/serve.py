@@ -159,7 +159,7 @@ def server_env(options: ServeOptions, base: dict[str, str] | None = None) -> dic
         # (benchmarks/server_start.py; benchmarks/README.md, "What 8a1339b cut").
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # The model runs eager (--enforce-eager), but vLLM compiles a few sampler helpers with torch.compile, and on
-        # the CPU platform that is inductor, a C++ compiler run: 12 CPU-seconds and 12 s of the first request on a
+        # the CPU platform that is inductor, a C++ compiler run: 11 CPU-seconds and 11 s of the first request on a
         # machine without inductor's cache, 2 CPU-seconds and 2 s on every later start (benchmarks/README.md, "What
         # an eager sampler cut"). Eager, they compute the same counts and masks.
         env.setdefault("TORCH_COMPILE_DISABLE", "1")

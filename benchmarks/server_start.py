@@ -70,7 +70,8 @@ class TreeCPU:
         self._thread.start()
 
     def _sample(self) -> None:
-        while not self._stop.is_set():
+        while True:  # one more reading once `stop` is asked for, so the last moments count too
+            stopping = self._stop.is_set()
             try:
                 root = psutil.Process(self.pid)
                 processes = [root, *root.children(recursive=True)]
@@ -85,7 +86,9 @@ class TreeCPU:
                     continue
                 alive[process.pid] = (title, times.user + times.system + times.children_user + times.children_system)
             self.seen = alive
-            time.sleep(SAMPLE_INTERVAL_S)
+            if stopping:
+                return
+            self._stop.wait(SAMPLE_INTERVAL_S)
 
     def stop(self) -> dict[str, float]:
         self._stop.set()
