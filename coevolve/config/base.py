@@ -8,8 +8,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 
 class Section(BaseModel):
-    # A typo in a field name must fail loudly instead of silently using a default.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # A typo in a field name must fail loudly instead of silently using a default. No setting means anything at
+    # infinity or NaN: an infinite learning rate passed every lower bound and trained every weight to inf, so
+    # `inf`, `-inf` and `nan` are refused in every float field.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     # Field names earlier versions used -> what replaced them: a configuration that still spells one
     # is refused with that message, never read as if it meant the new setting.
     RENAMED: ClassVar[dict[str, str]] = {}
@@ -43,10 +45,15 @@ def explain(exc: ValidationError) -> str:
     problems = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if not where.isprintable() or where != where.strip():  # a name holding a line break or tab, shown escaped
+            where = repr(where)
         if err["type"] == "extra_forbidden":
             problems.append(f"{where}: unknown field; check its spelling against `coevolve config --show`.")
         else:
-            problems.append(f"{where}: {err['msg']} (got {err.get('input')!r}).")
+            given = repr(err.get("input"))
+            given = given if len(given) <= 80 else f"{given[:79]}…"
+            message = " ".join(str(err["msg"]).split())
+            problems.append(f"{where}: {message} (got {given}).")
     if len(problems) == 1:
         return f"The configuration is invalid: {problems[0]}"
     return "\n".join(["The configuration is invalid:", *(f"  - {problem}" for problem in problems)])

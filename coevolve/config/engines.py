@@ -69,8 +69,13 @@ class EngineSettings(Section):
     request_retries: int = Field(
         3, ge=0, description="Retries of a failed 'openai' request (connection, timeout, 5xx) before the stage fails."
     )
+    # At most 1024: each request in flight is a thread of the rollout process, and a vLLM server batches at most
+    # its max_num_seqs (256 by default) at once, so more only queue there while their threads hold memory here.
     concurrency: int = Field(
-        32, ge=1, description="Requests in flight to each 'openai' server, so its continuous batching sees the batch."
+        32,
+        ge=1,
+        le=1024,
+        description="Requests in flight to each 'openai' server, so its continuous batching sees the batch.",
     )
     logprob_tolerance: float | None = Field(
         0.05,

@@ -32,8 +32,45 @@ _Yaml12Loader.add_implicit_resolver(
 )
 
 
-def _load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+# The most values (mappings, lists and scalars, an alias counted as often as it is used) one configuration file or
+# --set value may hold. The largest shipped configuration holds about 200; ten aliases of ten aliases, nine deep
+# (the "billion laughs"), stand for 10^9 and held the loading process at 2 GB until it was killed.
+MAX_CONFIG_VALUES = 100_000
+# The largest configuration file read: the shipped ones are under 4 KB, and a file is read whole before parsing.
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+def _load_yaml(text: str, what: str) -> Any:
+    """``text`` parsed as YAML 1.2 by a safe loader; ConfigError naming ``what`` when it is not valid YAML, nests
+    too deeply, or stands for more than MAX_CONFIG_VALUES values once its aliases are expanded."""
+    try:
+        loaded = yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"{what} is not valid YAML: {detail}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} nests its values too deeply to be a configuration; flatten it.") from None
+    if _expanded_size(loaded) > MAX_CONFIG_VALUES:
+        raise ConfigError(
+            f"{what} stands for more than {MAX_CONFIG_VALUES} values once its aliases (*name) are expanded; a "
+            "configuration holds a few hundred, so write the values out instead of repeating aliases of aliases."
+        )
+    return loaded
+
+
+def _expanded_size(value: Any) -> int:
+    """How many values ``value`` holds, each alias counted every time it is used; stops counting past the limit."""
+    count = 0
+    stack = [value]
+    while stack and count <= MAX_CONFIG_VALUES:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set)):
+            stack.extend(item)
+    return count
 
 
 def _nested(dotted: str, value: Any) -> dict[str, Any]:
@@ -55,10 +92,8 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
                 f"Override {pair!r} has no '='; write it as section.field=value, e.g. rollout.group_size=8."
             )
         key, raw = pair.split("=", 1)
-        try:
-            value = _load_yaml(raw) if raw != "" else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"Override {pair!r}: the value is not valid YAML ({exc}).") from exc
+        shown = pair if len(pair) <= 80 else f"{pair[:79]}…"
+        value = _load_yaml(raw, f"The value of override {shown!r}") if raw != "" else ""
         merged = deep_merge(merged, _nested(key.strip(), value))
     return merged
 
@@ -97,12 +132,29 @@ def load_config(
 
 
 def _read_file(file: Path) -> dict[str, Any]:
-    if not file.is_file():
+    if not file.exists():
         raise ConfigError(f"Config file {file} does not exist; pass an existing YAML file to --config.")
+    if not file.is_file():
+        # A folder, a device such as /dev/zero (which never ends) or a pipe: never read.
+        raise ConfigError(f"Config file {file} is not a regular file; pass a YAML file to --config.")
     try:
-        loaded = _load_yaml(file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"Config file {file} is not valid YAML: {exc}") from exc
+        with file.open("rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"Config file {file} cannot be read ({exc.strerror}); check its permissions.") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"Config file {file} is larger than {MAX_CONFIG_BYTES // 1024} KiB, far more than any configuration; "
+            "pass the YAML file of the sections you set."
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"Config file {file} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start}); save it as "
+            "UTF-8."
+        ) from None
+    loaded = _load_yaml(text, f"Config file {file}") or {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"Config file {file} must hold a mapping of sections, not {type(loaded).__name__}.")
     return loaded

@@ -49,7 +49,9 @@ class SamplingSettings(Section):
     )
     temperature: float = Field(0.9, ge=0, description="Sampling temperature of training rollouts (paper: 0.9).")
     eval_temperature: float = Field(0.0, ge=0, description="Evaluation decoding; 0 is greedy (paper: greedy).")
-    max_new_tokens: int = Field(96, ge=8, description="Tokens per model message (paper: 4096 per response).")
+    # At most 131072 (128K), the longest context window of today's open models: a message cannot be longer than
+    # the context it is generated in, and engines allocate buffers sized by it (10^12 asked for terabytes).
+    max_new_tokens: int = Field(96, ge=8, le=131072, description="Tokens per model message (paper: 4096 per response).")
     dynamic_sampling: bool = Field(
         False,
         description=(

@@ -20,17 +20,23 @@ class TrainingConfig(Section):
         )
     }
 
+    # At most 0.1: AdamW moves every weight by about the rate each step, and a trained model's weights are mostly
+    # smaller than 0.1, so a larger rate rewrites the model in one step (2e-3 already collapsed the builtin policy).
     learning_rate: float = Field(
         5e-4,
         gt=0,
+        le=0.1,
         description=(
             "AdamW rate (paper: 1e-6 for 4B-30B models; tiny models need more). With 4 steps a round, 1e-3 made the "
             "builtin policy collapse within 5 rounds and 2e-3 within 1; 5e-4 stayed stable."
         ),
     )
+    # At most 1000, a hundred times the paper's 10: every batch is a training step that plays, trains and writes
+    # a checkpoint, so a round of more would run for days before it records anything.
     batches_per_round: int = Field(
         3,
         ge=1,
+        le=1000,
         description=(
             "Chosen on dev (docs/experiments.md, 'The training schedule'): 3 x 8 tasks x 1 update scored within "
             "noise of the best of four schedules at 144 episodes a round and is the closest to the paper's. "

@@ -198,3 +198,72 @@ def test_the_rollout_section_stays_flat_across_the_modules_that_declare_its_fiel
 def test_a_rollout_check_across_field_modules_names_the_fix():
     with pytest.raises(ConfigError, match="set rollout.engine=openai or rollout.managed_servers=0"):
         load_config(environ={}, overrides=["rollout.managed_servers=1"])
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", ".inf", "nan", ".nan", "1e400"])
+def test_non_finite_learning_rates_are_refused(value):
+    with pytest.raises(ConfigError, match=r"training.learning_rate: .*finite number"):
+        load_config(overrides=[f"training.learning_rate={value}"], environ={})
+
+
+@pytest.mark.parametrize(
+    ("override", "bound"),
+    [
+        ("rollout.max_new_tokens=1000000000000", "less than or equal to 131072"),
+        ("training.learning_rate=0.5", "less than or equal to 0.1"),
+        ("training.batches_per_round=1000000", "less than or equal to 1000"),
+        ("rollout.concurrency=100000", "less than or equal to 1024"),
+    ],
+)
+def test_absurd_sizes_are_refused_naming_the_setting_and_its_bound(override, bound):
+    setting = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{setting}: .*{bound}") as refused:
+        load_config(overrides=[override], environ={})
+    assert "\n" not in str(refused.value)
+
+
+def test_every_float_setting_refuses_infinity_from_a_file_too(tmp_path):
+    file = tmp_path / "inf.yaml"
+    file.write_text("placement:\n  stage_timeout_s: .inf\n")
+    with pytest.raises(ConfigError, match=r"placement.stage_timeout_s: .*finite"):
+        load_config(file, environ={})
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line_saying_to_save_it_as_utf8(tmp_path):
+    file = tmp_path / "latin1.yaml"
+    file.write_bytes("run_id: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="not UTF-8 text .*save it as UTF-8") as refused:
+        load_config(file, environ={})
+    assert "\n" not in str(refused.value)
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    file = tmp_path / "bomb.yaml"
+    file.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match="aliases"):
+        load_config(file, environ={})
+    with pytest.raises(ConfigError, match="aliases"):
+        parse_overrides(["synthesis.llm_model=" + "{" + ", ".join(lines) + "}"])
+
+
+def test_values_nested_past_the_parser_are_one_line(tmp_path):
+    file = tmp_path / "deep.yaml"
+    file.write_text("rollout: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nests its values too deeply"):
+        load_config(file, environ={})
+
+
+def test_a_device_or_folder_given_as_config_is_not_read(tmp_path):
+    with pytest.raises(ConfigError, match="/dev/zero is not a regular file"):
+        load_config("/dev/zero", environ={})
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        load_config(tmp_path, environ={})
+
+
+def test_an_oversized_config_file_is_refused_before_parsing(tmp_path):
+    file = tmp_path / "huge.yaml"
+    file.write_text("# " + "x" * (2 * 1024 * 1024) + "\n")
+    with pytest.raises(ConfigError, match="larger than 1024 KiB"):
+        load_config(file, environ={})
