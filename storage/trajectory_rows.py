@@ -46,12 +46,27 @@ class TrajectoryRows(WarehouseViews):
         """
         self._writable()
         file = name or part_name(trajectories.column("trajectory_id").to_pylist())
-        for table, rows in (
-            ("tool_call_counts", tool_call_counts(steps)),
-            ("steps", steps),
-            ("trajectories", trajectories),
-        ):
-            self.files.write(f"{self.files.partition_dir(table, run_id, round_)}/{file}.parquet", rows)
+        for table, rows in (("tool_call_counts", tool_call_counts(steps)), ("steps", steps)):
+            self.files.write(self._batch_file(table, run_id, round_, file), rows)
+        self._commit_batch(run_id, round_, file, trajectories)
+
+    def _batch_file(self, table: str, run_id: str, round_: int, file: str) -> str:
+        return f"{self.files.partition_dir(table, run_id, round_)}/{file}.parquet"
+
+    def _commit_batch(self, run_id: str, round_: int, file: str, trajectories: pa.Table) -> None:
+        """Write a batch's trajectories file, its commit record, once every other file of the batch is stored.
+
+        Readers take a batch's steps and counts as rows only when its trajectories file exists (`scan`), so a
+        trajectories file written before them would show episodes without their steps to every reader until
+        they follow, and for good if the writer died first. The check refuses that order outright.
+        """
+        missing = [t for t in BATCH_PARTS if not self.files.exists(self._batch_file(t, run_id, round_, file))]
+        if missing:
+            raise DataError(
+                f"Batch {file} of run {run_id!r} round {round_} was not committed: its {' and '.join(missing)} "
+                "file is not written yet, and the trajectories file commits a batch, so it is written last."
+            )
+        self.files.write(self._batch_file("trajectories", run_id, round_, file), trajectories)
 
     def stored_episodes(self, run_id: str, round_: int) -> set[tuple[str, int]]:
         """(task_id, sample) of the round's stored trajectories: a rollout that resumes plays only the others.

@@ -102,3 +102,58 @@ def test_a_batch_another_writer_is_committing_keeps_its_steps(warehouse, make_ta
     stored = warehouse.trajectories(RUN, 0)
     assert [len(t.steps) for t in stored] == [2, 2]
     assert warehouse.sql("SELECT count(*) FROM steps").item() == 4
+
+
+class WriterDied(BaseException):
+    """The writing process ending at this point: nothing after it runs (not an Exception, so nothing catches it)."""
+
+
+@pytest.mark.parametrize("files_written", [1, 2])
+def test_a_writer_killed_between_a_batchs_files_leaves_no_episode_visible(
+    warehouse, make_task, make_trajectory, monkeypatch, files_written
+) -> None:
+    """A batch is three files; a writer dying after any but the last leaves nothing a reader or a resume counts."""
+    task = make_task(0)
+    batch = [make_trajectory(task.task_id, s, True) for s in range(2)]
+    write_bytes, written = tables.TableFiles.write_bytes, []
+
+    def dying(files: tables.TableFiles, target: str, data: bytes) -> None:
+        if len(written) == files_written:
+            raise WriterDied(target)
+        write_bytes(files, target, data)
+        written.append(target.split("/tables/")[1].split("/")[0])
+
+    monkeypatch.setattr(tables.TableFiles, "write_bytes", dying)
+    with pytest.raises(WriterDied):
+        warehouse.write_trajectories(batch)
+    monkeypatch.undo()
+    assert "trajectories" not in written and len(written) == files_written
+    assert warehouse.stored_episodes(RUN, 0) == set()
+    assert warehouse.trajectories(RUN, 0) == []
+    counts = (
+        "SELECT (SELECT count(*) FROM trajectories), (SELECT count(*) FROM steps), "
+        "(SELECT coalesce(sum(calls), 0) FROM tool_call_counts)"
+    )
+    assert warehouse.sql(counts).row(0) == (0, 0, 0)
+    # The resumed writer writes the batch again, whole.
+    warehouse.write_trajectories(batch)
+    assert [len(t.steps) for t in warehouse.trajectories(RUN, 0)] == [2, 2]
+    assert warehouse.sql(counts).row(0) == (2, 4, 4)  # two calls in each of the two episodes
+
+
+@pytest.mark.parametrize("lost", ["steps", "tool_call_counts"])
+def test_a_batch_whose_other_files_are_not_stored_is_never_committed(
+    warehouse, make_task, make_trajectory, monkeypatch, lost
+) -> None:
+    """The trajectories file commits a batch: it is refused while a file the batch needs is missing."""
+    write_bytes = tables.TableFiles.write_bytes
+
+    def losing(files: tables.TableFiles, target: str, data: bytes) -> None:
+        if f"/tables/{lost}/" not in target:
+            write_bytes(files, target, data)
+
+    monkeypatch.setattr(tables.TableFiles, "write_bytes", losing)
+    with pytest.raises(DataError, match=f"its {lost} file is not written yet.*written last"):
+        warehouse.write_trajectories([make_trajectory(make_task(0).task_id, s, True) for s in range(2)])
+    monkeypatch.undo()
+    assert warehouse.files.files("trajectories", RUN, 0) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import polars as pl
 import pytest
 
@@ -52,16 +54,32 @@ def history(warehouse: Warehouse, make_task, make_trajectory) -> Warehouse:
 
 def test_success_by_round(history: Warehouse) -> None:
     rows = history.sql(
-        "SELECT round, trajectories, tasks, successes, success_rate FROM v_success_by_round ORDER BY round"
+        "SELECT round, trajectories, tasks, successes, success_rate, mean_reward FROM v_success_by_round ORDER BY round"
     )
-    assert rows.rows() == [(0, 4, 2, 3, 0.75), (1, 4, 2, 2, 0.5)]
+    assert rows.rows() == [(0, 4, 2, 3, 0.75, 0.75), (1, 4, 2, 2, 0.5, 0.5)]
+
+
+def test_mean_reward_by_round_is_the_mean_of_the_rounds_rewards_not_their_best(
+    warehouse: Warehouse, make_task, make_trajectory
+) -> None:
+    """Partial rewards (an environment may grant some to a failed episode) keep the mean apart from the success rate."""
+    task = make_task(0)
+    warehouse.write_tasks([task])
+    rewards = [(0, 1.0, True), (1, 0.5, False), (2, 0.0, False), (3, 0.25, False)]
+    warehouse.write_trajectories(
+        [dataclasses.replace(make_trajectory(task.task_id, s, ok), reward=r) for s, r, ok in rewards]
+    )
+    rows = warehouse.sql("SELECT round, successes, success_rate, mean_reward FROM v_success_by_round")
+    assert rows.rows() == [(0, 1, 0.25, 0.4375)]
 
 
 def test_success_by_task(history: Warehouse, make_task) -> None:
-    rows = history.sql("SELECT task_id, origin, attempts, successes, first_round, last_round FROM v_success_by_task")
+    rows = history.sql(
+        "SELECT task_id, origin, attempts, successes, success_rate, first_round, last_round FROM v_success_by_task"
+    )
     by_task = {r[0]: r[1:] for r in rows.rows()}
-    assert by_task[make_task(0).task_id] == ("seed", 4, 2, 0, 1)
-    assert by_task[make_task(1).task_id] == ("seed", 4, 3, 0, 1)
+    assert by_task[make_task(0).task_id] == ("seed", 4, 2, 0.5, 0, 1)
+    assert by_task[make_task(1).task_id] == ("seed", 4, 3, 0.75, 0, 1)
 
 
 def test_tool_failure_rates_count_error_observations_per_tool(history: Warehouse) -> None:

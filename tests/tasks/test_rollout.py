@@ -235,3 +235,26 @@ def test_a_prompt_that_rewrites_history_starts_a_new_segment_with_that_prompt(re
 
 def test_compact_style_stores_each_episode_as_one_segment(untrained_engine, tasks):
     assert all(t.later_segments == [] for t in play(untrained_engine, tasks))
+
+
+# --- scoring: a correct episode played through the rollout earns the reward ---------------------------
+
+
+@pytest.mark.parametrize("environment", ["bfcl", "workplace"])
+def test_an_episode_that_plays_the_reference_is_scored_a_success_with_reward_one(environment):
+    env_config = EnvironmentConfig(name=environment, max_steps=12)
+    env = make_environment(env_config)
+    task = env.build_tasks(1, seed=21, calls_per_turn=2)[0]
+    replies = [m.content for m in env.demonstration(task) if m.role == "assistant"]
+    assert len(task.reference) >= 2 and len(replies) > len(task.reference)  # several turns, several messages
+    engine = _ScriptedEngine(train_tokenizer(replies, vocab_size=300), replies)
+    (solved,) = play(engine, [task], samples=1, env_config=env_config, temperature=0.0, max_new_tokens=256)
+    assert (solved.finish_reason, solved.reward, solved.success) == ("done", 1.0, True)
+    assert engine.replies == [] and [c for s in solved.steps for c in s.calls] == [
+        c for turn in task.reference for c in turn
+    ]
+
+    # The same task answered with "done" at every turn ends the same way ("done") and earns nothing.
+    lazy = _ScriptedEngine(train_tokenizer(replies, vocab_size=300), ["done"] * len(task.reference))
+    (skipped,) = play(lazy, [task], samples=1, env_config=env_config, temperature=0.0, max_new_tokens=256)
+    assert (skipped.finish_reason, skipped.reward, skipped.success) == ("done", 0.0, False)

@@ -7,6 +7,7 @@ import pytest
 from coevolve.config import PoolConfig, SynthesisConfig
 from coevolve.records import Candidate, Provenance, ToolCall
 from envs.bfcl.explorer import build_tasks
+from envs.workplace.explorer import build_tasks as build_workplace_tasks
 from tasks.validate import action_key, next_pool, validate_candidates
 
 
@@ -108,6 +109,28 @@ def test_an_unknown_tool_in_a_synthesized_task_is_rejected_not_raised(tasks):
     )
     [(accepted, reason)] = verdicts([Candidate(bogus, None)])
     assert not accepted and reason.startswith("replay failed")
+
+
+# Calls that only read the state, per built-in environment: a task made of them has nothing to check at the end.
+READ_ONLY_CALLS = {
+    "bfcl": [ToolCall("pwd", {}), ToolCall("ls", {}), ToolCall("du", {})],
+    "workplace": [
+        ToolCall("list_mail", {}),
+        ToolCall("list_tasks", {}),
+        ToolCall("search_contacts", {"company": "Kestrel"}),
+    ],
+}
+
+
+@pytest.mark.parametrize("environment", sorted(READ_ONLY_CALLS))
+def test_a_reference_that_only_reads_is_rejected_as_no_state_change(tasks, environment):
+    start = tasks[1] if environment == "bfcl" else build_workplace_tasks(1, seed=11)[0]
+    reads = replace(start, reference=[READ_ONLY_CALLS[environment]])
+    one_write = replace(start, reference=[list(start.reference[0]) + READ_ONLY_CALLS[environment]])
+    [(accepted, reason)] = verdicts([Candidate(reads, None)])
+    assert (accepted, reason) == (False, "no state change: the reference only reads")
+    [(accepted, reason)] = verdicts([Candidate(one_write, None)])
+    assert accepted, reason
 
 
 def test_too_short_references_are_rejected(tasks):
