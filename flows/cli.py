@@ -5,7 +5,8 @@
     coevolve evaluate --checkpoint PATH [--categories base,miss_func,...] [--limit N] [--no-heldout] [--dev]
     coevolve ablation [--config configs/ablation.yaml] [--arms static,random,full] [--seeds 1,2,3,4,5]
                       [--rounds 5] [--workers 2]
-    coevolve sql "SELECT * FROM v_success_by_round" [--format table|csv|json] [--limit N] [--database ROOT]
+    coevolve sql "SELECT * FROM v_success_by_round" [--format table|csv|json] [--limit N] [--timeout S]
+                 [--database ROOT]
     coevolve warehouse migrate [PATH] [--to ROOT] [--check]
     coevolve lineage VERSION|current|best [--model NAME]
     coevolve config --show
@@ -59,6 +60,17 @@ def _rows(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is not a row count (0 or more; 0 prints all)")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A time limit for --timeout: seconds, 0 or more (0: none)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds (0 or more; 0 for no limit), got {text!r}")
     return value
 
 
@@ -139,6 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             f"Print the first N rows, in the query's order (0: all). Default: {query_output.TABLE_ROWS} for a "
             "table, all rows for csv and json. Rows left out are counted below the table, or on stderr."
+        ),
+    )
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help=(
+            "Stop the query after S seconds (0: no limit). Default: warehouse.query_timeout_s (120 unless set). "
+            "Its memory is bounded by warehouse.query_memory_mb."
         ),
     )
     p.set_defaults(func=cmd_sql)

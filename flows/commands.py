@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     import storage.single_file_conversion as migrate
     import storage.state_version as state_version
     import storage.tracking as tracking
+    import storage.views as views
     import storage.warehouse as warehouse
     import tasks.evaluate as evaluate_stage
     import tasks.prepare as prepare_stage
@@ -62,6 +63,7 @@ else:
     migrate = optional_module("storage.single_file_conversion")
     state_version = optional_module("storage.state_version")
     tracking = optional_module("storage.tracking")
+    views = optional_module("storage.views")
     warehouse = optional_module("storage.warehouse")
 
 
@@ -182,14 +184,20 @@ def cmd_sql(args: argparse.Namespace) -> int:
         _store_errors(config, root),
         warehouse.Warehouse.for_queries(root, storage_options=config.warehouse.storage_options) as wh,
     ):
+        timeout = config.warehouse.query_timeout_s if args.timeout is None else (args.timeout or None)
+        # DuckDB spills past its memory limit to a folder of the query's own under the state folder (when there is
+        # one: `--database` may name a warehouse elsewhere), removed when the query ends.
+        spill_root = config.state_dir / "tmp" if config.state_dir.is_dir() else None
+        limits = views.QueryLimits(timeout, config.warehouse.query_memory_mb, spill_root)
+        shown = query_output.rows_to_show(args.limit, args.format)
         try:
-            frame = wh.sql(args.query)
+            result = wh.query(args.query, rows=shown, limits=limits)
         except duckdb.Error as exc:
             # The database's own words on one line; the echo of the query and its ^ pointer are left out.
             lines = (line.strip() for line in str(exc).splitlines())
             message = " ".join(line for line in lines if line.strip("^") and not line.startswith("LINE "))
             raise PipelineError(f"query failed: {message}") from None
-    text, note = query_output.render(frame, args.format, query_output.rows_to_show(args.limit, args.format))
+    text, note = query_output.render(result.frame, args.format, shown, total=result.total)
     print(text)
     if note is not None:  # CSV and JSON stay parseable: what was left out is said beside them
         print(note, file=sys.stderr)

@@ -33,22 +33,25 @@ def rows_to_show(limit: int | None, output_format: str) -> int | None:
     return limit or None
 
 
-def render(frame: pl.DataFrame, output_format: str, limit: int | None) -> tuple[str, str | None]:
+def render(
+    frame: pl.DataFrame, output_format: str, limit: int | None, total: int | None = None
+) -> tuple[str, str | None]:
     """The text to print for ``frame``'s first ``limit`` rows (all for None), and a note on the rows left out
-    (None when none were): the table carries it as its last line, CSV and JSON leave it to stderr."""
+    (None when none were): the table carries it as its last line, CSV and JSON leave it to stderr.
+
+    ``total``: the rows the query returned, when ``frame`` holds only the first of them (the query door fetches
+    only the rows it shows); None: ``frame``'s own height."""
     shown = frame if limit is None else frame.head(limit)
-    left_out = frame.height - shown.height
+    total = frame.height if total is None else total
+    left_out = total - shown.height
     note = None
     if left_out:
-        note = (
-            f"the first {shown.height} of {frame.height} rows; {left_out} more not shown "
-            "(--limit N shows N, --limit 0 all)"
-        )
+        note = f"the first {shown.height} of {total} rows; {left_out} more not shown (--limit N shows N, --limit 0 all)"
     if output_format == "csv":
         return _csv(shown), note
     if output_format == "json":
         return _json(shown), note
-    counted = f"({frame.height} row{'s' if frame.height != 1 else ''})" if note is None else f"({note})"
+    counted = f"({total} row{'s' if total != 1 else ''})" if note is None else f"({note})"
     return f"{_table(shown)}\n{counted}", None
 
 

@@ -7,8 +7,14 @@ holds no state of its own beyond what `Warehouse.__init__` sets.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
 
 import duckdb
 import polars as pl
@@ -36,10 +42,65 @@ CATALOG_COLUMNS: dict[str, dict[str, str]] = {
 # changes the session (SET, PRAGMA, CALL, DROP) or may run another statement (EXPLAIN ANALYZE, PIVOT's MULTI).
 READ_STATEMENTS: frozenset[duckdb.StatementType] = frozenset({duckdb.StatementType.SELECT})
 READ_FORMS = "SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE"
+# A query may spill to disk this many times its memory limit: a sort or join somewhat larger than memory still
+# answers, while an endless one cannot fill the disk before its time limit stops it.
+QUERY_SPILL_FACTOR = 4
+
+
+def _frame(relation: duckdb.DuckDBPyRelation, printable: bool) -> pl.DataFrame:
+    """The relation's rows as a Polars frame. ``printable``: one whose values Polars cannot import or hand back
+    (a UNION, an infinite date) comes back with every column as DuckDB's text of it, rather than failing after
+    the query has run (the door prints the rows it fetched)."""
+    try:
+        frame = relation.pl()
+        if printable:
+            frame.rows()  # every value as the printer reads it
+        return frame
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException, pa.ArrowException, ValueError, OverflowError):
+        if not printable:
+            raise
+        return relation.project(", ".join(f'CAST("{c}" AS VARCHAR) AS "{c}"' for c in relation.columns)).pl()
 
 
 class QueryRefused(PipelineError):
     """A query the query door does not run: a statement that is not a read, or a read outside the warehouse."""
+
+
+class QueryStopped(PipelineError):
+    """A query of the query door interrupted at its time limit."""
+
+    def __init__(self, timeout_s: float | None) -> None:
+        super().__init__(
+            f"query stopped at its time limit of {timeout_s:g} s; give it longer with `coevolve sql --timeout S` "
+            "(or warehouse.query_timeout_s), or narrow it (a WHERE on run_id and round, a LIMIT)."
+        )
+
+
+class QueryTooLarge(PipelineError):
+    """A query of the query door that needed more memory and spill space than its limits."""
+
+    def __init__(self, memory_mb: int | None) -> None:
+        super().__init__(
+            f"query needs more than its memory limit of {memory_mb} MB and {QUERY_SPILL_FACTOR}x that spilled to "
+            "disk; raise warehouse.query_memory_mb, or narrow it (a WHERE on run_id and round, fewer columns)."
+        )
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """What one query of the door may take: seconds, memory, and where its spill folder is made."""
+
+    timeout_s: float | None = None
+    memory_mb: int | None = None
+    spill_root: Path | None = None  # None: the system's temporary folder
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """The rows of a query that were fetched (its first ones, in its order) and how many it returned in all."""
+
+    frame: pl.DataFrame
+    total: int
 
 
 class WarehouseViews:
@@ -130,8 +191,13 @@ class WarehouseViews:
             self._lock_down(con)
         return con
 
-    def _lock_down(self, con: duckdb.DuckDBPyConnection) -> None:
+    def _lock_down(
+        self, con: duckdb.DuckDBPyConnection, memory_mb: int | None = None, spill: Path | None = None
+    ) -> None:
         """No file outside the warehouse, no extension, and no way to SET either back.
+
+        ``memory_mb``: the session's memory limit; ``spill``: the folder it spills to past it (at most
+        `QUERY_SPILL_FACTOR` times the limit), else none, so no folder besides the warehouse is readable.
 
         ``allowed_directories`` admits the warehouse root (which the views scan) to a session whose external
         access is off. It admits writes there too, so the statement check of `sql` is the wall that keeps
@@ -140,6 +206,12 @@ class WarehouseViews:
         `TableFiles.url` gives.
         """
         root = (self.files.url(self.files.path).rstrip("/") + "/").replace("'", "''")
+        if memory_mb is not None:
+            con.execute(f"SET memory_limit = '{int(memory_mb)}MB'")
+            con.execute(f"SET max_temp_directory_size = '{int(memory_mb) * QUERY_SPILL_FACTOR}MB'")
+        # temp_directory is set before external access goes off (after, DuckDB refuses to change it).
+        temp = "" if spill is None else str(spill).replace("'", "''")
+        con.execute(f"SET temp_directory = '{temp}'")
         con.execute(f"SET allowed_directories = ['{root}']")
         con.execute("SET enable_external_access = false")
         # The extensions the views need (parquet, json, icu) are built into the duckdb wheel; anything else
@@ -164,41 +236,83 @@ class WarehouseViews:
             f"WHERE run_id IS DISTINCT FROM '{PLACEHOLDER_RUN}'"
         )
 
-    def sql(self, query: str) -> pl.DataFrame:
+    def sql(self, query: str, limits: QueryLimits | None = None) -> pl.DataFrame:
         """Runs a read-only query (e.g. on the v_* views) and returns the result as a Polars frame.
 
         The query door of `coevolve sql`: DuckDB's own parser types every statement, and a query holding
         anything but reads (`READ_STATEMENTS`) is refused before any of it runs. The reads run in a locked
-        session (`connect(locked=True)`) that opens no file outside the warehouse. Either refusal is a
-        `QueryRefused`; nothing is ever written.
+        session (`_lock_down`) that opens no file outside the warehouse. Either refusal is a
+        `QueryRefused`; nothing is ever written. ``limits``: its time and memory (`QueryLimits`).
         """
-        con = self.connect(locked=True)
+        return self.query(query, limits=limits, printable=False).frame
+
+    def query(
+        self, query: str, rows: int | None = None, limits: QueryLimits | None = None, printable: bool = True
+    ) -> QueryResult:
+        """`sql`, keeping only the first ``rows`` rows (None: all) and counting the rest without holding them.
+
+        The head is fetched with a LIMIT (DuckDB stops early, or keeps a top-N for an ORDER BY) and the rows
+        past it are counted by a second pass that holds none of them, so printing 50 rows of a hundred million
+        takes the memory of 50. A query past ``limits.timeout_s`` is interrupted: `QueryStopped`. ``printable``:
+        values Polars cannot hand back (a UNION, an infinite date) come as text instead of failing.
+        """
+        limits = limits or QueryLimits()
+        spill_root = limits.spill_root
+        made_root = spill_root is not None and not spill_root.exists()
+        if spill_root is not None:
+            spill_root.mkdir(parents=True, exist_ok=True)
+        # A folder of this session's own for DuckDB's spill files: a session's temp_directory is readable through
+        # the door whatever allowed_directories says, so it must hold nothing but what this query spills (DuckDB's
+        # default, .tmp in the working folder, could hold anything). Removed with the session.
+        spill = Path(tempfile.mkdtemp(prefix="sql-", dir=spill_root))
+        con = self.connect()
+        stopped = threading.Event()
+
+        def interrupt() -> None:
+            stopped.set()
+            con.interrupt()
+
+        timer = threading.Timer(limits.timeout_s, interrupt) if limits.timeout_s else None
         try:
+            self._lock_down(con, limits.memory_mb, spill)
             self._refuse_all_but_reads(con, query)
+            if timer is not None:
+                timer.start()
             try:
                 relation = con.sql(query)
-            except duckdb.Error as exc:
-                refused = self._query_error(exc, query)
-                if refused is None:
-                    raise
-                raise refused from exc
-            # Polars cannot import DuckDB's INTERVAL (e.g. a difference of timestamps): show it as text.
-            if any(str(t) == "INTERVAL" for t in relation.types):
-                relation = relation.project(
-                    ", ".join(
-                        f'CAST("{c}" AS VARCHAR) AS "{c}"' if str(t) == "INTERVAL" else f'"{c}"'
-                        for c, t in zip(relation.columns, relation.types, strict=True)
+                # Polars cannot import DuckDB's INTERVAL (e.g. a difference of timestamps): show it as text.
+                if any(str(t) == "INTERVAL" for t in relation.types):
+                    relation = relation.project(
+                        ", ".join(
+                            f'CAST("{c}" AS VARCHAR) AS "{c}"' if str(t) == "INTERVAL" else f'"{c}"'
+                            for c, t in zip(relation.columns, relation.types, strict=True)
+                        )
                     )
-                )
-            try:
-                return relation.pl()
+                if rows is None:
+                    frame = _frame(relation, printable)
+                    return QueryResult(frame, frame.height)
+                frame = _frame(relation.limit(rows + 1), printable)
+                if frame.height <= rows:
+                    return QueryResult(frame, frame.height)
+                counted = relation.aggregate("count(*)").fetchall()
+                return QueryResult(frame.head(rows), int(counted[0][0]))
             except duckdb.Error as exc:
+                if stopped.is_set():
+                    raise QueryStopped(limits.timeout_s) from None
+                if isinstance(exc, duckdb.OutOfMemoryException):
+                    raise QueryTooLarge(limits.memory_mb) from None
                 refused = self._query_error(exc, query)
                 if refused is None:
                     raise
                 raise refused from exc
         finally:
+            if timer is not None:
+                timer.cancel()
             con.close()
+            shutil.rmtree(spill, ignore_errors=True)
+            if made_root and spill_root is not None:  # a reader leaves the state folder as it found it
+                with contextlib.suppress(OSError):  # another query's spill folder is still in it
+                    spill_root.rmdir()
 
     def _refuse_all_but_reads(self, con: duckdb.DuckDBPyConnection, query: str) -> None:
         """`QueryRefused` naming the first statement that is not a read (a syntax error is DuckDB's own)."""

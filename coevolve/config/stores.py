@@ -70,6 +70,23 @@ class WarehouseConfig(Section):
             "many small files (benchmarks/README.md, warehouse)."
         ),
     )
+    # Two minutes: the analysis views answer in seconds over a run's warehouse, while an endless query (a recursive
+    # CTE with no end) otherwise runs until someone kills it.
+    query_timeout_s: float | None = Field(
+        120.0,
+        gt=0,
+        description=(
+            "Seconds a `coevolve sql` query may run before it is stopped (`--timeout S` changes it for one query, "
+            "`--timeout 0` lifts it); None: no limit."
+        ),
+    )
+    # 1 GiB: the whole of this default's warehouse several times over; beyond it DuckDB spills to a folder of its
+    # own under state_dir/tmp, at most four times this (storage/views.py), so a query may need more and still answer.
+    query_memory_mb: int = Field(
+        1024,
+        ge=64,
+        description="Memory a `coevolve sql` query may hold (DuckDB's memory_limit) before it spills to disk.",
+    )
 
     @field_validator("storage_options", mode="after")
     @classmethod

@@ -14,12 +14,15 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from coevolve.errors import PipelineError
 from coevolve.records import RoundSummary
@@ -328,3 +331,123 @@ def test_the_documented_derived_table_block_builds_a_table_in_a_file_of_your_own
     finally:
         con.close()
     assert kept == [(0, 6), (1, 6), (2, 11)]
+
+
+# -- bounds: time, memory, rows fetched, DuckDB's temporary files --------------------------------------------
+
+ENDLESS = "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t) SELECT max(n) FROM t"
+
+
+def test_an_endless_query_stops_at_its_time_limit_naming_the_flag(
+    state: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert sql(state, ENDLESS, "--timeout", "1") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: query stopped at its time limit of 1 s; give it longer with `coevolve sql --timeout")
+    assert len(err.strip().splitlines()) == 1
+    assert not (state / "tmp").exists()  # the query's spill folder went with it
+
+
+def test_the_time_limit_has_a_default_in_the_configuration(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert sql(state, ENDLESS, "--set", "warehouse.query_timeout_s=1") == 2
+    assert "time limit of 1 s" in capsys.readouterr().err
+
+
+def test_a_timeout_that_is_not_seconds_is_refused_by_the_parser(state: Path) -> None:
+    for bad in ("-1", "soon", "inf", "nan"):
+        with pytest.raises(SystemExit):
+            sql(state, "SELECT 1", "--timeout", bad)
+
+
+def test_printing_50_rows_of_a_hundred_million_fetches_only_those(state: Path) -> None:
+    """The whole result was converted before --limit cut it: 966 MB for 50 rows."""
+    measured = subprocess.run(
+        [
+            sys.executable, "-c",
+            "import resource, subprocess, sys; "
+            "done = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+            "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+            "print(done.stdout.splitlines()[-1])",
+            sys.executable, "-m", "flows.cli", "sql", "SELECT * FROM range(100000000)", "--set", f"state_dir={state}",
+        ],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    first, last = measured.stdout.splitlines()
+    code, max_rss_kib = (int(word) for word in first.split())
+    assert code == 0
+    assert last == "(the first 50 of 100000000 rows; 99999950 more not shown (--limit N shows N, --limit 0 all))"
+    assert max_rss_kib < 600 * 1024
+
+
+def test_a_file_in_duckdbs_default_temporary_folder_is_not_readable(
+    state: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DuckDB's temp_directory is readable whatever allowed_directories says; its default is .tmp in the working
+    folder, which may hold anything. The door's sessions spill to a fresh folder of their own under state_dir/tmp."""
+    Path(".tmp").mkdir()
+    Path(".tmp/secret.csv").write_text("secret\n42\n")
+    assert sql(state, "SELECT * FROM read_csv('.tmp/secret.csv')") == 2
+    assert "query refused" in capsys.readouterr().err
+    assert sql(state, f"SELECT * FROM read_csv('{Path.cwd()}/.tmp/secret.csv')") == 2
+    assert "query refused" in capsys.readouterr().err
+
+
+def test_values_polars_cannot_hold_are_printed_as_duckdbs_text(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    query = "SELECT {'a': union_value(k := 1)} AS s, 'infinity'::DATE AS d"
+    assert sql(state, query) == 0
+    assert _table_rows(capsys.readouterr().out) == [["{'a': 1}", "infinity"]]
+
+
+def test_a_query_past_its_memory_limit_spills_under_the_state_folder_and_answers(
+    state: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    query = "SELECT count(DISTINCT (range * 7919) % 9999991) AS n FROM range(3000000)"
+    assert sql(state, query, "--set", "warehouse.query_memory_mb=64") == 0
+    assert "9999991" not in capsys.readouterr().out
+    assert not (state / "tmp").exists()
+
+
+# -- generated statements -------------------------------------------------------------------------------------
+
+FRAGMENTS = [
+    "SELECT", "WITH", "FROM", "VALUES", "DESCRIBE", "SHOW", "SUMMARIZE", "COPY", "ATTACH", "DETACH", "INSTALL",
+    "LOAD", "CREATE", "DROP", "SET", "RESET", "PRAGMA", "CALL", "EXPLAIN", "ANALYZE", "PIVOT", "EXPORT", "IMPORT",
+    "INSERT", "UPDATE", "DELETE", "ALTER", "USE", "CHECKPOINT", "VACUUM", "BEGIN", "COMMIT", "TABLE", "VIEW", "AS",
+    "TO", "INTO", "1", "*", "(", ")", ",", ";", "'", '"', "--", "/*", "*/", "$$", "?", "$1", "trajectories",
+    "v_success_by_round", "rounds", "range(3)", "read_csv('/etc/passwd')", "read_text('../notes.txt')",
+    "glob('/*')", "'out.csv'", "'x.duckdb'", "enable_external_access", "= true", "lock_configuration", "getenv('HOME')",
+    "query_table('rounds')", "read_parquet('../beside.parquet')", "WHERE", "ORDER BY 1", "LIMIT 1", "UNION ALL",
+    "RECURSIVE", "t(n)", "NULL", "[1, 2]", "{'a': 1}", "INTERVAL 1 DAY", "1::BIT", "union_value(k := 1)",
+    "'\\x00'", "\n", "E'\\''", "current_setting('temp_directory')",
+]  # fmt: skip
+# Values of every kind DuckDB returns, some of which Polars cannot import or hand back.
+VALUES = [
+    "1", "NULL", "'x'", "1.5", "'NaN'::DOUBLE", "'infinity'::DATE", "'-infinity'::TIMESTAMP", "INTERVAL 1 DAY",
+    "1::BIT", "10::VARINT", "1::UHUGEINT", "170141183460469231731687303715884105727::HUGEINT", "'a'::ENUM('a', 'b')",
+    "'\\xAA'::BLOB", "gen_random_uuid()", "123.4567::DECIMAL(38, 10)", "[[1], [2, 3]]", "[1, 2]::INT[2]",
+    "{'a': 1}", "MAP {'k': 1}", "union_value(k := 1)", "{'a': union_value(k := 1)}", "'12:00:00+02'::TIMETZ",
+    "'1'::JSON", "now()", "'2024-01-01'::DATE - '2023-01-01'::DATE", "round", "run_id", "success",
+]  # fmt: skip
+reads = st.builds(
+    "SELECT {} FROM {} LIMIT {}".format,
+    st.lists(st.sampled_from(VALUES), min_size=1, max_size=4).map(", ".join),
+    st.sampled_from(["trajectories", "range(3)", "rounds", "v_success_by_round"]),
+    st.integers(0, 3),
+)
+statements = reads | st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=8), min_size=1, max_size=12).map(" ".join)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(query=statements)
+def test_any_statement_answers_or_is_refused_in_one_line_and_nothing_changes(
+    state: Path, capsys: pytest.CaptureFixture[str], query: str
+) -> None:
+    before = snapshot(state)
+    cwd = sorted(os.listdir("."))
+    code = sql(state, query, "--timeout", "5")
+    captured = capsys.readouterr()
+    assert code in (0, 2)
+    if code == 2:
+        assert captured.err.startswith("error: ") and captured.err.count("\n") == 1, captured.err
+    assert snapshot(state) == before
+    assert sorted(os.listdir(".")) == cwd
