@@ -76,7 +76,7 @@ GPU_TORCH_SPEC ?= torch==2.13.0
 GPU_VLLM_SPEC ?= vllm==0.31.0
 SMOKE_ARGS ?=
 
-.PHONY: setup compile policy setup-vllm setup-gpu gpu-smoke gpu-run gpu-check-wheels run test test-only lint lock clean
+.PHONY: setup compile policy setup-vllm setup-gpu gpu-smoke gpu-run gpu-check-wheels run test test-only browser lint lock clean
 
 setup: $(STAMP)
 
@@ -221,8 +221,17 @@ test: lint test-only
 # also keep the modules of the session's vLLM server together, but pytest-xdist 3.8 cannot set its groups
 # under pytest 9.2, whose node ids no longer follow the `_nodeid` it rewrites.)
 TEST_WORKERS ?= 2
-test-only: setup setup-vllm compile
+test-only: setup setup-vllm compile browser
 	REQUIRE_VLLM_TESTS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+
+# Chromium and its driver from the system's packages, for the tests that drive `coevolve view` in a browser
+# (tests/flows/test_view.py, through selenium with /usr/bin/chromedriver: no driver is downloaded). apt-get runs
+# only where either is missing, as root or through sudo.
+APT_AS := $(if $(filter 0,$(shell id -u)),,sudo)
+browser:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+		$(APT_AS) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(APT_AS) apt-get install -y -qq --no-install-recommends chromium chromium-driver; }
 
 clean:
 	rm -rf .coevolve

@@ -11,6 +11,7 @@
     coevolve lineage VERSION|current|best [--model NAME]
     coevolve config --show
     coevolve status
+    coevolve view [--port 8765] [--database ROOT]
     coevolve serve --model CHECKPOINT [--port 8000] [--host 127.0.0.1] [--dry-run]
     coevolve build-policy [--output DIR]
 
@@ -38,6 +39,7 @@ from flows.commands import (
     cmd_serve,
     cmd_sql,
     cmd_status,
+    cmd_view,
     cmd_warehouse_migrate,
 )
 from flows.preflight import Interrupted
@@ -302,6 +304,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="Print a run's rounds: finished ones with their duration, and a running one.")
     common(p)
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser(
+        "view",
+        help="Serve a read-only web view of the warehouse on 127.0.0.1: runs, rounds, episodes, where tasks came from.",
+        description=(
+            "Pages: / (runs, rounds, curves), /runs/RUN/rounds/R (stages and their costs, groups), /episodes/ID (the "
+            "conversation and every tool call), /tasks/ID (the signal and episode a task came from, its later plays). "
+            "It reads the warehouse as `coevolve sql` does, never writes, and may run while rounds run; Ctrl-C stops "
+            "it. docs/view.md."
+        ),
+    )
+    common(p)
+    p.add_argument("--port", type=int, default=8765, help="Port on 127.0.0.1 (default: %(default)s; 0: a free one).")
+    p.add_argument(
+        "--database",
+        help="Warehouse folder or URL (default: the configuration's warehouse.uri, else state_dir/warehouse).",
+    )
+    p.set_defaults(func=cmd_view)
     return parser
 
 

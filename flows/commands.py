@@ -24,7 +24,7 @@ from coevolve import console
 from coevolve.config import PipelineConfig, load_config
 from coevolve.errors import ConfigError, PipelineError
 from coevolve.optional import optional_module, preload
-from coevolve.settings import apply_settings
+from coevolve.settings import OFFLINE_ENV, apply_settings
 from flows import preflight, query_output
 from flows.table import COLUMNS, WIDTHS, format_row, summary_row
 
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import flows.local_api as local_api
     import flows.round as round_flow
     import flows.rounds_target as rounds_target
+    import flows.view.serve as view
     import storage.single_file_conversion as migrate
     import storage.state_version as state_version
     import storage.tracking as tracking
@@ -65,6 +66,7 @@ else:
     tracking = optional_module("storage.tracking")
     views = optional_module("storage.views")
     warehouse = optional_module("storage.warehouse")
+    view = optional_module("flows.view.serve")
 
 
 def prepare_environment(config: PipelineConfig, log_file: bool = False) -> None:
@@ -385,3 +387,18 @@ def cmd_build_policy(args: argparse.Namespace) -> int:
     print(f"checkpoint 0 built in {time.perf_counter() - t0:.0f}s and written to {folder}")
     print(f"files digest {record['checkpoint_digest']}; what it was built from: {shipped_policy.record_path(folder)}")
     return 0
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    """Serve the read-only view of the warehouse on 127.0.0.1 until Ctrl-C (flows/view/)."""
+    config = load_config(args.config, args.set)
+    for key, value in OFFLINE_ENV.items():  # the view may load the run's tokenizer: never from the hub
+        os.environ.setdefault(key, value)
+    root = args.database or config.warehouse_path
+    if _no_local_warehouse(root):
+        raise PipelineError(f"No warehouse at {root}; run `coevolve evolve` first or pass --database.")
+    with _store_errors(config, root):
+        try:
+            return view.serve(root, args.port, storage_options=config.warehouse.storage_options)
+        except KeyboardInterrupt:
+            return 0

@@ -249,5 +249,51 @@ FROM task_difficulty AS d
 LEFT JOIN observed AS o USING (run_id, round, task_id)
 LEFT JOIN v_runs AS r ON r.run_id = d.run_id
 ORDER BY d.run_id, d.round, d.task_id;
+
+-- Purpose: what each stage of each round cost: seconds and peak memory as its record measured them
+-- (tasks/stage_cost.py; NULL in records of older versions), the tokens its episodes generated, the episodes
+-- it played or scored, and the optimizer steps an update took or skipped (no group with reward variance).
+CREATE VIEW v_stage_cost AS
+WITH group_sizes AS (
+    SELECT run_id, coalesce(CAST(json_extract(config, '$.rollout.group_size') AS INTEGER), 1) AS group_size FROM runs
+),
+step_tokens AS (
+    SELECT s.run_id, s.round, t.sample // g.group_size AS step, sum(s.completion_tokens) AS tokens
+    FROM steps AS s
+    JOIN trajectories AS t USING (run_id, round, trajectory_id)
+    JOIN group_sizes AS g USING (run_id)
+    GROUP BY ALL
+),
+records AS (
+    SELECT run_id, round, stage, finished_at, output, cost,
+           split_part(stage, '@', 1)                                    AS kind,
+           coalesce(TRY_CAST(nullif(split_part(stage, '@', 2), '') AS INTEGER), 0) AS step
+    FROM stage_runs
+)
+SELECT c.run_id, r.environment, c.round, c.stage, c.kind, c.step,
+       CAST(json_extract(c.cost, '$.seconds') AS DOUBLE)                AS seconds,
+       k.tokens                                                         AS tokens_generated,
+       k.tokens / nullif(CAST(json_extract(c.cost, '$.seconds') AS DOUBLE), 0) AS tokens_per_s,
+       CASE c.kind
+           WHEN 'rollout' THEN CAST(json_extract(c.output, '$.trajectories') AS BIGINT)
+           WHEN 'update' THEN CAST(json_extract(c.output, '$.stats.trajectories') AS BIGINT)
+           WHEN 'evaluate' THEN CAST(json_extract(c.output, '$.heldout_tasks') AS BIGINT)
+                + coalesce(CAST(json_extract(c.output, '$.dev_tasks') AS BIGINT), 0)
+       END                                                              AS episodes,
+       CASE WHEN c.kind = 'update' THEN CAST(json_extract(c.output, '$.stats.steps') AS INTEGER) END
+                                                                        AS optimizer_steps,
+       CASE WHEN c.kind = 'update'
+            THEN coalesce(CAST(json_extract(c.output, '$.stats.skipped') AS BOOLEAN), false) END AS skipped,
+       CASE WHEN c.kind = 'update' THEN CAST(json_extract(c.output, '$.stats.groups') AS INTEGER) END
+                                                                        AS groups_trained,
+       CASE WHEN c.kind = 'update' THEN CAST(json_extract(c.output, '$.stats.groups_flat') AS INTEGER) END
+                                                                        AS groups_flat,
+       CAST(json_extract(c.cost, '$.peak_rss_mib') AS DOUBLE)           AS peak_rss_mib,
+       CAST(json_extract(c.cost, '$.peak_gpu_mib') AS DOUBLE)           AS peak_gpu_mib,
+       c.finished_at
+FROM records AS c
+LEFT JOIN step_tokens AS k ON c.kind = 'rollout' AND k.run_id = c.run_id AND k.round = c.round AND k.step = c.step
+LEFT JOIN v_runs AS r ON r.run_id = c.run_id
+ORDER BY c.run_id, c.round, c.finished_at, c.stage;
 """
 )

@@ -80,18 +80,30 @@ class RoundRecords(WarehouseViews):
         """The round records of a run (status, summary, started_at, finished_at), in round order."""
         return sorted(self.catalog.records("rounds", run_id), key=lambda r: r["round"])
 
-    def mark_stage(self, run_id: str, round: int, stage: str, output: dict[str, Any]) -> None:
-        """Records that a stage of a round finished, with the output a resumed round reuses."""
+    def mark_stage(
+        self, run_id: str, round: int, stage: str, output: dict[str, Any], cost: dict[str, Any] | None = None
+    ) -> None:
+        """Records that a stage of a round finished, with the output a resumed round reuses and, beside it, what
+        running it cost (``cost``: seconds, peak memory; tasks/stage_cost.py), which `v_stage_cost` shows."""
         self._writable()
-        self.catalog.put(
-            self.catalog.stage_path(run_id, round, stage),
-            {"run_id": run_id, "round": round, "stage": stage, "finished_at": record_time(), "output": output},
-        )
+        record = {"run_id": run_id, "round": round, "stage": stage, "finished_at": record_time(), "output": output}
+        if cost is not None:
+            record["cost"] = cost
+        self.catalog.put(self.catalog.stage_path(run_id, round, stage), record)
 
     def stage_output(self, run_id: str, round: int, stage: str) -> dict[str, Any] | None:
         """The output recorded by mark_stage, or None when that stage has not finished."""
         record = self.catalog.get(self.catalog.stage_path(run_id, round, stage))
         return None if record is None else record["output"]
+
+    def stage_costs(self, run_id: str, round: int) -> dict[str, dict[str, Any]]:
+        """What each recorded stage of a round cost (seconds, peak memory), by record name; stages recorded without
+        it (by older versions) are left out."""
+        found: dict[str, dict[str, Any]] = {}
+        for record in self.catalog.records("stage_runs", run_id):
+            if record.get("round") == round and isinstance(record.get("cost"), dict):
+                found[str(record["stage"])] = record["cost"]
+        return found
 
     def training_steps(self, run_id: str) -> list[dict[str, Any]]:
         """Every recorded training step of a run in the order it trained (the rows of ``v_training_steps``):

@@ -81,6 +81,8 @@ LINEAGE_TAGS = (
     "trajectories.copied_from",
 )
 
+# MLflow's limit on metrics in one log_batch call.
+_METRICS_PER_BATCH = 1000
 # The dataset digest column of MLflow's store holds at most 36 characters; the full digest goes
 # into the dataset name and the tags.
 _DATASET_DIGEST_CHARS = 32
@@ -170,8 +172,13 @@ class Tracker:
         training_pool_digest: str | None = None,
         checkpoint_uri: str | None = None,
         checkpoint_exclude: tuple[str, ...] = (),
+        step_metrics: list[tuple[str, float, int]] | None = None,
     ) -> dict[str, str]:
         """Logs one round in one MLflow run and registers its checkpoint as a new model version.
+
+        ``metrics`` are the round's, logged at step 0; ``step_metrics`` are ``(name, value, step)`` measured along
+        the round (each optimizer step's loss and KL at its global step, each training step's stage costs), which
+        MLflow charts against their steps across the run's rounds.
 
         ``checkpoint_exclude`` names top-level entries of the checkpoint folder that are not copied into
         the artifacts (the optimizer state, as large as the weights several times over, serves only a
@@ -232,6 +239,9 @@ class Tracker:
                 metrics=[mlflow_entities.Metric(k, float(v), 0, 0) for k, v in metrics.items()],
                 params=[mlflow_entities.Param(k, str(v)[:6000]) for k, v in redact_params(params).items()],
             )
+            along = [mlflow_entities.Metric(k, float(v), 0, int(step)) for k, v, step in step_metrics or []]
+            for start in range(0, len(along), _METRICS_PER_BATCH):
+                self.client.log_batch(run_id, metrics=along[start : start + _METRICS_PER_BATCH])
             if training_pool_path is not None and training_pool_digest:
                 self._log_pool(run_id, Path(training_pool_path), training_pool_digest, "training")
                 self._log_pool(run_id, Path(pool_path), pool_digest, "produced")

@@ -34,7 +34,7 @@ CATALOG_COLUMNS: dict[str, dict[str, str]] = {
     "rounds": {"run_id": "VARCHAR", "round": "INTEGER", "status": "VARCHAR", "summary": "JSON",
                "flow_run_id": "VARCHAR", "started_at": "TIMESTAMP", "finished_at": "TIMESTAMP"},
     "stage_runs": {"run_id": "VARCHAR", "round": "INTEGER", "stage": "VARCHAR", "finished_at": "TIMESTAMP",
-                   "output": "JSON"},
+                   "output": "JSON", "cost": "JSON"},
 }  # fmt: skip
 # The statements the query door (`WarehouseViews.sql`, `coevolve sql`) runs: reads. DuckDB's parser types
 # DESCRIBE, SHOW, SUMMARIZE, VALUES, WITH ... SELECT and FROM-first queries as SELECT too. Every other type

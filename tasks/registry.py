@@ -9,7 +9,8 @@ stage's contract in coevolve/stages.py. `stage` registers it and makes its Prefe
 - the stage record: the output is recorded last (``Warehouse.mark_stage``), so a stage that wrote
   several tables counts as finished only once every write is done, and one that stopped midway runs
   again, replacing what it wrote (rows are keyed or in files named after what they hold);
-- one warehouse session, opened for the stage and handed to it and to every helper it calls.
+- one warehouse session, opened for the stage and handed to it and to every helper it calls;
+- what the run cost (seconds, peak memory: tasks/stage_cost.py), kept in the stage record beside the output.
 
 Every later stage gets the recorded form of an output (JSON, read back through the output model),
 whether the stage ran now, in an earlier attempt or on another worker.
@@ -28,6 +29,7 @@ from coevolve.config import PipelineConfig
 from coevolve.errors import is_retryable
 from coevolve.stages import CONTRACTS, STAGE_NAMES, Contract, StageInput, record_name, step_of
 from tasks.common import open_warehouse
+from tasks.stage_cost import measured
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse
@@ -92,11 +94,15 @@ def stage(
                 if done is not None:
                     get_run_logger().info("round %d: %s already finished; its recorded output is used", round_, record)
                 else:
-                    output = function(config, wh, inputs)
+                    with measured() as cost:
+                        output = function(config, wh, inputs)
                     if not keep:
                         return output
                     # exclude_unset: an optional field the stage did not set stays out of the record, as before.
-                    wh.mark_stage(config.run_id, round_, record, output.model_dump(mode="json", exclude_unset=True))
+                    # The cost goes beside the output (v_stage_cost), never into what a resumed round reads back.
+                    wh.mark_stage(
+                        config.run_id, round_, record, output.model_dump(mode="json", exclude_unset=True), cost=cost
+                    )
                     done = wh.stage_output(config.run_id, round_, record)
                 typed = output_model.model_validate(done)
                 if check is not None:

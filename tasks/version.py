@@ -145,6 +145,37 @@ def mechanism_metrics(summary: RoundSummary) -> dict[str, float]:
     return metrics
 
 
+def optimizer_step_metrics(update_stats: dict[str, Any]) -> list[tuple[str, float, int]]:
+    """``(name, value, global_step)`` of every optimizer step the round's update recorded (its training steps'
+    ``optimizer_steps_log``, tasks/training/step_metrics.py), named ``train/<key>``: MLflow charts each against the
+    run's global step, across rounds."""
+    steps = update_stats.get("per_step") or [update_stats]
+    return [
+        (f"train/{key}", float(value), int(row["global_step"]))
+        for stats in steps
+        for row in stats.get("optimizer_steps_log") or []
+        for key, value in row.items()
+        if key != "global_step"
+    ]
+
+
+# What a stage's record says it cost (tasks/stage_cost.py) that is logged as a metric.
+COST_METRICS: tuple[str, ...] = ("seconds", "peak_rss_mib", "peak_gpu_mib")
+
+
+def stage_cost_metrics(costs: dict[str, dict[str, Any]]) -> list[tuple[str, float, int]]:
+    """``(cost.<stage>.<figure>, value, training step)`` of the round's recorded stages: a training step's rollout
+    and update at that step (``rollout@2`` at step 2), the other stages at step 0."""
+    metrics = []
+    for record, cost in sorted(costs.items()):
+        stage, _, step = record.partition("@")
+        for figure in COST_METRICS:
+            value = cost.get(figure)
+            if isinstance(value, (int, float)):
+                metrics.append((f"cost.{stage}.{figure}", float(value), int(step or 0)))
+    return metrics
+
+
 def machine_params() -> dict[str, str]:
     """What the numbers depend on besides the configuration: torch, its CPU kernels and the pins set."""
     return {
@@ -264,6 +295,7 @@ def version_stage(config: PipelineConfig, wh: Warehouse, inputs: VersionInput) -
         checkpoint_uri=Path(summary.checkpoint).resolve().as_uri()
         if config.tracking.register_checkpoints == "uri"
         else None,
+        step_metrics=optimizer_step_metrics(updated.stats) + stage_cost_metrics(wh.stage_costs(config.run_id, round_)),
     )
     summary.model_version = str(info["model_version"])
     best = tracker.update_best(config.registered_model_name)

@@ -84,6 +84,7 @@ from tasks.training.grpo_resume import (
     save_trainer_state,
     unusable_state,
 )
+from tasks.training.step_metrics import OptimizerStepLog, informative_share
 
 # The TRL version whose GRPOTrainer internals (the batch keys below, the reference model) this module is tested against.
 TESTED_TRL = "1.16.0"
@@ -343,6 +344,9 @@ def train(
             use_reference(trainer, reference_checkpoint)
         # The stage returns TRL's logs as statistics; printing every step would bury the round table.
         trainer.remove_callback(PrinterCallback)
+        # Each optimizer step's loss, KL, clip ratio and reward at its global step, for MLflow's charts (version stage).
+        step_log = OptimizerStepLog(informative_share(round_groups.task_groups, round_groups.dropped["flat"]))
+        trainer.add_callback(step_log)
         result = trainer.train(resume_from_checkpoint=None if resume_from is None else str(resume_from))
         state = None
         if config.training.carry_optimizer:
@@ -373,4 +377,5 @@ def train(
         "task_ids": rollouts.task_ids,
         "kl_reference_checkpoint": str(reference_checkpoint),
         "duration_s": round(time.perf_counter() - started, 3),
+        "optimizer_steps_log": step_log.rows,
     }

@@ -48,11 +48,19 @@ def test_the_round_table_has_one_column_per_figure():
             "accepted": 4,
             "rejected": 9,
             "heldout_success": 0.125,
+            "optimizer_steps": 2,
         },
         61.2,
     )
-    assert row.split() == ["1", "104", "72", "0.250", "1/12/3", "4", "9", "0.125", "61s"]
-    assert len(format_row(("round",) + ("x",) * 8)) == len(row)
+    assert row.split() == ["1", "104", "72", "0.250", "2", "1/12/3", "4", "9", "0.125", "61s"]
+    assert len(format_row(("round",) + ("x",) * 9)) == len(row)
+
+
+def test_a_round_that_trained_nothing_shows_0_optimizer_steps_and_an_older_record_a_dash():
+    summary = {"round": 0, "pool_size": 9, "rollouts": 8, "success_rate": 0.0, "signals": {}, "accepted": 0,
+               "rejected": 0, "heldout_success": 0.0}  # fmt: skip
+    assert summary_row({**summary, "optimizer_steps": 0}, 3).split()[4] == "0"
+    assert summary_row(summary, 3).split()[4] == "-"
 
 
 def test_evaluate_with_an_unknown_category_exits_2_naming_the_choices(tmp_path, capsys):

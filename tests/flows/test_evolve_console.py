@@ -29,8 +29,8 @@ pytestmark = pytest.mark.slow
 LOG_LINE = re.compile(r"^log: (?P<path>\S+/logs/evolve-\d{8}T\d{6}Z\.log)$")
 BASELINE_LINE = re.compile(r"^ {7}checkpoint 0 held-out success: \d\.\d{3}$")
 ROW = re.compile(
-    r"^ +(?P<round>\d+) +\d+ +\d+ +\d\.\d{3} +\d+/\d+/\d+ +\d+ +\d+ +\d\.\d{3} +\d+s$"
-)  # round, pool, rollouts, success, signals f/b/r, accepted, rejected, held-out, time
+    r"^ +(?P<round>\d+) +\d+ +\d+ +\d\.\d{3} +\d+ +\d+/\d+/\d+ +\d+ +\d+ +\d\.\d{3} +\d+s$"
+)  # round, pool, rollouts, success, opt-steps, signals f/b/r, accepted, rejected, held-out, time
 DONE_LINE = re.compile(r'^done in \d+s; query with: coevolve sql "SELECT \* FROM v_success_by_round"$')
 # What must stay off the console: tqdm's bars, TRL's loss dictionaries, Prefect's run lines, warnings.
 CHATTER = ("%|", "it/s", "{'loss'", "Finished in state", "flow run", "Warning", "Traceback")
