@@ -121,6 +121,7 @@ def _store_errors(config: PipelineConfig, root: str | Path) -> Iterator[None]:
 
 def cmd_evolve(args: argparse.Namespace) -> int:
     config = _load(args, log_file=True)
+    preflight.require_writable(config)  # a read-only state folder: one line before anything reads or writes it
     with _store_errors(config, config.warehouse_path):
         state_version.check_state(config)  # a state folder made by another version: refused before any work
     # --rounds is a target (flows/rounds_target.py): one already reached is told here, before Prefect
@@ -152,6 +153,7 @@ def cmd_evolve(args: argparse.Namespace) -> int:
 
 def cmd_round(args: argparse.Namespace) -> int:
     config = _load(args, log_file=True)
+    preflight.require_writable(config)
     # Before any work: a state folder made by another version is refused; a finished round is never run again.
     with _store_errors(config, config.warehouse_path):
         finished = state_version.finished_round_notice(config, args.round)
@@ -232,7 +234,10 @@ def cmd_warehouse_migrate(args: argparse.Namespace) -> int:
 def cmd_lineage(args: argparse.Namespace) -> int:
     config = _load(args)
     name = args.model or config.registered_model_name
-    tracker = tracking.Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
+    # Read-only: lineage only reads, so a read-only state folder (or a store another process writes) answers.
+    tracker = tracking.Tracker(
+        config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir, read_only=True
+    )
     chain = tracker.lineage(name, args.version)
     alias = "" if args.version.isdigit() else f" (alias {args.version})"
     print(f"lineage of {name} version {chain[0]['version']}{alias}, newest first")
@@ -252,6 +257,10 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         if entry.get("trajectories.copied_from"):
             # A later arm of an ablation seed reuses the first arm's round 0 (flows/ablation_round0.py copy_round0).
             print(f"    round 0 copied from   run {entry['trajectories.copied_from']}")
+        if entry.get("checkpoint_artifacts"):  # MLflow's copy of the checkpoint: what a damaged folder is restored from
+            print(f"    checkpoint copy       {entry['checkpoint_artifacts']}")
+        if entry.get("run_artifacts"):  # the round's MLflow run: its pool/ holds the pools it trained on and produced
+            print(f"    run artifacts         {entry['run_artifacts']}")
         parent = f"version {entry['parent_version']}" if entry["parent_version"] else "checkpoint 0"
         print(f"    parent                {parent} (digest {entry['parent_checkpoint_digest']})")
     root = chain[-1]

@@ -25,6 +25,7 @@ import contextlib
 import os
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -158,19 +159,41 @@ def check(config: PipelineConfig, round_: int | None = None) -> str | None:
         return f"resuming round {current} at stage {stage_label(config, next_record(wh, config, current))}"
 
 
+def not_writable(config: PipelineConfig, folder: Path, exc: OSError) -> PipelineError:
+    """The one line for a state folder a round cannot write (a read-only mount, another user's folder)."""
+    reason = exc.strerror or type(exc).__name__
+    return PipelineError(
+        f"the state folder {shown(config.state_dir)} cannot be written ({reason}: {shown(folder)}); a round writes "
+        "its warehouse, checkpoints and lock there. Make it writable (remount it read-write, or fix its owner), or "
+        "copy it and pass the copy with --set state_dir=DIR; `coevolve status`, `sql` and `lineage` read it as it is."
+    )
+
+
+def require_writable(config: PipelineConfig) -> None:
+    """PipelineError, in one line, when the state folder cannot be written: before a round writes anything."""
+    try:
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=config.state_dir, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise not_writable(config, config.state_dir, exc) from None
+
+
 def _probe_lock(config: PipelineConfig, round_: int) -> None:
     """RoundLockedError now when another process holds the run's round lock.
 
     A free lock is let go at once and its owner file left to the round, which takes the lock when it starts
     (and refuses a process that took it in between).
     """
-    config.run_dir().mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(config.run_dir() / LOCK_FILE), timeout=0)
     try:
+        config.run_dir().mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(config.run_dir() / LOCK_FILE), timeout=0)
         lock.acquire()
     except Timeout:
         with round_lock(config, round_):  # held: refused with the lock's own message
             pass
+    except OSError as exc:  # a read-only folder: FileLock cannot make its file
+        raise not_writable(config, config.run_dir(), exc) from None
     else:
         lock.release()
 

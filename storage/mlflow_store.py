@@ -41,20 +41,23 @@ def damaged_store(path: Path, reason: str) -> PipelineError:
     )
 
 
-def check_store_file(path: Path) -> None:
-    """Refuse a store file that cannot hold an SQLite database before MLflow retries it for minutes."""
+def check_store_file(path: Path, writable: bool = True) -> None:
+    """Refuse a store file that cannot hold an SQLite database before MLflow retries it for minutes.
+
+    ``writable``: the store must be writable too (a tracker that records rounds); a reader needs only to read it.
+    """
     if path.is_dir():
         raise damaged_store(path, "it is a directory, not an SQLite file")
     if path.parent.exists() and not path.parent.is_dir():
         raise damaged_store(path, f"{path.parent} is a file, not a folder")
     if path.is_file():
-        if not os.access(path, os.R_OK | os.W_OK):
+        if not os.access(path, os.R_OK | os.W_OK if writable else os.R_OK):
             raise damaged_store(path, "it is not readable and writable by this user")
         with path.open("rb") as handle:
             head = handle.read(len(_SQLITE_HEADER))
         if head and head != _SQLITE_HEADER:
             raise damaged_store(path, "it is not an SQLite database file")
-    elif path.parent.is_dir() and not os.access(path.parent, os.W_OK):
+    elif writable and path.parent.is_dir() and not os.access(path.parent, os.W_OK):
         raise damaged_store(path, f"its folder {path.parent} is not writable by this user")
 
 

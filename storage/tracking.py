@@ -18,10 +18,13 @@ parent checkpoint's digest, the Prefect flow run, and the trajectories it was tr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 import polars as pl
 from sqlalchemy.exc import SQLAlchemyError
@@ -95,6 +98,11 @@ def is_duplicate_dataset(exc: BaseException) -> bool:
     return "datasets" in text and ("unique constraint" in text or "duplicate key" in text)
 
 
+def _local(uri: str) -> str:
+    """A ``file://`` URI as the path it names (what `cp` takes); any other URI as it is."""
+    return url2pathname(urlparse(uri).path) if uri.startswith("file://") else uri
+
+
 def _quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
@@ -103,20 +111,37 @@ class Tracker:
     """Records rounds in MLflow and answers lineage queries between pools and model versions."""
 
     def __init__(
-        self, tracking_uri: str, experiment: str, artifacts_dir: Path, registered_model: str | None = None
+        self,
+        tracking_uri: str,
+        experiment: str,
+        artifacts_dir: Path,
+        registered_model: str | None = None,
+        read_only: bool = False,
     ) -> None:
+        """``read_only``: for queries (`coevolve lineage`): the store is opened without writing to it (no experiment
+        created, no moved folder re-rooted), so a read-only state folder answers; a missing store is a DataError."""
         self.tracking_uri = tracking_uri
         self.registered_model = registered_model
         # A store file on this machine that is damaged stays damaged: that is a DataError, never retried.
         # A store behind a server (http, a database server) may come back: InfrastructureError, retried.
         store_file = sqlite_file(tracking_uri)
         if store_file is not None:
-            check_store_file(store_file)
-            # A state folder copied or restored elsewhere logs into itself from now on, never into the original.
-            follow_moved_mlflow_store(store_file, Path(artifacts_dir))
+            if read_only and not store_file.is_file():
+                raise DataError(
+                    f"no MLflow store at {store_file}: no round of this state folder has been recorded; run "
+                    "`coevolve evolve` first, or name the state folder of a run with --set state_dir=DIR."
+                )
+            check_store_file(store_file, writable=not read_only)
+            if not read_only:
+                # A state folder copied or restored elsewhere logs into itself from now on, never into the original.
+                follow_moved_mlflow_store(store_file, Path(artifacts_dir))
         try:
             self.client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-            self.experiment_id = self._experiment(experiment, Path(artifacts_dir))
+            if read_only:
+                found = self.client.get_experiment_by_name(experiment)
+                self.experiment_id = "" if found is None else found.experiment_id
+            else:
+                self.experiment_id = self._experiment(experiment, Path(artifacts_dir))
         except (mlflow_exceptions.MlflowException, SQLAlchemyError) as exc:
             if store_file is None or is_busy(exc):
                 raise InfrastructureError(f"MLflow store {tracking_uri} is not usable: {exc}") from exc
@@ -354,7 +379,18 @@ class Tracker:
                 f"Model {name!r} has no version {version}: give a version number or an alias "
                 f"({CURRENT_ALIAS!r}, {BEST_ALIAS!r}). {exc.message}"
             ) from exc
-        return {"version": str(found.version), **{k: found.tags.get(k, "") for k in LINEAGE_TAGS}}
+        # Where MLflow keeps the version's files: its checkpoint copy (the folder itself with
+        # tracking.register_checkpoints=uri) and its round's run artifacts (pool/ holds the round's pools).
+        run_artifacts = ""
+        if found.run_id:
+            with contextlib.suppress(mlflow_exceptions.MlflowException):
+                run_artifacts = str(self.client.get_run(found.run_id).info.artifact_uri or "")
+        return {
+            "version": str(found.version),
+            **{k: found.tags.get(k, "") for k in LINEAGE_TAGS},
+            "checkpoint_artifacts": _local(str(found.source or "")),
+            "run_artifacts": _local(run_artifacts),
+        }
 
     def lineage(self, name: str, version: str) -> list[dict[str, str]]:
         """``version`` (a number or an alias) and each parent in turn, newest first, down to the version trained

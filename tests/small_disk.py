@@ -57,3 +57,19 @@ def fill(disk: Path, leave_bytes: int) -> Path:
         handle.truncate(0)
         handle.write(b"\0" * size)
     return filler
+
+
+@contextmanager
+def read_only(source: Path, path: Path) -> Iterator[Path]:
+    """``source`` bind-mounted read-only at ``path`` until the block ends: a read-only mount of a state folder, where
+    every write fails with EROFS (root's permission bits would not stop it). The test skips where none can be made."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only folder is made by a read-only bind mount, which needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "--bind", "-o", "ro", str(source), str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot bind-mount {source} read-only at {path}: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        unmount(path)
