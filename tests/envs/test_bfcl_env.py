@@ -5,16 +5,27 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coevolve.config import EnvironmentConfig
 from coevolve.records import Provenance, Task, ToolCall
 from envs.base import Environment
 from envs.bfcl.environment import INSTRUCTION, BfclEnvironment
 from envs.bfcl.official import official_tasks
+from envs.registry import make_environment
 
 FS_CONFIG = {"GorillaFileSystem": {"root": {"alex": {"type": "directory", "contents": {}}}}}
 
 
 def test_environment_implements_the_protocol():
-    assert isinstance(BfclEnvironment(), Environment)
+    """Every abstract method of `Environment` has an implementation of BFCL's own, and the registry builds it."""
+
+    def owner(name: str) -> type:
+        return next(cls for cls in BfclEnvironment.__mro__ if name in vars(cls))
+
+    assert Environment.__abstractmethods__ and not BfclEnvironment.__abstractmethods__
+    assert [name for name in sorted(Environment.__abstractmethods__) if owner(name) is Environment] == []
+    # What makes it BFCL besides the contract: bfcl-eval's prompts and its official categories.
+    assert {owner(name) for name in ("conversation", "official_tasks", "official_overall")} == {BfclEnvironment}
+    assert type(make_environment(EnvironmentConfig(name="bfcl"))) is BfclEnvironment
 
 
 def test_reset_returns_tool_list_with_instruction_and_first_user_turn(fs_task):

@@ -94,16 +94,24 @@ def test_selection_interleaves_kinds_and_spreads_tasks():
     assert {s.task_id for s in picked} == {"a", "b"}
 
 
+def reference_windows(rows, round_, window):
+    """Per task played in ``round_``: its last ``window`` scores before the round, oldest first (round, then sample)."""
+    history = sorted((r, s, reward, t) for r, t, s, reward, _seq in rows if r < round_)
+    played = {t for r, t, *_ in rows if r == round_}
+    return {t: [reward for _r, _s, reward, task in history if task == t][-window:] for t in played}
+
+
 def reference_signals(rows, round_, config):
     """Row-by-row reading of the definitions, for comparison."""
     out = set()
     by_task = defaultdict(list)
     for r, t, s, reward, _seq in sorted(rows):
         by_task[t].append((r, s, reward))
+    windows = reference_windows(rows, round_, config.forgetting_window)
     for r, t, s, reward, _seq in rows:
         if r != round_:
             continue
-        history = [x[2] for x in by_task[t] if x[0] < round_][-config.forgetting_window :]
+        history = windows[t]
         if history and max(history) >= 0.5 and reward < 0.5:
             out.add(("forgetting", t, s))
         group = [x[2] for x in by_task[t] if x[0] == round_]
@@ -123,23 +131,38 @@ def reference_signals(rows, round_, config):
 
 
 row_strategy = st.tuples(
-    st.integers(0, 2),
+    st.integers(0, 4),
     st.sampled_from(["a", "b", "c"]),
     st.integers(0, 3),
-    st.sampled_from([0.0, 1.0, 0.5]),
+    st.sampled_from([0.0, 1.0, 0.5, 0.25]),
     st.lists(st.sampled_from(["ls", "cd", "mv"]), max_size=3),
 )
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(row_strategy, min_size=1, max_size=40, unique_by=lambda r: (r[0], r[1], r[2])), st.integers(0, 2))
-def test_polars_signals_match_the_row_by_row_reference(rows, round_):
-    config = SignalConfig(forgetting_window=2, rare_min_total=3, rare_theta=20)
-    got = {
-        (s.kind, s.task_id, int(s.trajectory_id.rsplit("/s", 1)[1]))
-        for s in mine_signals(frame(rows), round_, "run", config)
-    }
+@given(
+    st.lists(row_strategy, min_size=1, max_size=40, unique_by=lambda r: (r[0], r[1], r[2])),
+    st.integers(0, 4),
+    st.integers(1, 4),
+)
+def test_polars_signals_match_the_row_by_row_reference(rows, round_, window):
+    config = SignalConfig(forgetting_window=window, rare_min_total=3, rare_theta=20)
+    signals = mine_signals(frame(rows), round_, "run", config)
+    got = {(s.kind, s.task_id, int(s.trajectory_id.rsplit("/s", 1)[1])) for s in signals}
     assert got == reference_signals(rows, round_, config)
+    windows = reference_windows(rows, round_, window)
+    assert all(s.evidence["window"] == windows[s.task_id] for s in signals if s.kind == "forgetting")
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 5])
+def test_the_forgetting_window_is_exactly_the_last_w_scores_before_the_round(window):
+    """A pass W+1 scores back is out of the window, a pass W scores back is in; the evidence is the window itself."""
+    older = [(0, "a", 0, 1.0, [])] + [(1 + i // 2, "a", i % 2, 0.0, []) for i in range(window)]
+    recent = [(0, "b", 0, 0.0, []), (1, "b", 0, 1.0, [])] + [(2 + i, "b", 0, 0.0, []) for i in range(window - 1)]
+    current = 2 + window
+    rows = older + recent + [(current, "a", 0, 0.0, []), (current, "b", 0, 0.0, [])]
+    signals = mine_signals(frame(rows), current, "run", only("forgetting", forgetting_window=window))
+    assert [(s.task_id, s.evidence) for s in signals] == [("b", {"window": [1.0] + [0.0] * (window - 1), "score": 0.0})]
 
 
 # --- mining straight from the warehouse's files ---------------------------------------------------

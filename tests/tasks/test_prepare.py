@@ -31,9 +31,11 @@ def test_the_dev_split_shares_no_task_with_the_seed_pool_heldout_split_or_sft_se
 
 def test_the_dev_split_is_reproducible_from_the_seed(tmp_path):
     config = _config(tmp_path)
-    assert [t.task_id for t in build_dev_split(config, size=10)] == [
-        t.task_id for t in build_dev_split(config, size=10)
-    ]
+    first = [t.task_id for t in build_dev_split(config, size=10)]
+    assert len(first) == 10 and [t.task_id for t in build_dev_split(config, size=10)] == first
+    # The seed decides it: another seed draws another split.
+    reseeded = config.model_copy(update={"pool": config.pool.model_copy(update={"seed": config.start_seed + 1})})
+    assert not set(first) & {t.task_id for t in build_dev_split(reseeded, size=10)}
 
 
 def test_the_sft_set_holds_no_task_of_the_seed_pool_or_the_heldout_split(tmp_path):

@@ -130,7 +130,13 @@ def test_lora_update_saves_merged_weights_and_the_adapter(policy_dir, tmp_path):
     )
     assert stats["steps"] == 1
     assert (out / "adapter" / "adapter_config.json").is_file()
-    AutoModelForCausalLM.from_pretrained(out)
+    saved = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    # The saved weights are the base with the trained adapter merged in: no adapter left, and not the base.
+    merged = PeftModel.from_pretrained(load_policy(policy_dir)[0], out / "adapter").merge_and_unload().state_dict()
+    base = load_policy(policy_dir)[0].state_dict()
+    assert saved.keys() == merged.keys() == base.keys()
+    assert all(torch.allclose(saved[name], merged[name], atol=1e-6) for name in saved)
+    assert any(not torch.equal(saved[name], base[name]) for name in saved)
 
 
 def test_zero_variance_batch_is_skipped_and_copies_the_input(policy_dir, tmp_path):
