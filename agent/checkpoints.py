@@ -114,8 +114,13 @@ def checkpoint_folder(checkpoint: str, local_only: bool = False) -> Path:
         ) from None
 
 
-def verify_checkpoint(checkpoint: str, expected: str | None, what: str, local_only: bool = True) -> None:
-    """Check a recorded checkpoint against its recorded digest; DataError naming the folder otherwise."""
+def verify_checkpoint(
+    checkpoint: str, expected: str | None, what: str, local_only: bool = True, restore: str | None = None
+) -> None:
+    """Check a recorded checkpoint against its recorded digest; DataError naming the folder otherwise.
+
+    ``restore``: how to bring changed files back (a round's input names its MLflow copy); None: from a backup.
+    """
     folder = checkpoint_folder(checkpoint, local_only)
     if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
         raise DataError(f"{what} at {folder} is incomplete (no config.json or *.safetensors weights).")
@@ -128,7 +133,7 @@ def verify_checkpoint(checkpoint: str, expected: str | None, what: str, local_on
     if actual != expected:
         raise DataError(
             f"{what} at {folder} has digest {actual[:16]}, but {expected[:16]} was recorded: the files changed after "
-            "they were recorded. Restore them from MLflow (coevolve lineage shows the version) or re-run the round."
+            f"they were recorded. {restore or 'Restore them from a backup, or start a new run_id.'}"
         )
 
 

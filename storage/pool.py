@@ -88,7 +88,8 @@ def read_pool_snapshot(path: Path, expected_digest: str | None = None) -> list[T
     except DataError:
         raise
     except Exception as exc:
-        raise DataError(f"Pool snapshot {path} cannot be read: {type(exc).__name__}: {exc}") from exc
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise DataError(f"Pool snapshot {path} cannot be read ({type(exc).__name__}: {first}).") from exc
     if expected_digest is not None:
         actual = pool_digest(tasks)
         if actual != expected_digest:

@@ -6,7 +6,8 @@ this module imports no Prefect.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from agent.checkpoints import verify_checkpoint
 from coevolve.config import PipelineConfig
@@ -23,14 +24,47 @@ if TYPE_CHECKING:
     from storage.warehouse import Warehouse
 
 
-def verify_pool(config: PipelineConfig, wh: Warehouse, round_: int, expected: str | None) -> None:
-    """Pool ``round_``'s snapshot file and the warehouse's membership must both match the recorded digest."""
+def mlflow_copy(config: PipelineConfig, versioned: dict[str, Any], relative: str) -> Path | None:
+    """The file or folder ``relative`` among the artifacts of the MLflow run a version record names (round r-1's
+    run holds checkpoint r under checkpoint/ and pool r under pool/), when it is on this machine; else None."""
+    run = versioned.get("mlflow_run_id")
+    if not run or config.tracking.mlflow_uri is not None:  # another store keeps its artifacts where it was told
+        return None
+    path = config.artifacts_dir / str(run) / "artifacts" / relative
+    return path if path.exists() else None
+
+
+def _restore_advice(config: PipelineConfig, versioned: dict[str, Any], relative: str, target: Path) -> str:
+    """How to bring round r's input back from the MLflow copy its round r-1 registered."""
+    copy = mlflow_copy(config, versioned, relative)
+    version = versioned.get("model_version") or "current"
+    if copy is not None and copy.is_dir():
+        return f"Restore it from MLflow's copy (model version {version}): cp -r {copy}/. {target}/"
+    if copy is not None:
+        return f"Restore it from MLflow's copy (model version {version}): cp {copy} {target}"
+    return (
+        f"`coevolve lineage {version}` prints where MLflow keeps its copy (checkpoint copy, run artifacts' "
+        f"{relative.split('/')[0]}/); copy it back to {target}."
+    )
+
+
+def verify_pool(
+    config: PipelineConfig, wh: Warehouse, round_: int, expected: str | None, restore: str | None = None
+) -> None:
+    """Pool ``round_``'s snapshot file and the warehouse's membership must both match the recorded digest.
+
+    ``restore``: how to bring back a snapshot that cannot be read or no longer matches (its MLflow copy)."""
     path = config.pool_path(round_)
     if not expected:
         raise DataError(
             f"Pool {round_} of run {config.run_id!r} ({path}) has no recorded digest, so it cannot be verified."
         )
-    storage_pool.read_pool_snapshot(path, expected_digest=expected)
+    try:
+        storage_pool.read_pool_snapshot(path, expected_digest=expected)
+    except DataError as exc:
+        if restore is None:
+            raise
+        raise DataError(f"{exc} {restore}") from None
     actual = storage_pool.pool_digest(wh.pool(config.run_id, round_))
     if actual != expected:
         raise DataError(
@@ -60,6 +94,15 @@ def verify_round_inputs(config: PipelineConfig, wh: Warehouse, round_: int) -> s
         raise DataError(f"The {missing} of run {config.run_id!r} has not finished; run it before round {round_}.")
     checkpoint = str(updated["checkpoint"])
     what = f"Checkpoint {round_} of run {config.run_id!r}"
-    verify_checkpoint(checkpoint, versioned.get("checkpoint_digest"), what, local_only=round_ > 0)
-    verify_pool(config, wh, round_, versioned.get("pool_digest"))
+    # Round r's inputs are round r-1's outputs, which its version stage registered in MLflow with copies; round 0's
+    # (checkpoint 0, D_0) are the prepare stage's, with none.
+    restore_checkpoint = restore_pool = None
+    if round_ > 0:
+        restore_checkpoint = _restore_advice(config, versioned, "checkpoint", Path(checkpoint))
+        pool_file = config.pool_path(round_)
+        restore_pool = _restore_advice(config, versioned, f"pool/{pool_file.name}", pool_file)
+    verify_checkpoint(
+        checkpoint, versioned.get("checkpoint_digest"), what, local_only=round_ > 0, restore=restore_checkpoint
+    )
+    verify_pool(config, wh, round_, versioned.get("pool_digest"), restore=restore_pool)
     return checkpoint
