@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import io
+import itertools
 import logging
 import os
 import sys
@@ -50,9 +51,20 @@ def table_stream() -> TextIO:
 
 
 def log_path(state_dir: Path, command: str, now: datetime | None = None) -> Path:
-    """``<state_dir>/logs/<command>-<UTC time>.log``, e.g. ``evolve-20260425T101500Z.log``."""
+    """``<state_dir>/logs/<command>-<UTC time>.log``, e.g. ``evolve-20260425T101500Z.log``, made empty and this
+    command's own: a second command started in the same second (another run of the state folder) gets
+    ``evolve-20260425T101500Z-2.log``, never the first one's file, which both would otherwise write into."""
     stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
-    return state_dir / "logs" / f"{command}-{stamp}.log"
+    folder = state_dir / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    for number in itertools.count(1):
+        path = folder / (f"{command}-{stamp}.log" if number == 1 else f"{command}-{stamp}-{number}.log")
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))  # claimed whole, or taken
+        except FileExistsError:
+            continue
+        return path
+    raise AssertionError("unreachable: itertools.count never ends")
 
 
 def shown(path: Path) -> str:

@@ -18,6 +18,15 @@ def test_the_log_is_named_after_the_command_and_its_utc_start(tmp_path):
     assert console.log_path(tmp_path, "evolve", when) == tmp_path / "logs" / "evolve-20260425T093012Z.log"
 
 
+def test_two_commands_started_in_the_same_second_get_logs_of_their_own(tmp_path):
+    when = datetime(2026, 4, 25, 9, 30, 12, tzinfo=UTC)
+    first, second, third = (console.log_path(tmp_path, "evolve", when) for _ in range(3))
+    assert first.name == "evolve-20260425T093012Z.log"
+    assert second.name == "evolve-20260425T093012Z-2.log" and third.name == "evolve-20260425T093012Z-3.log"
+    assert all(path.is_file() and path.stat().st_size == 0 for path in (first, second, third))
+    assert console.log_path(tmp_path, "round", when).name == "round-20260425T093012Z.log"
+
+
 def test_a_path_below_the_working_directory_is_shown_relative(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert console.shown(tmp_path / ".coevolve") == ".coevolve"
