@@ -47,6 +47,18 @@ READ_FORMS = "SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE"
 QUERY_SPILL_FACTOR = 4
 
 
+def _no_rows(table: str) -> str:
+    """A query with ``table``'s columns (and run_id, round) and no rows, in SQL alone: a script cannot register data."""
+    con = duckdb.connect()
+    try:
+        con.register("empty", SCHEMAS[table].empty_table())
+        columns = con.execute("DESCRIBE SELECT * FROM empty").fetchall()
+    finally:
+        con.close()
+    typed = ", ".join(f'CAST(NULL AS {kind}) AS "{name}"' for name, kind, *_ in columns)
+    return f"SELECT {typed}, NULL::VARCHAR AS run_id, NULL::INTEGER AS round WHERE false"
+
+
 def _frame(relation: duckdb.DuckDBPyRelation, printable: bool) -> pl.DataFrame:
     """The relation's rows as a Polars frame. ``printable``: one whose values Polars cannot import or hand back
     (a UNION, an infinite date) comes back with every column as DuckDB's text of it, rather than failing after
@@ -174,22 +186,26 @@ class WarehouseViews:
         con = duckdb.connect()
         if not self.files.is_local:
             con.register_filesystem(self.files.fs)
-        for table in SCHEMAS:
-            if table in ADDED_TABLES and not self.files.exists(self._empty_file(table)):
-                # A warehouse made before the table, opened read-only: the table is empty there.
-                con.register(f"_{table}_empty", SCHEMAS[table].empty_table())
-                con.execute(
-                    f"CREATE VIEW {table} AS SELECT *, NULL::VARCHAR AS run_id, NULL::INTEGER AS round "
-                    f"FROM _{table}_empty"
-                )
-                continue
-            con.execute(f"CREATE VIEW {table} AS {self.scan(table)}")
-        for kind in ("runs", "rounds", "stage_runs"):
-            con.execute(f"CREATE VIEW {kind} AS {self._catalog_scan(kind)}")
-        con.execute(VIEWS)
+        con.execute(self.view_script())
         if locked:
             self._lock_down(con)
         return con
+
+    def view_script(self) -> str:
+        """The SQL that defines every view of a session: one per table, one per kind of record, the analysis views.
+
+        What `connect` runs, and what storage/VIEWS.md writes to ``views.sql`` for the DuckDB CLI, so the two
+        cannot differ. The files are named by absolute path (or URL), so the script runs from any folder.
+        """
+        statements = []
+        for table in SCHEMAS:
+            if table in ADDED_TABLES and not self.files.exists(self._empty_file(table)):
+                # A warehouse made before the table, opened read-only: the table is empty there.
+                statements.append(f"CREATE VIEW {table} AS {_no_rows(table)}")
+            else:
+                statements.append(f"CREATE VIEW {table} AS {self.scan(table)}")
+        statements += [f"CREATE VIEW {kind} AS {self._catalog_scan(kind)}" for kind in CATALOG_COLUMNS]
+        return "".join(f"{statement};\n" for statement in statements) + VIEWS
 
     def _lock_down(
         self, con: duckdb.DuckDBPyConnection, memory_mb: int | None = None, spill: Path | None = None
