@@ -9,6 +9,7 @@ import argparse
 import functools
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -377,6 +378,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(command)
         return 0
+    if args.python is not None and shutil.which(args.python) is None:
+        raise PipelineError(
+            f"--python {args.python} is not an interpreter this user can run (no such executable file); name the "
+            "python of an environment with vLLM (`make setup-vllm` builds .venv-vllm/bin/python, used when --python "
+            "is left out)."
+        )
     print(command, file=sys.stderr, flush=True)
     return serve.serve_foreground(options, args.python)
 

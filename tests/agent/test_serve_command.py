@@ -62,6 +62,14 @@ def test_a_missing_checkpoint_folder_is_refused_naming_where_checkpoints_live(ca
     assert ".coevolve/models/<name>" in err and "round-001" in err
 
 
+def test_a_python_that_cannot_run_is_refused_in_one_line_naming_the_flag(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    assert main(["serve", "--model", str(tmp_path / "model"), "--python", "/nonexistent/python"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --python /nonexistent/python is not an interpreter") and err.count("\n") == 1
+
+
 def _readme_fleet_block() -> list[str]:
     """The command lines of the documented fleet example (the block that starts the servers), continuations joined."""
     return command_block("coevolve serve --model $CKPT").lines()
