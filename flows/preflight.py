@@ -63,11 +63,13 @@ class Interrupted(Exception):  # not a PipelineError: the command exits 128 + th
         self.signum = int(signum)
 
 
-def record_order(config: PipelineConfig) -> list[str]:
-    """The records a round makes, in the order it makes them: prepare, rollout, update, rollout@1, ..., version."""
+def record_order(config: PipelineConfig, round_: int = 0) -> list[str]:
+    """The records round ``round_`` makes, in the order it makes them: prepare, rollout, update, rollout@1, ...,
+    version. Only round 0's prepare stage is recorded (it builds the run's starting point); a later round's
+    checks its inputs and records nothing (tasks/prepare.py), so its first record is its first rollout's."""
     training = [record_name(stage, step) for step in range(config.training.batches_per_round) for stage in STEP_STAGES]
     once = [stage for stage in STAGE_NAMES if stage not in STEP_STAGES]
-    return once[:1] + training + once[1:]
+    return (once[:1] if round_ == 0 else []) + training + once[1:]
 
 
 def stage_label(config: PipelineConfig, record: str) -> str:
@@ -99,7 +101,7 @@ def next_record(wh: Warehouse, config: PipelineConfig, round_: int) -> str:
 
     ``version`` when every stage is recorded but the round is not marked finished yet.
     """
-    for record in record_order(config):
+    for record in record_order(config, round_):
         if wh.stage_output(config.run_id, round_, record) is None:
             return record
     return "version"
