@@ -5,6 +5,7 @@ reason, that whatever the model proposes is parsed and executed safely, and that
 """
 
 import random
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -12,11 +13,25 @@ from coevolve.config import SynthesisConfig
 from coevolve.records import Signal
 from envs.bfcl.explorer import build_tasks
 from tasks.synthesis.llm_client import ChatClient, LLMRequestError
+from tasks.synthesis.llm_replies import parse_next_call
 from tasks.synthesis.llm_synthesis import LLMSynthesizer
 from tasks.synthesize import tools_of
 from tasks.validate import validate_candidates
+from tests.conftest import SERVED_EXCHANGES, SERVED_SYSTEM
 
 pytestmark = pytest.mark.slow
+
+
+@dataclass
+class RecordingClient(ChatClient):
+    """The real client, keeping every reply it got (None for a request the server refused)."""
+
+    replies: list[str | None] = field(default_factory=list)
+
+    def complete(self, messages, temperature=None, seed=None) -> str:
+        self.replies.append(None)
+        self.replies[-1] = reply = super().complete(messages, temperature=temperature, seed=seed)
+        return reply
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +45,10 @@ def task():
 
 
 def test_the_client_returns_the_models_reply_text(chat):
-    reply = chat.complete([{"role": "user", "content": "make a folder logs"}], temperature=0.0, seed=0)
-    assert isinstance(reply, str)
+    """The served policy learned this exchange (tests/conftest.py): greedy, it answers with the learned calls."""
+    messages = [{"role": "system", "content": SERVED_SYSTEM}, {"role": "user", "content": "make a folder logs"}]
+    reply = chat.complete(messages, temperature=0.0, seed=0)
+    assert reply == dict(SERVED_EXCHANGES)["make a folder logs"]
 
 
 def test_a_request_the_server_refuses_is_a_request_error_not_a_crash(chat):
@@ -72,9 +89,18 @@ def test_every_step_the_model_proposes_is_executed_or_rejected(chat, task):
         "do_not_repeat": [],
     }
 
-    triplets, rejections = LLMSynthesizer(chat).explore(
+    recording = RecordingClient(chat.base_url, chat.model, temperature=0.9, max_tokens=48, timeout_s=120)
+    triplets, rejections = LLMSynthesizer(recording).explore(
         "boundary", task, context, tools, 4, random.Random(0), "probe#0"
     )
+    # Each step asks the model once; its reply ends the run (DONE), is executed (a triplet, and a rejection too
+    # when the call fails) or is rejected with its step's reason.
+    replies = recording.replies
+    ended = next((i for i, r in enumerate(replies) if r is not None and parse_next_call(r, tools)[1]), None)
+    steps = 4 if ended is None else ended
+    assert len(replies) == (4 if ended is None else ended + 1)
     executed_or_rejected = len(triplets) + sum(1 for r in rejections if "failed:" not in r)
-    assert executed_or_rejected <= 4
+    assert executed_or_rejected == steps
+    parsed = [r is not None and parse_next_call(r, tools)[0] is not None for r in replies[:steps]]
+    assert len(triplets) == sum(parsed)
     assert all(t.action.name in tools for t in triplets)
