@@ -12,6 +12,10 @@ from storage.catalog import record_time
 from storage.layouts import LATEST_RECORDS, LATEST_SCHEDULE
 from storage.views import WarehouseViews
 
+_STAGE_COSTS = """
+SELECT stage, seconds, tokens_generated, tokens_per_s, episodes, optimizer_steps, peak_rss_mib, peak_gpu_mib
+FROM v_stage_cost WHERE run_id = ? AND round = ? AND seconds IS NOT NULL
+"""
 _TRAINING_STEPS = """
 SELECT round, step, checkpoint, trained_from, trained_on, optimizer_resumed_from, global_step
 FROM v_training_steps WHERE run_id = ? ORDER BY round, step
@@ -97,13 +101,17 @@ class RoundRecords(WarehouseViews):
         return None if record is None else record["output"]
 
     def stage_costs(self, run_id: str, round: int) -> dict[str, dict[str, Any]]:
-        """What each recorded stage of a round cost (seconds, peak memory), by record name; stages recorded without
-        it (by older versions) are left out."""
-        found: dict[str, dict[str, Any]] = {}
-        for record in self.catalog.records("stage_runs", run_id):
-            if record.get("round") == round and isinstance(record.get("cost"), dict):
-                found[str(record["stage"])] = record["cost"]
-        return found
+        """What each recorded stage of a round cost, by record name: its `v_stage_cost` row (seconds, tokens
+        generated and per second, episodes, optimizer steps, peak memory) without its NULLs; stages recorded
+        without a cost (by older versions) are left out."""
+        con = self.connect()
+        try:
+            cursor = con.execute(_STAGE_COSTS, [run_id, round])
+            names = [column[0] for column in cursor.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        finally:
+            con.close()
+        return {row.pop("stage"): {k: v for k, v in row.items() if v is not None} for row in rows}
 
     def training_steps(self, run_id: str) -> list[dict[str, Any]]:
         """Every recorded training step of a run in the order it trained (the rows of ``v_training_steps``):

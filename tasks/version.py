@@ -160,7 +160,9 @@ def optimizer_step_metrics(update_stats: dict[str, Any]) -> list[tuple[str, floa
 
 
 # What a stage's record says it cost (tasks/stage_cost.py) that is logged as a metric.
-COST_METRICS: tuple[str, ...] = ("seconds", "peak_rss_mib", "peak_gpu_mib")
+COST_METRICS: tuple[str, ...] = (
+    "seconds", "tokens_generated", "tokens_per_s", "episodes", "optimizer_steps", "peak_rss_mib", "peak_gpu_mib",
+)  # fmt: skip
 
 
 def stage_cost_metrics(costs: dict[str, dict[str, Any]]) -> list[tuple[str, float, int]]:

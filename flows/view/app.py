@@ -133,9 +133,19 @@ def create_app(root: str | Path, storage_options: dict[str, Any] | None = None) 
     def missing(request: Request, what: str) -> HTMLResponse:
         return page(request, "missing.html", status_code=404, what=what)
 
+    @app.exception_handler(duckdb.IOException)
+    def changed(request: Request, exc: duckdb.IOException) -> HTMLResponse:
+        # A stage run again beside the view replaced a file the page was reading (storage/VIEWS.md, "Querying while
+        # a round runs"): loading the page again reads the new files.
+        return page(request, "changed.html", status_code=503, detail=str(exc).splitlines()[0])
+
     @app.get("/", response_class=HTMLResponse)
-    def index(request: Request, con: Session) -> HTMLResponse:
-        rounds = queries.rounds(con)
+    def index(request: Request, con: Session, f: Filtered) -> HTMLResponse:
+        # ``run``: one run, or the runs whose id starts with it (an ablation's, e.g. ``run=ablation-full``).
+        def shown(run_id: str) -> bool:
+            return f.run is None or run_id.startswith(f.run)
+
+        rounds = [r for r in queries.rounds(con) if shown(r["run_id"])]
         base = queries.baselines(con)
         heldout: dict[str, dict[int, float]] = {}
         dev: dict[str, dict[int, float]] = {}
@@ -152,9 +162,9 @@ def create_app(root: str | Path, storage_options: dict[str, Any] | None = None) 
             if b["dev"] is not None and run_id in dev:
                 dev[run_id][0] = b["dev"]
         pools: dict[str, dict[int, float]] = {}
-        for row in queries.pool_growth(con):
+        for row in filter(lambda row: shown(row["run_id"]), queries.pool_growth(con)):
             pools.setdefault(row["run_id"], {})[row["round"]] = float(row["pool_size"])
-        mix = queries.signal_mix(con)
+        mix = [row for row in queries.signal_mix(con) if shown(row["run_id"])]
         kinds = sorted({row["kind"] for row in mix})
         shares: dict[tuple[str, int], dict[str, Any]] = {}
         for row in mix:
@@ -162,7 +172,8 @@ def create_app(root: str | Path, storage_options: dict[str, Any] | None = None) 
         return page(
             request,
             "index.html",
-            runs=queries.runs(con),
+            runs=[r for r in queries.runs(con) if shown(r["run_id"])],
+            f=f,
             rounds=rounds,
             charts=[
                 c

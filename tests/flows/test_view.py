@@ -25,6 +25,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from coevolve.records import Candidate, Provenance, Signal, Step, Task, ToolCall, Trajectory, Verdict
+from flows.view.charts import line_chart
 from storage.warehouse import Warehouse
 from tests.flows.conftest import REPO, cli_env
 
@@ -176,7 +177,8 @@ def test_every_stage_of_the_round_has_a_cost_row_and_mlflow_charts_the_optimizer
     (run,) = client.search_runs([experiment], "tags.`coevolve.run_name` = 'e2e-round-000'")
     trained = sorted(s["global_step"] for s in steps if s["optimizer_steps"])
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss"))[-len(trained) :] == trained
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "cost.rollout.seconds")) == [0, 1]
+    for cost in ("cost.rollout.seconds", "cost.rollout.tokens_generated", "cost.update.optimizer_steps"):
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, cost)) == [0, 1], cost
 
 
 def test_the_view_wrote_nothing_in_the_state_folder_and_ctrl_c_stops_it(view, browser):
@@ -219,3 +221,15 @@ def test_script_tags_in_model_output_and_task_text_render_as_text_and_never_run(
         assert INJECTED in browser.find_element(By.TAG_NAME, "main").text
         assert browser.execute_script("return window.injected === undefined")
     assert browser.find_element(By.CSS_SELECTOR, ".reason").text == f"refused {INJECTED}"
+
+
+def test_the_runs_of_an_ablation_arm_are_drawn_as_their_mean_within_a_band_over_seeds():
+    chart = line_chart(
+        "held-out", {"abl-full-s1": {0: 0.1, 1: 0.3}, "abl-full-s2": {0: 0.3, 1: 0.5}, "default": {0: 0.2}}, y_max=1.0
+    )
+    assert chart is not None
+    full, default = chart.lines
+    assert (full.label, default.label, default.band) == ("abl-full (2 seeds)", "default", None)
+    means = [y for _, y in full.dots]
+    band = [float(point.split(",")[1]) for point in full.band.split()]
+    assert all(min(band) <= y <= max(band) for y in means) and len(band) == 4  # upper and lower edge, two rounds

@@ -36,7 +36,10 @@ def test_every_stage_record_is_a_row_with_its_cost_tokens_episodes_and_optimizer
         wh.mark_stage(RUN, 0, "update@1", {"stats": {"steps": 3, "groups": 1, "groups_flat": 0}}, cost=cost)
         wh.mark_stage(RUN, 0, "evaluate", {"heldout_tasks": 5, "dev_tasks": 2}, cost=cost)
         rows = {r["stage"]: r for r in wh.sql("SELECT * FROM v_stage_cost").to_dicts()}
-        assert set(wh.stage_costs(RUN, 0)) == {"rollout", "update", "rollout@1", "update@1", "evaluate"}
+        logged = wh.stage_costs(RUN, 0)  # what the version stage logs to MLflow: the rows with a cost
+    assert set(logged) == {"rollout", "update", "rollout@1", "update@1", "evaluate"}
+    assert logged["rollout@1"] == {"seconds": 4.0, "tokens_generated": 70, "tokens_per_s": 17.5, "episodes": 2,
+                                   "peak_rss_mib": 512.0}  # fmt: skip
     assert set(rows) == {"prepare", "rollout", "update", "rollout@1", "update@1", "evaluate"}
     assert rows["prepare"]["seconds"] is None and rows["prepare"]["peak_rss_mib"] is None
     assert (rows["rollout"]["tokens_generated"], rows["rollout"]["tokens_per_s"]) == (30, 15.0)
