@@ -32,6 +32,7 @@ API starts cut").
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import ctypes
 import importlib
@@ -43,6 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import IO
 
 import httpx
 import prefect
@@ -55,7 +57,7 @@ from prefect.settings import (
 )
 
 from agent.serve import free_port
-from coevolve.errors import PipelineError
+from coevolve.errors import DiskFullError, PipelineError, is_disk_full
 from coevolve.optional import collector_paused, freeze_long_lived
 
 PR_SET_PDEATHSIG = 1
@@ -67,6 +69,8 @@ HEALTH_POLL_S = 0.1
 # uvicorn's exit status when its port was taken between choosing it and binding it; the start tries another port.
 PORT_TAKEN_EXIT = 3
 PORT_ATTEMPTS = 5
+# Lines of the server's stderr kept to quote when it fails to start.
+ERROR_LINES_KEPT = 40
 # Set beside PREFECT_API_URL while that names a command's temporary API, so the command and the processes it
 # starts can tell it from a server: `on_temporary_api`.
 TEMPORARY_API_VAR = "COEVOLVE_TEMPORARY_PREFECT_API"
@@ -90,6 +94,10 @@ class TiedServer:
     def __init__(self) -> None:
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        # The server's last lines of stderr (relayed to the command's stderr, its log), quoted when it fails to
+        # start: a full disk can leave the log empty, so the failure's own line must reach the console.
+        self._tail: collections.deque[str] = collections.deque(maxlen=ERROR_LINES_KEPT)
+        self._disk_full = threading.Event()
 
     @property
     def api_url(self) -> str:
@@ -101,7 +109,24 @@ class TiedServer:
             "--app-dir", str(prefect.__module_path__.parent), "--factory", f"{APP_MODULE}:{APP_FACTORY}",
             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on",
         ]  # fmt: skip
-        return subprocess.Popen(command, env=env, start_new_session=True)
+        process = subprocess.Popen(command, env=env, start_new_session=True, stderr=subprocess.PIPE)
+        threading.Thread(target=self._relay, args=(process.stderr,), name="prefect-api-stderr", daemon=True).start()
+        return process
+
+    def _relay(self, stream: IO[bytes] | None) -> None:
+        """Pass the server's stderr on to the command's, keeping its last lines and noting a full disk."""
+        if stream is None:
+            return
+        with stream:
+            for raw in iter(stream.readline, b""):
+                text = raw.decode(errors="replace")
+                with contextlib.suppress(OSError, ValueError):  # a full disk under the log loses the copy only
+                    sys.stderr.write(text)
+                    sys.stderr.flush()
+                if text.strip():
+                    self._tail.append(text.strip())
+                if is_disk_full(RuntimeError(text)):
+                    self._disk_full.set()
 
     def start(self, while_starting: Callable[[], object] | None = None) -> None:
         """Start the server, call ``while_starting`` while it starts, and wait until it answers, as long as Prefect
@@ -120,9 +145,9 @@ class TiedServer:
         # a loaded machine, where each look and pause take longer, gives the server the time it gave it before.
         waited_s, attempts = 0.0, 1
         with httpx.Client() as client:
-            while waited_s < timeout_s:
+            while waited_s < timeout_s and not self._disk_full.is_set():
                 status = self.process.poll()
-                if status == PORT_TAKEN_EXIT and attempts < PORT_ATTEMPTS:
+                if status == PORT_TAKEN_EXIT and attempts < PORT_ATTEMPTS and not self._failed_to_start():
                     self.port, attempts = free_port(), attempts + 1
                     self.process = self._launch(env)
                     continue
@@ -135,10 +160,14 @@ class TiedServer:
                 waited_s += HEALTH_POLL_S
         status = self.process.poll()
         self.stop()
+        if self._disk_full.is_set():
+            # Prefect's database (in its home, the state folder's prefect/ unless set) could not be written.
+            raise DiskFullError(get_current_settings().home)
         if status is not None:
+            said = f": {self._tail[-1]}" if self._tail else ""
             raise PipelineError(
-                f"The command's temporary Prefect API exited with status {status} before answering on {self.api_url}; "
-                "its error is printed above (or in the command's log). To run without it, start a server (prefect "
+                f"The command's temporary Prefect API exited with status {status} before answering on {self.api_url}"
+                f"{said} (its whole output is in the command's log). To run without it, start a server (prefect "
                 "server start) and set PREFECT_API_URL to it."
             )
         raise PipelineError(
@@ -146,6 +175,12 @@ class TiedServer:
             "slow machine raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or start a server (prefect server "
             "start) and set PREFECT_API_URL to it."
         )
+
+    def _failed_to_start(self) -> bool:
+        """Whether the server's exit status 3 (uvicorn's for any failed start) followed its application's failure to
+        start, rather than a port taken between choosing and binding it (which another port cures)."""
+        time.sleep(HEALTH_POLL_S)  # its last lines reach the relay after it exits
+        return any("Application startup failed" in line for line in self._tail)
 
     def stop(self) -> None:
         """Stop the server (uvicorn's clean shutdown, then -9 after Prefect's five seconds); idempotent."""

@@ -19,6 +19,7 @@ from coevolve.config import PipelineConfig
 from flows import local_api
 from flows.round import round_imports
 from tests.flows.conftest import REPO, cli_env
+from tests.small_disk import fill, small_disk
 
 PROBE = textwrap.dedent(
     """
@@ -176,3 +177,27 @@ def test_a_server_that_exits_before_answering_fails_with_its_status_and_the_way_
     assert done.returncode != 0
     assert "temporary Prefect API exited with status 1 before answering" in done.stderr
     assert "set PREFECT_API_URL" in done.stderr
+
+
+def test_a_full_disk_while_the_server_starts_is_one_line_naming_the_folder_to_free(tmp_path: Path) -> None:
+    """The server's error went to the command's log, which a full disk leaves empty: the line must carry it."""
+    probe = textwrap.dedent(
+        """
+        from coevolve.errors import PipelineError
+        from flows import local_api
+        try:
+            local_api.start()
+        except PipelineError as exc:
+            print(f"error: {exc}")
+        """
+    )
+    with small_disk(tmp_path / "disk", 4096) as disk:
+        fill(disk, 40 * 1024)
+        home = disk / "prefect"
+        done = subprocess.run(
+            [sys.executable, "-c", probe], cwd=REPO, env=cli_env(tmp_path, home, migrated=False),
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert done.stdout.strip().splitlines() == [
+        f"error: no space left on device under {home}; free space and run the same command again"
+    ], done.stderr[-3000:]
