@@ -6,6 +6,10 @@ under the entry-point group ``coevolve.environments``). An instance is built fro
 ``from_config`` and plays one episode at a time; the same instance answers for the environment as a whole
 (its seed pool, exploration, replay, demonstrations, prompts and official evaluation), which never touches the
 episode's state unless a method says so.
+
+An environment writes its episodes and its tools; the method's task making (the exploration walk, abstraction,
+turns, replay, the seed pool and splits) is written once, in envs/exploration.py and the final methods here, and
+reaches the environment's state through its `World` (``world_type``).
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, final
 
+import envs.exploration as exploration
+from coevolve.config import EnvironmentConfig
 from coevolve.errors import ConfigError
 from coevolve.records import Message, Provenance, Task, ToolCall
+from envs.exploration import Triplet, World
 
-if TYPE_CHECKING:
-    from coevolve.config import EnvironmentConfig
+__all__ = ["Conversation", "Environment", "StepOutcome", "Triplet", "World"]
 
 
 @dataclass
@@ -41,17 +47,6 @@ class StepOutcome:
     done: bool = False
 
 
-@dataclass(frozen=True)
-class Triplet:
-    """One exploration step: the call, what the environment answered, and what it did to the state."""
-
-    action: ToolCall
-    observation: str
-    run_id: str
-    ok: bool
-    state_changed: bool
-
-
 class Conversation(Protocol):
     """An episode's prompts written the way an environment's own benchmark writes them (``prompt_style``)."""
 
@@ -64,39 +59,23 @@ class Conversation(Protocol):
         ...
 
 
-# One unguided walk: draws a start and a length from ``rng``, explores and abstracts the walk into a task (None when
-# it made too few usable calls). ``run_id`` names the walk's exploration run.
-Walk = Callable[[random.Random, str], Task | None]
-
-
-def tasks_from_walks(n: int, seed: int, origin: str, exclude: set[str] | frozenset[str], walk: Walk) -> list[Task]:
-    """``n`` distinct tasks, none with an id in ``exclude``, each from one ``walk`` on one random stream seeded by
-    ``seed``: how every environment's `Environment.build_tasks` makes the seed pool and the splits. Gives up after
-    50 walks a task, returning fewer."""
-    rng = random.Random(seed)
-    tasks: dict[str, Task] = {}
-    attempts = 0
-    while len(tasks) < n and attempts < 50 * n:
-        attempts += 1
-        task = walk(rng, f"{origin}-{seed}-{attempts}")
-        if task is not None and task.task_id not in exclude and task.task_id not in tasks:
-            tasks[task.task_id] = task
-    return list(tasks.values())
-
-
 class Environment(ABC):
     """A multi-turn tool environment: plays a task's episode and scores it, and makes and checks the tasks.
 
-    Episode (one at a time, from ``reset``): ``reset``, ``step``, ``score``, ``execute``, ``state``,
-    ``tool_names``, ``turn``. Tasks: ``tool_schemas``/``tool_signatures``, ``build_tasks``/``in_turns`` (the
-    seed pool and the held-out, dev and final splits), ``explore``/``explore_call``/``abstract`` (synthesis),
-    ``replay`` (validation), ``demonstration`` (checkpoint 0's fine-tuning set). Prompts: ``reset``'s
+    What an environment writes (the abstract members, and ``name`` and ``world_type``): the episode, one at a time
+    from ``reset`` (``reset``, ``step``, ``score``, ``execute``, ``state``, ``tool_names``), its tools
+    (``tool_schemas``) and its `World`, the hooks task making reaches its state through. What it inherits, final:
+    ``build_tasks``/``in_turns`` (the seed pool and the held-out, dev and final splits), ``explore``/
+    ``explore_call``/``abstract`` (synthesis), ``replay`` (validation), ``demonstration`` (checkpoint 0's
+    fine-tuning set; ``demonstration_messages`` says how a turn's calls are written). Prompts: ``reset``'s
     messages, or ``conversation`` where the environment writes them itself. Evaluation: the ``official_*``
     members, where the environment has an official benchmark (none by default).
     """
 
     # The value of environment.name that picks this environment, and Task.environment of the tasks it makes.
     name: ClassVar[str]
+    # The worlds its tasks are made in (envs/exploration.py): a private copy of an initial state and its hooks.
+    world_type: ClassVar[type[World]]
     # The environment's official evaluation splits, those `coevolve evaluate` scores by default, and the name of
     # their overall score (``official_overall``); none where the environment has no official benchmark.
     official_categories: ClassVar[tuple[str, ...]] = ()
@@ -137,11 +116,6 @@ class Environment(ABC):
     def tool_names(self) -> list[str]:
         """Names of the tools the current task can call."""
 
-    @property
-    @abstractmethod
-    def turn(self) -> int:
-        """The index of the user turn the episode is in."""
-
     # -- tools ---------------------------------------------------------------------------------
     @abstractmethod
     def tool_schemas(self, task: Task) -> list[dict[str, Any]]:
@@ -160,8 +134,8 @@ class Environment(ABC):
             lines.append(f"{schema['name']}({', '.join(params)})")
         return lines
 
-    # -- tasks ---------------------------------------------------------------------------------
-    @abstractmethod
+    # -- tasks (envs/exploration.py) -------------------------------------------------------------
+    @final
     def build_tasks(
         self,
         n: int,
@@ -178,12 +152,14 @@ class Environment(ABC):
         Each task's reference has ``min_steps`` to ``max_steps`` calls; ``calls_per_turn`` spreads them over
         user turns (``in_turns``), None keeps one turn.
         """
+        return exploration.build_tasks(self.world_type, n, seed, origin, exclude, min_steps, max_steps, calls_per_turn)
 
-    @abstractmethod
+    @final
     def in_turns(self, task: Task, calls_per_turn: int | None) -> Task:
         """The same job as user turns of at most ``calls_per_turn`` consecutive calls; None leaves it as it is."""
+        return exploration.in_turns(self.world_type, task, calls_per_turn)
 
-    @abstractmethod
+    @final
     def explore(
         self,
         start: Task,
@@ -193,12 +169,17 @@ class Environment(ABC):
         run_id: str = "x",
     ) -> list[Triplet]:
         """``num_steps`` exploration calls from ``start``'s initial state on fresh state, favouring ``focus_tools``."""
+        world = self.world_type(start.initial_config, start.involved_classes)
+        return exploration.explore(world, rng, num_steps, focus_tools, run_id)
 
-    @abstractmethod
+    @final
     def explore_call(self, call: ToolCall, run_id: str) -> Triplet:
         """Execute one exploration call in the episode (after ``reset``) and record it as a step of run ``run_id``."""
+        before = self.state()
+        [observation] = self.execute([call])
+        return Triplet(call, observation, run_id, self.world_type.succeeded(observation), self.state() != before)
 
-    @abstractmethod
+    @final
     def abstract(
         self,
         triplets: list[Triplet],
@@ -210,23 +191,44 @@ class Environment(ABC):
     ) -> Task | None:
         """A task from ``start``'s initial state whose reference is a minimal sequence of the run's calls that
         replays cleanly, or None when fewer than ``min_steps`` calls are usable."""
+        return exploration.abstract(
+            self.world_type, triplets, start.initial_config, start.involved_classes, provenance,
+            min_steps, max_steps, calls_per_turn,
+        )  # fmt: skip
 
-    @abstractmethod
+    @final
     def replay(self, task: Task) -> tuple[bool, str, bool]:
-        """Run the reference on fresh state: (every call succeeded, reason, the state changed)."""
+        """Run the reference on fresh state: (every call succeeded, reason, the state changed).
 
+        On a fresh environment of the section's default settings: replay only executes calls and compares states.
+        """
+        env = self.from_config(EnvironmentConfig(name=self.name))
+        try:
+            env.reset(task)
+        except Exception as exc:  # noqa: BLE001 - a synthesized state that cannot load is a rejection, not a crash
+            return False, f"cannot build the environment: {exc}", False
+        before = env.state()
+        for turn_index, turn in enumerate(task.reference):
+            for call_index, (call, result) in enumerate(zip(turn, env.execute(turn), strict=True)):
+                if not self.world_type.succeeded(result):
+                    return False, f"turn {turn_index} call {call_index} {call.render()} failed: {result[:200]}", False
+        return True, "all reference calls succeeded", env.state() != before
+
+    @final
     def demonstration(self, task: Task) -> list[Message]:
-        """The expert conversation on ``task``, played in this environment: per turn the reference calls in one
-        message, then ``done`` where the calls did not end the turn."""
+        """The expert conversation on ``task``, played in this environment: per turn the reference calls in the
+        messages ``demonstration_messages`` groups them into, then ``done`` where the calls did not end the turn."""
         messages = self.reset(task)
         for reference in task.reference:
             turn_ended = False
-            if reference:
-                text = "[" + ", ".join(call.render() for call in reference) + "]"
+            for calls in self.demonstration_messages(reference) if reference else []:
+                text = "[" + ", ".join(call.render() for call in calls) + "]"
                 outcome = self.step(text)
                 messages.append(Message("assistant", text))
                 messages.extend(outcome.messages)
                 turn_ended = outcome.turn_ended
+                if turn_ended:
+                    break
             if not turn_ended:
                 outcome = self.step("done")
                 messages.append(Message("assistant", "done"))
@@ -234,6 +236,11 @@ class Environment(ABC):
             if outcome.done:
                 break
         return messages
+
+    def demonstration_messages(self, calls: list[ToolCall]) -> list[list[ToolCall]]:
+        """How a demonstration writes a turn's reference calls (non-empty), played next in the episode: the messages
+        in order, each a list of calls. One message by default."""
+        return [calls]
 
     # -- prompts -------------------------------------------------------------------------------
     def conversation(self, task: Task, render_chat: Callable[[list[dict[str, Any]]], str]) -> Conversation | None:

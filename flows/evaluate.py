@@ -66,8 +66,8 @@ def log_evaluation(
         "max_new_tokens": config.rollout.max_new_tokens,
         "max_steps": config.environment.max_steps,
         "tool_list": config.environment.tool_list,
-        "prompt_style": config.environment.prompt_style,
-        "bfcl_handler": config.environment.bfcl_handler or "",
+        # The environment's own settings (BFCL's prompt_style and bfcl_handler), unset ones as "".
+        **{name: "" if value is None else value for name, value in config.environment.settings().model_dump().items()},
     }
     tags = {"coevolve.run_id": config.run_id, "coevolve.round": str(round_), "flow_run_id": flow_run_id}
     return tracker.log_evaluation(evaluation_run_name(config, checkpoint, round_), metrics, params, tags)

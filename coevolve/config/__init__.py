@@ -12,7 +12,7 @@ never read the environment again, so overrides given in code (an ablation arm's)
 
 One module per domain, each section declared once:
 
-- `environment`: the environment and its prompts (`EnvironmentConfig`, `derive_bfcl_handler`);
+- `environment`: the environment, its limits and its own settings (`EnvironmentConfig`, `EnvironmentSettings`);
 - `policy`: the model and the builtin tiny model's fine-tuning (`PolicyConfig`);
 - `rollout`: the ``rollout`` section (`RolloutConfig`), its sampling fields, composed with
   `engines` (engine and server fields) and `evaluation` (evaluation splits), all flat under ``rollout``;
@@ -25,7 +25,7 @@ One module per domain, each section declared once:
 - `loading`: the sources and their order (`load_config`, `parse_overrides`).
 """
 
-from coevolve.config.environment import EnvironmentConfig, derive_bfcl_handler
+from coevolve.config.environment import EnvironmentConfig, EnvironmentSettings
 from coevolve.config.loading import load_config, parse_overrides
 from coevolve.config.pipeline import PipelineConfig
 from coevolve.config.placement import PlacementConfig
@@ -37,6 +37,7 @@ from coevolve.config.training import TrainingConfig
 
 __all__ = [
     "EnvironmentConfig",
+    "EnvironmentSettings",
     "PipelineConfig",
     "PlacementConfig",
     "PolicyConfig",
@@ -48,7 +49,6 @@ __all__ = [
     "TrainingConfig",
     "ValidationConfig",
     "WarehouseConfig",
-    "derive_bfcl_handler",
     "load_config",
     "parse_overrides",
 ]

@@ -1,25 +1,86 @@
-"""What the agent plays: the environment, its episode limits and how its prompts are written."""
+"""What the agent plays: the environment, its episode limits, and the settings the environment itself declares.
+
+The section's own fields are the ones every environment reads. An environment's own settings (BFCL's prompt style
+and handler family) are declared by the environment, as a signal kind declares its thresholds: an
+`EnvironmentSettings` model whose fields become fields of this section where environment.name names that
+environment, validated when the configuration loads. The configuration finds the model by name without importing
+the environment (`settings_model`).
+"""
 
 from __future__ import annotations
 
-import re
-from typing import Literal
+from importlib.metadata import EntryPoint
+from typing import Any, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from coevolve.config.base import Section
-from coevolve.plugins import declared_names
+from coevolve.plugins import declared_names, declared_points, load_declared
 
 # The environments envs/registry.py builds in (tests/envs/test_environment_registry.py checks the two lists agree),
 # and the entry-point group under which an installed package declares another; its names are read here without
 # importing the package, so the configuration stays light.
 BUILT_IN_ENVIRONMENTS: tuple[str, ...] = ("bfcl", "workplace")
 ENVIRONMENT_ENTRY_POINTS = "coevolve.environments"
+# The group under which a package declares its environment's settings model, named as the environment; an
+# environment that declares none has no settings of its own.
+SETTINGS_ENTRY_POINTS = "coevolve.environment_settings"
+# The built-in environments' declarations of the same kind (their package is this project, whose metadata names no
+# entry points): the model is imported when a configuration names the environment, the environment itself is not.
+BUILT_IN_SETTINGS: dict[str, str] = {"bfcl": "envs.bfcl.settings:BfclSettings"}
 
 
 def environment_names() -> list[str]:
     """Every value environment.name may take here: the built-in environments, then those installed packages declare."""
     return [*BUILT_IN_ENVIRONMENTS, *declared_names(ENVIRONMENT_ENTRY_POINTS)]
+
+
+class EnvironmentSettings(BaseModel):
+    """An environment's own settings: its fields are fields of the ``environment`` section where environment.name
+    names the environment, so each needs a default and a description, and a name none of the section's own fields
+    has."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @classmethod
+    def of(cls, section: EnvironmentConfig) -> Self:
+        """These settings as ``section`` holds them (the defaults where it is another environment's)."""
+        given = section.model_extra or {}
+        return cls.model_validate({name: given[name] for name in cls.model_fields if name in given})
+
+    def for_policy(self, model: str) -> Self:
+        """These settings for a run of the policy ``model``: with what they derive from it filled in; ValueError,
+        naming the setting to change, where they cannot serve it. As they are by default."""
+        return self
+
+
+class NoSettings(EnvironmentSettings):
+    """The settings of an environment that declares none."""
+
+
+def settings_model(name: str) -> type[EnvironmentSettings]:
+    """The settings model environment ``name`` declares (`NoSettings` where it declares none)."""
+    if name in BUILT_IN_SETTINGS:
+        point = EntryPoint(name, BUILT_IN_SETTINGS[name], SETTINGS_ENTRY_POINTS)
+    elif name in BUILT_IN_ENVIRONMENTS:
+        return NoSettings
+    else:
+        declared = {point.name: point for point in declared_points(SETTINGS_ENTRY_POINTS)}
+        if name not in declared:
+            return NoSettings
+        point = declared[name]
+    loaded: type[EnvironmentSettings] = load_declared(point, EnvironmentSettings, "coevolve/config/environment.py")
+    return loaded
+
+
+def _setting_owner(field: str) -> tuple[str, Any] | None:
+    """The environment that declares a setting called ``field``, and the setting's default; None when none does."""
+    for name in [*BUILT_IN_SETTINGS, *declared_names(SETTINGS_ENTRY_POINTS)]:
+        info = settings_model(name).model_fields.get(field)
+        if info is not None:
+            return name, info.default
+    return None
 
 
 class EnvironmentConfig(Section):
@@ -66,48 +127,40 @@ class EnvironmentConfig(Section):
             "times faster and it learns arguments from demonstrations; 'described' for real LLMs (configs/paper.yaml)."
         ),
     )
-    prompt_style: Literal["compact", "bfcl"] = Field(
-        "compact",
-        description=(
-            "How tools, calls and results are written in the policy's prompts. 'compact': the project's short prompt "
-            "(tool_list, one python call list per message, cut results), which the builtin tiny model is trained on. "
-            "'bfcl': exactly what bfcl-eval sends the model family bfcl_handler names (its system prompt or chat "
-            "template, tool-call syntax, full results, the miss_func reveal turn and its 20-step turn limit), so a "
-            "policy trains in the format its BFCL score is measured in and scores compare with published ones."
-        ),
-    )
-    bfcl_handler: Literal["qwen_fc", "qwen", "llama_3_1", "chat"] | None = Field(
-        None,
-        description=(
-            "bfcl-eval handler family for prompt_style 'bfcl': 'qwen_fc' (Qwen's template, tools in <tools>, calls in "
-            "<tool_call> blocks), 'qwen' (Qwen prompting: bfcl's system prompt, python call lists), 'llama_3_1' "
-            "(Llama 3.1 JSON calls, tools in the first user message), 'chat' (bfcl's prompting message list rendered "
-            "with the model's own chat template). Unset: derived from policy.model where the name leaves one choice "
-            "(coevolve.config.derive_bfcl_handler)."
-        ),
-    )
+    # An environment's own settings (its `EnvironmentSettings` model) are fields of this section too.
+    model_config = ConfigDict(extra="allow")
 
     @model_validator(mode="after")
-    def _bfcl_prompts_only_on_bfcl(self) -> EnvironmentConfig:
-        # BFCL's prompts are bfcl-eval's, written by envs/bfcl only; every other environment writes the compact ones.
-        if self.prompt_style == "bfcl" and self.name != "bfcl":
-            raise ValueError(
-                f"environment.prompt_style 'bfcl' writes BFCL's own prompts and applies to environment.name 'bfcl' "
-                f"only; set environment.prompt_style to compact for {self.name!r}."
-            )
+    def _own_settings(self) -> EnvironmentConfig:
+        given = dict(self.model_extra or {})
+        model = settings_model(self.name)
+        for field in [field for field in given if field not in model.model_fields]:
+            owner = _setting_owner(field)
+            if owner is None:
+                raise PydanticCustomError(
+                    "unknown_setting",
+                    f"environment.{field}: unknown field; check its spelling against `coevolve config --show`.",
+                )
+            # Recorded configurations of other environments carry every built-in setting at its default (BFCL's
+            # prompt_style and bfcl_handler were once fields of this section): at its default it says nothing.
+            if given.pop(field) != owner[1]:
+                raise PydanticCustomError(
+                    "other_environment_setting",
+                    f"environment.{field} is a setting of environment {owner[0]!r} and applies to environment.name "
+                    f"{owner[0]!r} only; remove environment.{field} for {self.name!r}.",
+                )
+        try:
+            settings = model.model_validate(given)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"])
+            message = " ".join(str(error["msg"]).split())
+            raise PydanticCustomError(
+                "environment_setting", f"environment.{where}: {message}, not {error.get('input')!r}."
+            ) from None
+        self.__pydantic_extra__ = settings.model_dump()
         return self
 
-
-def derive_bfcl_handler(model: str) -> str | None:
-    """The bfcl-eval handler family a model name leaves no choice about, or None.
-
-    bfcl-eval scores Qwen models both ways (function calling and prompting) and most families in
-    several handlers, so only names that say which one are derived: a Qwen name ending in ``-FC``
-    and Llama 3.1 to 3.3 (whose bfcl handler is LlamaHandler_3_1).
-    """
-    name = model.rstrip("/").rsplit("/", 1)[-1].lower()
-    if "qwen" in name and name.endswith("-fc"):
-        return "qwen_fc"
-    if re.search(r"llama-?3\.[123]", name):
-        return "llama_3_1"
-    return None
+    def settings(self) -> EnvironmentSettings:
+        """The environment's own settings, as its model types them."""
+        return settings_model(self.name).of(self)

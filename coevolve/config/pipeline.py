@@ -11,7 +11,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from coevolve.config.base import Section, deep_merge, explain
-from coevolve.config.environment import EnvironmentConfig, derive_bfcl_handler
+from coevolve.config.environment import EnvironmentConfig
 from coevolve.config.placement import PlacementConfig
 from coevolve.config.policy import PolicyConfig
 from coevolve.config.rollout import RolloutConfig
@@ -114,23 +114,11 @@ class PipelineConfig(Section):
     @model_validator(mode="after")
     def _check_ranges(self) -> PipelineConfig:
         env = self.environment
-        if env.prompt_style == "bfcl" and self.policy.model == "builtin:tiny":
-            raise ValueError(
-                "environment.prompt_style 'bfcl' needs a pretrained model: builtin:tiny is fine-tuned on "
-                "demonstrations in the compact prompt and only knows that one. Keep prompt_style compact, or set "
-                "policy.model to a Hugging Face id or local path (and environment.bfcl_handler)."
-            )
-        if env.prompt_style == "bfcl" and env.bfcl_handler is None:
-            derived = derive_bfcl_handler(self.policy.model)
-            if derived is None:
-                raise ValueError(
-                    f"environment.prompt_style is 'bfcl' but the bfcl-eval handler of {self.policy.model!r} cannot be "
-                    "told from its name; set environment.bfcl_handler to qwen_fc (Qwen function calling), qwen (Qwen "
-                    "prompting), llama_3_1 (Llama 3.1-3.3) or chat (bfcl's prompting messages in the model's own chat "
-                    "template)."
-                )
-            # Filled in once so every stage (rollout, evaluation, synthesis) reads the same handler.
-            self.__dict__["environment"] = env.model_copy(update={"bfcl_handler": derived})
+        settings = env.settings()
+        completed = settings.for_policy(self.policy.model)
+        if completed != settings:
+            # Filled in once so every stage (rollout, evaluation, synthesis) reads the same values.
+            self.__dict__["environment"] = env.model_copy(update=completed.model_dump())
         if self.synthesis.max_task_steps < self.synthesis.min_task_steps:
             raise ValueError(
                 f"synthesis.max_task_steps ({self.synthesis.max_task_steps}) is below synthesis.min_task_steps "

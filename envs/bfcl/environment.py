@@ -3,14 +3,13 @@
 An episode plays one Task: the model's calls run on one private set of API instances, the task's
 reference runs turn by turn on a second set, and each turn is checked as bfcl-eval's
 ``multi_turn_checker`` does (same public state, reference results among the model's results).
-The seed pool, exploration, replay and demonstrations are envs/bfcl/explorer.py's, the official
+Its tasks are made by envs/exploration.py in BFCL's worlds (envs/bfcl/explorer.py), the official
 entries envs/bfcl/official.py's, and the prompts of prompt_style 'bfcl' envs/bfcl/prompts.py's.
 """
 
 from __future__ import annotations
 
 import copy
-import random
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -18,12 +17,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_checker, state_checker
 
 import envs.bfcl.api as bfcl_api
-import envs.bfcl.explorer as explorer
 from coevolve.errors import ConfigError
 from coevolve.optional import optional_module
-from coevolve.records import Message, Provenance, Task, ToolCall
-from envs.base import Environment, StepOutcome, Triplet
+from coevolve.records import Message, Task, ToolCall
+from envs.base import Environment, StepOutcome, World
+from envs.bfcl.explorer import BfclWorld
 from envs.bfcl.official import CATEGORIES, OfficialMeta, multi_turn_overall, official_meta, official_tasks
+from envs.bfcl.settings import BfclSettings
 from envs.calls import POSITIONAL_PREFIX, parse_tool_calls
 
 # The prompts of prompt_style 'bfcl' load bfcl-eval's model handlers (and openai's types): seconds, needed only
@@ -45,6 +45,7 @@ class BfclEnvironment(Environment):
     """One episode at a time on BFCL API classes, and BFCL's tasks; implements envs.base.Environment."""
 
     name: ClassVar[str] = ENVIRONMENT_NAME
+    world_type: ClassVar[type[World]] = BfclWorld
     official_categories: ClassVar[tuple[str, ...]] = CATEGORIES
     # The paper's protocol: all 200 multi_turn_base entries.
     default_categories: ClassVar[tuple[str, ...]] = ("multi_turn_base",)
@@ -88,12 +89,13 @@ class BfclEnvironment(Environment):
     @classmethod
     def from_config(cls, config: EnvironmentConfig) -> BfclEnvironment:
         """The environment of the ``environment`` section; prompt_style 'bfcl' plays bfcl-eval's multi-turn loop."""
+        settings = BfclSettings.of(config)
         return cls(
             max_steps_per_turn=config.max_steps_per_turn,
             max_observation_chars=config.max_observation_chars,
             tool_list=config.tool_list,
-            bfcl_loop=config.prompt_style == "bfcl",
-            handler=config.bfcl_handler,
+            bfcl_loop=settings.prompt_style == "bfcl",
+            handler=settings.bfcl_handler,
         )
 
     # -- episode -------------------------------------------------------------------------------
@@ -252,59 +254,6 @@ class BfclEnvironment(Environment):
         return [
             bfcl_api.tool_line(doc, "signatures") for cls in task.involved_classes for doc in bfcl_api.func_docs(cls)
         ]
-
-    # -- tasks (envs/bfcl/explorer.py) -------------------------------------------------------------
-    def build_tasks(
-        self,
-        n: int,
-        seed: int,
-        origin: str = "seed",
-        exclude: set[str] | frozenset[str] = frozenset(),
-        min_steps: int = 3,
-        max_steps: int = 5,
-        calls_per_turn: int | None = None,
-    ) -> list[Task]:
-        return explorer.build_tasks(
-            n, seed, origin=origin, exclude=exclude, min_steps=min_steps, max_steps=max_steps,
-            calls_per_turn=calls_per_turn,
-        )  # fmt: skip
-
-    def in_turns(self, task: Task, calls_per_turn: int | None) -> Task:
-        return explorer.in_turns(task, calls_per_turn)
-
-    def explore(
-        self,
-        start: Task,
-        rng: random.Random,
-        num_steps: int,
-        focus_tools: list[str] | None = None,
-        run_id: str = "x",
-    ) -> list[Triplet]:
-        return explorer.explore(
-            start.initial_config, start.involved_classes, rng, num_steps, focus_tools=focus_tools, run_id=run_id
-        )
-
-    def explore_call(self, call: ToolCall, run_id: str) -> Triplet:
-        before = self.state()
-        [observation] = self.execute([call])
-        return Triplet(call, observation, run_id, explorer.is_ok(observation), self.state() != before)
-
-    def abstract(
-        self,
-        triplets: list[Triplet],
-        start: Task,
-        provenance: Provenance,
-        min_steps: int = 3,
-        max_steps: int = 5,
-        calls_per_turn: int | None = None,
-    ) -> Task | None:
-        return explorer.abstract(
-            triplets, start.initial_config, start.involved_classes, provenance, min_steps, max_steps, calls_per_turn
-        )
-
-    def replay(self, task: Task) -> tuple[bool, str, bool]:
-        # A fresh environment with the default settings: replay only executes calls and compares states.
-        return explorer.replay(task, BfclEnvironment())
 
     # -- prompts ---------------------------------------------------------------------------------
     def conversation(

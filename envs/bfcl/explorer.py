@@ -1,4 +1,6 @@
-"""Exploration of the BFCL environment and abstraction of what it did into executable tasks; replay and demonstrations.
+"""BFCL's world for task making (envs/exploration.py): fresh API instances of an official initial state, arguments
+read from their live state, and requests written from templates; the module's functions are the task making of
+envs/exploration.py on BFCL's worlds.
 
 The seed pool comes from unguided exploration (random walks over the tools, arguments filled from
 the live state); signal-driven synthesis reuses the same walk with ``focus_tools``. Official entries
@@ -9,20 +11,24 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
-from functools import lru_cache
-from typing import Any
+from functools import lru_cache, partial
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import envs.bfcl.api as bfcl_api
-from coevolve.records import Provenance, Task, ToolCall, canonical_json
-from envs.base import Environment, Triplet, tasks_from_walks
+import envs.exploration as exploration
+from coevolve.records import Task, ToolCall, canonical_json
 from envs.bfcl.api import ENVIRONMENT_NAME
 from envs.bfcl.explore_values import NEEDS_LOGIN, argument_value, login_call
 from envs.bfcl.official import CATEGORIES
 from envs.bfcl.templates import verbalize, verbalize_sequence
+from envs.exploration import Start, Triplet, World
+
+if TYPE_CHECKING:
+    from envs.base import Environment
 
 __all__ = [
     "DEFAULT_CLASSES",
+    "BfclWorld",
     "Triplet",
     "abstract",
     "build_tasks",
@@ -54,17 +60,33 @@ def is_ok(observation: str) -> bool:
     return True
 
 
-class _Session:
-    """A private instance set for one exploration run or replay."""
+class BfclWorld(World):
+    """A private instance set of the involved classes for one exploration run, abstraction or replay."""
 
-    def __init__(self, initial_config: dict[str, Any], classes: list[str]):
-        self.instances = bfcl_api.new_instances(initial_config, classes)
+    environment: ClassVar[str] = ENVIRONMENT_NAME
+
+    def __init__(self, initial_config: dict[str, Any], involved: list[str]):
+        super().__init__(initial_config, involved)
+        self.instances = bfcl_api.new_instances(initial_config, self.involved)
         self.table = bfcl_api.method_table(self.instances)
-        self.tool_classes = bfcl_api.class_of_tool(classes)
-        self.docs = {d["name"]: d for cls in classes for d in bfcl_api.func_docs(cls)}
+        self.tool_classes = bfcl_api.class_of_tool(self.involved)
+        self.docs = {d["name"]: d for cls in self.involved for d in bfcl_api.func_docs(cls)}
         # The state after the last call, which only calls change: the next call's state before it. One deep copy per
         # call instead of two (the copies were about half of building the builtin policy's demonstrations).
         self.state = bfcl_api.snapshot(self.instances)
+
+    @classmethod
+    def start(cls, rng: random.Random) -> Start:
+        """One of the official initial states of the default classes."""
+        return _start(rng, DEFAULT_CLASSES)
+
+    def tools(self) -> list[str]:
+        return sorted(self.tool_classes)
+
+    def choose(self, tool: str, rng: random.Random) -> ToolCall:
+        """The tool with arguments from the live state, or the login it needs first, so most calls are valid."""
+        login = login_call(NEEDS_LOGIN[tool], self.instances) if tool in NEEDS_LOGIN else None
+        return ToolCall(*login) if login else ToolCall(tool, self.arguments(tool, rng))
 
     def arguments(self, tool: str, rng: random.Random) -> dict[str, Any]:
         params = self.docs.get(tool, {}).get("parameters", {})
@@ -80,6 +102,34 @@ class _Session:
         observation = bfcl_api.run_call(self.table, self.tool_classes, call)
         before, self.state = self.state, bfcl_api.snapshot(self.instances)
         return Triplet(call, observation, run_id, is_ok(observation), self.state != before)
+
+    @staticmethod
+    def succeeded(observation: str) -> bool:
+        return is_ok(observation)
+
+    @staticmethod
+    def informative(observation: str) -> bool:
+        """Anything but an empty result (None, {}, [])."""
+        return observation not in _EMPTY_RESULTS
+
+    @classmethod
+    def requests(cls, chunks: list[list[ToolCall]], initial_config: dict[str, Any], involved: list[str]) -> list[str]:
+        return [verbalize_sequence(chunk) for chunk in chunks]
+
+
+def _start(rng: random.Random, classes: tuple[str, ...] | list[str]) -> Start:
+    """One of the official initial states restricted to ``classes``, a fresh copy."""
+    states = _states(tuple(classes))
+    if not states:
+        raise ValueError(f"no official initial state involves any of {list(classes)}")
+    config, involved = states[rng.randrange(len(states))]
+    return json.loads(config), list(involved)
+
+
+@lru_cache(maxsize=8)
+def _states(classes: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """`environment_states` of ``classes``, kept as text: every walk takes its own copy of the state it starts from."""
+    return tuple((json.dumps(config), tuple(involved)) for config, involved in environment_states(list(classes)))
 
 
 @lru_cache(maxsize=1)
@@ -119,99 +169,19 @@ def explore(
     focus_tools: list[str] | None = None,
     run_id: str = "x",
 ) -> list[Triplet]:
-    """A random walk of ``num_steps`` calls on fresh instances, arguments read from the live state.
-
-    With ``focus_tools`` the walk picks them 80% of the time. A tool that needs a login is preceded
-    by the login call, so most calls are valid.
-    """
-    session = _Session(initial_config, involved_classes)
-    tools = sorted(session.tool_classes)
-    focus = [t for t in (focus_tools or []) if t in session.tool_classes]
-    triplets: list[Triplet] = []
-    while len(triplets) < num_steps:
-        name = rng.choice(focus) if focus and rng.random() < 0.8 else rng.choice(tools)
-        login = login_call(NEEDS_LOGIN[name], session.instances) if name in NEEDS_LOGIN else None
-        call = ToolCall(*login) if login else ToolCall(name, session.arguments(name, rng))
-        triplets.append(session.run(call, run_id))
-    return triplets
+    """A walk of ``num_steps`` calls on fresh instances (`envs.exploration.explore`); a tool that needs a login is
+    preceded by the login call."""
+    return exploration.explore(BfclWorld(initial_config, involved_classes), rng, num_steps, focus_tools, run_id)
 
 
-def abstract(
-    triplets: list[Triplet],
-    initial_config: dict[str, Any],
-    involved_classes: list[str],
-    provenance: Provenance,
-    min_steps: int = 3,
-    max_steps: int = 5,
-    calls_per_turn: int | None = None,
-) -> Task | None:
-    """A task from an exploration run, or None when fewer than ``min_steps`` calls are usable.
-
-    Keeps the successful calls that changed the state or returned information, drops repeated
-    read-only calls, and cuts to at most ``max_steps`` calls that replay cleanly from the initial state.
-    The task is single-turn, or with ``calls_per_turn`` one user turn per consecutive run of at most
-    that many calls (5 calls at 2 per turn: turns of 2, 2 and 1 calls), as the official multi-turn
-    entries spread a job over several requests.
-    """
-    session = _Session(initial_config, involved_classes)
-    sequence: list[ToolCall] = []
-    seen_reads: set[str] = set()
-    for triplet in triplets:
-        if len(sequence) >= max_steps:
-            break
-        if not triplet.ok or not (triplet.state_changed or triplet.observation not in _EMPTY_RESULTS):
-            continue
-        replayed = session.run(triplet.action, triplet.run_id)
-        if not replayed.ok:
-            continue
-        if not replayed.state_changed:
-            key = canonical_json([triplet.action.to_dict(), replayed.observation])
-            if key in seen_reads:
-                continue
-            seen_reads.add(key)
-        sequence.append(triplet.action)
-    if len(sequence) < min_steps:
-        return None
-    return in_turns(
-        Task(
-            environment=ENVIRONMENT_NAME,
-            initial_config=initial_config,
-            involved_classes=list(involved_classes),
-            turns=[verbalize_sequence(sequence)],
-            reference=[sequence],
-            provenance=provenance,
-            description=verbalize_sequence(sequence),
-        ),
-        calls_per_turn,
-    )
-
-
-def in_turns(task: Task, calls_per_turn: int | None) -> Task:
-    """The same job as user turns of at most ``calls_per_turn`` consecutive calls, each turn's request verbalized.
-
-    None leaves the task as it is. The turns' requests are rebuilt from the calls, so this is for tasks
-    whose requests are the explorer's verbalizations (an LLM-written query cannot be cut by calls).
-    """
-    if not calls_per_turn:
-        return task
-    calls = [call for turn in task.reference for call in turn]
-    reference = [calls[i : i + calls_per_turn] for i in range(0, len(calls), calls_per_turn)]
-    return replace(task, turns=[verbalize_sequence(chunk) for chunk in reference], reference=reference)
+# A task from an exploration run on fresh instances (`envs.exploration.abstract`), or None when fewer than
+# ``min_steps`` calls are usable: abstract(triplets, initial_config, involved_classes, provenance, ...).
+abstract = partial(exploration.abstract, BfclWorld)
 
 
 def replay(task: Task, env: Environment) -> tuple[bool, str, bool]:
-    """Run the reference in ``env``, a fresh environment: (every call succeeded, reason, the state changed)."""
-    try:
-        env.reset(task)
-    except Exception as exc:  # noqa: BLE001 - a synthesized state that cannot load is a rejection, not a crash
-        return False, f"cannot build the environment: {exc}", False
-    before = env.state()
-    for turn_index, turn in enumerate(task.reference):
-        for call_index, (call, result) in enumerate(zip(turn, env.execute(turn), strict=True)):
-            if not is_ok(result):
-                return False, f"turn {turn_index} call {call_index} {call.render()} failed: {result[:200]}", False
-    changed = env.state() != before
-    return True, "all reference calls succeeded", changed
+    """Run the reference in a fresh environment of ``env``'s kind (`Environment.replay`)."""
+    return env.replay(task)
 
 
 def build_tasks(
@@ -224,17 +194,9 @@ def build_tasks(
     classes: list[str] | None = None,
     calls_per_turn: int | None = None,
 ) -> list[Task]:
-    """``n`` distinct tasks from unguided exploration of the official initial states, reproducible from ``seed``.
-
-    ``calls_per_turn`` splits each task into user turns (see ``abstract``); None keeps one turn.
-    """
-    states = environment_states(list(classes or DEFAULT_CLASSES))
-    if not states:
-        raise ValueError(f"no official initial state involves any of {classes}")
-
-    def walk(rng: random.Random, run_id: str) -> Task | None:
-        config, involved = states[rng.randrange(len(states))]
-        triplets = explore(config, involved, rng, rng.randint(max_steps, max_steps + 3), run_id=run_id)
-        return abstract(triplets, config, involved, Provenance(origin=origin), min_steps, max_steps, calls_per_turn)
-
-    return tasks_from_walks(n, seed, origin, exclude, walk)
+    """``n`` distinct tasks from unguided exploration of the official initial states of ``classes`` (the default
+    classes when None), reproducible from ``seed`` (`envs.exploration.build_tasks`)."""
+    return exploration.build_tasks(
+        BfclWorld, n, seed, origin, exclude, min_steps, max_steps, calls_per_turn,
+        start=lambda rng: _start(rng, classes or DEFAULT_CLASSES),
+    )  # fmt: skip

@@ -152,6 +152,8 @@ class BfclConversation:
         self.functions = functions_for(task)
         self.render_chat = render_chat
         self.messages: list[dict[str, Any]] = []
+        # The user turn the episode is in: the environment moves to the next one whenever a turn ends.
+        self.turn = 0
         first = [{"role": "user", "content": task.turns[0]}]
         if handler in ("qwen", "chat"):
             # bfcl's system prompt (its instructions and the tools as JSON) goes first.
@@ -200,5 +202,6 @@ class BfclConversation:
         if outcome.calls:
             self.add_results(outcome.calls, outcome.observations)
         if outcome.turn_ended and not outcome.done:
-            self.add_turn(env.turn)
+            self.turn += 1
+            self.add_turn(self.turn)
         return outcome

@@ -3,51 +3,36 @@
 An episode plays one Task: the model's calls run on one private copy of the task's initial state, the reference
 runs turn by turn on a second copy, and each turn is judged as BFCL's turns are (envs/bfcl/environment.py): when
 the turn ends, the two states must be equal, and every lookup the reference made (a search, a listing, a free
-slot) must have been answered to the model too, with the same result. The tasks, exploration, replay and
-demonstrations are envs/workplace/explorer.py's. It has no official benchmark.
+slot) must have been answered to the model too, with the same result. Its tasks are made by envs/exploration.py
+in the workplace's worlds (envs/workplace/explorer.py). It has no official benchmark.
 """
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import envs.workplace.explorer as explorer
-from coevolve.errors import EnvSetupError
-from coevolve.records import Message, Provenance, Task, ToolCall
-from envs.base import Environment, StepOutcome, Triplet
+from coevolve.records import Message, Task, ToolCall
+from envs.base import Environment, StepOutcome, World
 from envs.calls import parse_tool_calls
 from envs.workplace.apps import copy_state
+from envs.workplace.explorer import ENVIRONMENT_NAME, WorkplaceWorld
+from envs.workplace.session import TABLES, check_initial_config
 from envs.workplace.tools import BY_NAME, is_ok, run_call, schemas, tool_line, tools_of
-from envs.workplace.world import APPS, weekday
+from envs.workplace.world import weekday
 
 if TYPE_CHECKING:
     from coevolve.config import EnvironmentConfig
 
-ENVIRONMENT_NAME = explorer.ENVIRONMENT_NAME
 TOOL_LISTS = ("described", "signatures", "names")
 INSTRUCTION = "Reply with a python list of calls like [f(a=1), g(b='x')]; reply done when the request is complete."
-_TABLES = {"Mail": "messages", "Calendar": "events", "Contacts": "contacts", "Tasks": "tasks"}
-
-
-def check_initial_config(config: Any, apps: list[str]) -> None:
-    """Refuse a state the apps cannot run on (a malformed synthesized task): EnvSetupError says what is wrong."""
-    unknown = [app for app in apps if app not in APPS]
-    if unknown or not apps:
-        raise EnvSetupError(f"unknown workplace apps {unknown or apps}; known: {', '.join(APPS)}")
-    if not isinstance(config, dict) or not isinstance(config.get("owner"), dict) or "today" not in config:
-        raise EnvSetupError("a workplace state needs 'owner' and 'today'")
-    for app in apps:
-        data = config.get(app)
-        if not isinstance(data, dict) or not isinstance(data.get(_TABLES[app]), dict) or "next_id" not in data:
-            raise EnvSetupError(f"the {app} state needs '{_TABLES[app]}' and 'next_id'")
 
 
 class WorkplaceEnvironment(Environment):
     """One episode at a time on a workplace state, and the workplace's tasks; implements envs.base.Environment."""
 
     name: ClassVar[str] = ENVIRONMENT_NAME
+    world_type: ClassVar[type[World]] = WorkplaceWorld
     shipped_checkpoint: ClassVar[Path | None] = Path(__file__).resolve().parent / "checkpoint0"
 
     def __init__(
@@ -188,61 +173,6 @@ class WorkplaceEnvironment(Environment):
     def tool_schemas(self, task: Task) -> list[dict[str, Any]]:
         return schemas(task.involved_classes)
 
-    # -- tasks (envs/workplace/explorer.py) ----------------------------------------------------------
-    def build_tasks(
-        self,
-        n: int,
-        seed: int,
-        origin: str = "seed",
-        exclude: set[str] | frozenset[str] = frozenset(),
-        min_steps: int = 3,
-        max_steps: int = 5,
-        calls_per_turn: int | None = None,
-    ) -> list[Task]:
-        return explorer.build_tasks(
-            n, seed, origin=origin, exclude=exclude, min_steps=min_steps, max_steps=max_steps,
-            calls_per_turn=calls_per_turn,
-        )  # fmt: skip
-
-    def in_turns(self, task: Task, calls_per_turn: int | None) -> Task:
-        return explorer.in_turns(task, calls_per_turn)
-
-    def explore(
-        self,
-        start: Task,
-        rng: random.Random,
-        num_steps: int,
-        focus_tools: list[str] | None = None,
-        run_id: str = "x",
-    ) -> list[Triplet]:
-        check_initial_config(start.initial_config, start.involved_classes)
-        return explorer.explore(
-            start.initial_config, start.involved_classes, rng, num_steps, focus_tools=focus_tools, run_id=run_id
-        )
-
-    def explore_call(self, call: ToolCall, run_id: str) -> Triplet:
-        before = self.state()
-        [observation] = self.execute([call])
-        return Triplet(call, observation, run_id, is_ok(observation), self._model != before)
-
-    def abstract(
-        self,
-        triplets: list[Triplet],
-        start: Task,
-        provenance: Provenance,
-        min_steps: int = 3,
-        max_steps: int = 5,
-        calls_per_turn: int | None = None,
-    ) -> Task | None:
-        check_initial_config(start.initial_config, start.involved_classes)
-        return explorer.abstract(
-            triplets, start.initial_config, start.involved_classes, provenance, min_steps, max_steps, calls_per_turn
-        )
-
-    def replay(self, task: Task) -> tuple[bool, str, bool]:
-        # A fresh environment with the default settings: replay only executes calls and compares states.
-        return explorer.replay(task, WorkplaceEnvironment())
-
 
 def state_differences(model: dict[str, Any], truth: dict[str, Any], limit: int = 2000) -> str:
     """Where two workplace states differ: per app, the records that are missing, extra or changed."""
@@ -251,7 +181,7 @@ def state_differences(model: dict[str, Any], truth: dict[str, Any], limit: int =
         mine, theirs = model.get(key), truth.get(key)
         if mine == theirs:
             continue
-        table = _TABLES.get(key)
+        table = TABLES.get(key)
         if table is None or not isinstance(mine, dict) or not isinstance(theirs, dict):
             lines.append(f"{key}: {mine!r} != {theirs!r}")
             continue

@@ -1,10 +1,12 @@
 """One environment contract (envs/base.py) and one registry (envs/registry.py): an environment is one module.
 
 The toy environment below (``counter``: named counters, the tools ``add`` and ``read``) implements the whole
-contract. Written as the one module of a package that declares it under the entry-point group
-``coevolve.environments``, it is accepted as ``environment.name``, built by the registry, and plays, builds,
-explores, replays and demonstrates its tasks through the same calls the stages make, with nothing of the
-project edited. A name nobody declares is refused with the names that exist.
+contract: its episode, its tools and the `World` whose hooks task making (envs/exploration.py) runs on; the seed
+pool, exploration, abstraction, replay and demonstrations are the base class's. Written as the one module of a
+package that declares it under the entry-point group ``coevolve.environments``, it is accepted as
+``environment.name``, built by the registry, and plays, builds, explores, replays and demonstrates its tasks
+through the same calls the stages make, with nothing of the project edited. A name nobody declares is refused
+with the names that exist.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from coevolve.config import load_config
 from coevolve.config.environment import BUILT_IN_ENVIRONMENTS, environment_names
 from coevolve.errors import ConfigError
 from coevolve.records import Provenance
-from envs.base import Environment
+from envs.base import Environment, World
 from envs.bfcl.environment import BfclEnvironment
 from envs.registry import BUILT_IN, environment_class, environment_for, make_environment
 from envs.workplace.environment import WorkplaceEnvironment
@@ -27,10 +29,12 @@ COUNTER_ENVIRONMENT = '''
 """counter: named counters; ``add(name, amount)`` adds to one, ``read(name)`` shows it."""
 
 import copy
-import random
 
-from coevolve.records import Message, Provenance, Task, ToolCall
-from envs.base import Environment, StepOutcome, Triplet
+from pydantic import Field
+
+from coevolve.config import EnvironmentSettings
+from coevolve.records import Message, ToolCall
+from envs.base import Environment, StepOutcome, Triplet, World
 from envs.calls import parse_tool_calls
 
 NAMES = ("apples", "pears", "plums")
@@ -43,28 +47,87 @@ SCHEMAS = [
 ]
 
 
-def words(calls):
-    return ", then ".join(f"add {c.arguments['amount']} to {c.arguments['name']}" for c in calls) + "."
+def run(counters, call):
+    """One call on the counters: its result, or an error that changes nothing."""
+    name = call.arguments.get("name")
+    if call.name == "add" and name in NAMES and isinstance(call.arguments.get("amount"), int):
+        counters[name] = counters.get(name, 0) + call.arguments["amount"]
+        return str(counters[name])
+    if call.name == "read" and name in NAMES:
+        return str(counters.get(name, 0))
+    return f"Error: cannot run {call.render()}"
+
+
+def words(call):
+    if call.name == "add":
+        return f"add {call.arguments['amount']} to {call.arguments['name']}"
+    return f"show {call.arguments['name']}"
+
+
+class CounterWorld(World):
+    """Task making's hooks: where a walk starts, the calls it makes, and how a request for some calls reads."""
+
+    environment = "counter"
+
+    def __init__(self, initial_config, involved):
+        super().__init__(initial_config, involved)
+        self.counters = dict(initial_config["counters"])
+
+    @classmethod
+    def start(cls, rng):
+        return {"counters": {name: rng.randint(0, 2) for name in NAMES}}, ["Counter"]
+
+    def tools(self):
+        return ["add", "read"]
+
+    def choose(self, tool, rng):
+        arguments = {"name": rng.choice(NAMES)}
+        return ToolCall(tool, {**arguments, "amount": rng.randint(1, 9)} if tool == "add" else arguments)
+
+    def run(self, call, run_id):
+        before = dict(self.counters)
+        observation = run(self.counters, call)
+        return Triplet(call, observation, run_id, self.succeeded(observation), self.counters != before)
+
+    @staticmethod
+    def succeeded(observation):
+        return not observation.startswith("Error")
+
+    @staticmethod
+    def informative(observation):
+        return observation != "0"
+
+    @classmethod
+    def requests(cls, chunks, initial_config, involved):
+        return [", then ".join(words(call) for call in chunk).capitalize() + "." for chunk in chunks]
+
+
+class CounterSettings(EnvironmentSettings):
+    """The environment's own settings: fields of the environment section where environment.name is counter."""
+
+    counter_prompt: str = Field("Tools: add, read. Reply with a python list of calls, or done.",
+                                description="The system prompt of every episode.")
 
 
 class CounterEnvironment(Environment):
-    name = "counter"
+    """The episode: the task succeeds when the counters end as its reference leaves them."""
 
-    def __init__(self, max_steps_per_turn=4):
-        self.max_steps_per_turn = max_steps_per_turn
+    name = "counter"
+    world_type = CounterWorld
+
+    def __init__(self, max_steps_per_turn=4, prompt=CounterSettings().counter_prompt):
+        self.max_steps_per_turn, self.prompt = max_steps_per_turn, prompt
         self.task = None
         self.counters = {}
 
     @classmethod
     def from_config(cls, config):
-        return cls(config.max_steps_per_turn)
+        return cls(config.max_steps_per_turn, CounterSettings.of(config).counter_prompt)
 
-    # the episode: the task succeeds when the counters end as its reference leaves them
     def reset(self, task):
         self.task, self.counters = task, dict(task.initial_config["counters"])
-        self._turn, self.steps, self.done = 0, 0, False
-        return [Message("system", "Tools: add, read. Reply with a python list of calls, or done."),
-                Message("user", task.turns[0])]
+        self.turn, self.steps, self.done = 0, 0, False
+        return [Message("system", self.prompt), Message("user", task.turns[0])]
 
     def step(self, model_text):
         calls, error = parse_tool_calls(model_text, allowed={"add", "read"})
@@ -75,32 +138,22 @@ class CounterEnvironment(Environment):
             outcome.messages.append(Message("tool", "\\n".join(outcome.observations)))
         if not calls or self.steps >= self.max_steps_per_turn:
             outcome.turn_ended = True
-            self._turn, self.steps = self._turn + 1, 0
-            if self._turn >= len(self.task.turns):
+            self.turn, self.steps = self.turn + 1, 0
+            if self.turn >= len(self.task.turns):
                 self.done = outcome.done = True
             else:
-                outcome.messages.append(Message("user", self.task.turns[self._turn]))
+                outcome.messages.append(Message("user", self.task.turns[self.turn]))
         return outcome
 
     def score(self):
-        truth = type(self)()
-        truth.reset(self.task)
-        truth.execute([call for turn in self.task.reference for call in turn])
+        truth = CounterWorld(self.task.initial_config, self.task.involved_classes)
+        for call in (call for turn in self.task.reference for call in turn):
+            truth.run(call, "truth")
         success = self.done and self.counters == truth.counters
         return float(success), success, {} if success else {"error_type": "counters differ"}
 
     def execute(self, calls):
-        results = []
-        for call in calls:
-            name = call.arguments.get("name")
-            if call.name == "add" and name in NAMES and isinstance(call.arguments.get("amount"), int):
-                self.counters[name] = self.counters.get(name, 0) + call.arguments["amount"]
-                results.append(str(self.counters[name]))
-            elif call.name == "read" and name in NAMES:
-                results.append(str(self.counters.get(name, 0)))
-            else:
-                results.append(f"Error: cannot run {call.render()}")
-        return results
+        return [run(self.counters, call) for call in calls]
 
     def state(self):
         return dict(self.counters)
@@ -108,81 +161,19 @@ class CounterEnvironment(Environment):
     def tool_names(self):
         return ["add", "read"]
 
-    @property
-    def turn(self):
-        return self._turn
-
     def tool_schemas(self, task):
         return copy.deepcopy(SCHEMAS)
-
-    # the environment's tasks
-    def build_tasks(self, n, seed, origin="seed", exclude=frozenset(), min_steps=3, max_steps=5, calls_per_turn=None):
-        rng, tasks = random.Random(seed), {}
-        for _ in range(50 * n):
-            if len(tasks) == n:
-                break
-            calls = [ToolCall("add", {"name": rng.choice(NAMES), "amount": rng.randint(1, 9)})
-                     for _ in range(rng.randint(min_steps, max_steps))]
-            task = self.in_turns(self._task(calls, Provenance(origin=origin)), calls_per_turn)
-            if task.task_id not in exclude:
-                tasks.setdefault(task.task_id, task)
-        return list(tasks.values())
-
-    def _task(self, calls, provenance, counters=None):
-        return Task(environment=self.name, initial_config={"counters": counters or {}}, involved_classes=["Counter"],
-                    turns=[words(calls)], reference=[calls], provenance=provenance, description=words(calls))
-
-    def in_turns(self, task, calls_per_turn):
-        if not calls_per_turn:
-            return task
-        calls = [call for turn in task.reference for call in turn]
-        reference = [calls[i : i + calls_per_turn] for i in range(0, len(calls), calls_per_turn)]
-        return Task(environment=task.environment, initial_config=task.initial_config,
-                    involved_classes=task.involved_classes, turns=[words(chunk) for chunk in reference],
-                    reference=reference, provenance=task.provenance, description=task.description)
-
-    def explore(self, start, rng, num_steps, focus_tools=None, run_id="x"):
-        env = type(self)()
-        env.reset(start)
-        return [env.explore_call(ToolCall(rng.choice(focus_tools or ["add", "read"]),
-                                          {"name": rng.choice(NAMES), "amount": rng.randint(1, 9)}), run_id)
-                for _ in range(num_steps)]
-
-    def explore_call(self, call, run_id):
-        before = self.state()
-        [observation] = self.execute([call])
-        return Triplet(call, observation, run_id, not observation.startswith("Error"), self.state() != before)
-
-    def abstract(self, triplets, start, provenance, min_steps=3, max_steps=5, calls_per_turn=None):
-        calls = [ToolCall("add", t.action.arguments) for t in triplets if t.ok and t.state_changed][:max_steps]
-        if len(calls) < min_steps:
-            return None
-        return self.in_turns(self._task(calls, provenance, start.initial_config["counters"]), calls_per_turn)
-
-    def replay(self, task):
-        env = type(self)()
-        env.reset(task)
-        before = env.state()
-        results = env.execute([call for turn in task.reference for call in turn])
-        failed = [r for r in results if r.startswith("Error")]
-        return not failed, failed[0] if failed else "all reference calls succeeded", env.state() != before
-
-    def demonstration(self, task):
-        messages = self.reset(task)
-        for reference in task.reference:
-            for text in ("[" + ", ".join(call.render() for call in reference) + "]", "done"):
-                outcome = self.step(text)
-                messages += [Message("assistant", text), *outcome.messages]
-                if outcome.turn_ended:
-                    break
-        return messages
 '''
 
 
 def install_counter(folder):
-    return install_package(
+    installed = install_package(
         folder, "counter_env", COUNTER_ENVIRONMENT, "coevolve.environments", "counter = counter_env:CounterEnvironment"
     )
+    # The package declares the environment's settings model too, under the same name.
+    with (installed / "counter_env-0.1.dist-info" / "entry_points.txt").open("a") as entry_points:
+        entry_points.write("[coevolve.environment_settings]\ncounter = counter_env:CounterSettings\n")
+    return installed
 
 
 @pytest.fixture
@@ -240,6 +231,36 @@ def test_the_installed_environment_serves_every_part_of_the_loop(counter_install
         env.official_category("multi_turn_base")
     assert env.conversation(tasks[0], render_chat=str) is None
     assert env.tool_signatures(tasks[0]) == ["add(name: string, amount: integer)", "read(name: string)"]
+
+
+def test_an_installed_environment_s_own_settings_are_fields_of_the_environment_section(counter_installed, tmp_path):
+    default = load_config(overrides=[f"state_dir={tmp_path}", "environment.name=counter"], environ={})
+    assert default.environment.model_dump()["counter_prompt"].startswith("Tools: add, read.")
+    said = load_config(
+        overrides=[f"state_dir={tmp_path}", "environment.name=counter", "environment.counter_prompt=Count."],
+        environ={},
+    )
+    env = make_environment(said.environment)
+    assert env.reset(env.build_tasks(1, seed=0)[0])[0].content == "Count."
+    # Another environment's setting is refused for it, naming whose it is; so is a value of the wrong type.
+    with pytest.raises(ConfigError, match="environment.counter_prompt is a setting of environment 'counter'"):
+        load_config(overrides=[f"state_dir={tmp_path}", "environment.counter_prompt=Count."], environ={})
+    with pytest.raises(ConfigError, match="environment.counter_prompt: Input should be a valid string"):
+        load_config(
+            data={"state_dir": str(tmp_path), "environment": {"name": "counter", "counter_prompt": [1]}}, environ={}
+        )
+
+
+def test_an_environment_writes_its_episode_tools_and_world_and_inherits_the_task_making():
+    assert sorted(Environment.__abstractmethods__) == [
+        "execute", "from_config", "reset", "score", "state", "step", "tool_names", "tool_schemas",
+    ]  # fmt: skip
+    assert sorted(World.__abstractmethods__) == [
+        "choose", "informative", "requests", "run", "start", "succeeded", "tools",
+    ]  # fmt: skip
+    made_once = ("build_tasks", "in_turns", "explore", "explore_call", "abstract", "replay", "demonstration")
+    for environment in BUILT_IN.values():
+        assert not {name for name in made_once if name in vars(environment)}
 
 
 def test_a_declaration_that_is_no_environment_is_refused(tmp_path, monkeypatch):

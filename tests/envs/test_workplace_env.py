@@ -257,16 +257,18 @@ def test_the_registry_builds_it_by_name_with_the_environment_section_s_settings(
     assert isinstance(env, WorkplaceEnvironment) and (env.max_steps_per_turn, env.tool_list) == (3, "described")
     config = load_config(overrides=[f"state_dir={tmp_path}", "environment.name=workplace"], environ={})
     assert type(make_environment(config.environment)) is WorkplaceEnvironment
-    # BFCL's prompts are BFCL's: the configuration refuses them for the workplace, naming the setting that fixes it.
-    with pytest.raises(ConfigError, match="applies to environment.name 'bfcl' only; set environment.prompt_style to"):
+    # BFCL's prompts are BFCL's settings: the configuration refuses them for the workplace, naming whose they are.
+    with pytest.raises(ConfigError, match="environment.prompt_style is a setting of environment 'bfcl' and applies to"):
         load_config(
             overrides=[f"state_dir={tmp_path}", "environment.name=workplace", "environment.prompt_style=bfcl",
                        "policy.model=Qwen/Qwen2.5-7B-Instruct", "environment.bfcl_handler=qwen"],
             environ={},
         )  # fmt: skip
+    # At their defaults (as every configuration recorded before BFCL declared them holds them) they say nothing.
     fixed = load_config(
         overrides=[f"state_dir={tmp_path}", "environment.name=workplace", "environment.prompt_style=compact",
-                   "policy.model=Qwen/Qwen2.5-7B-Instruct", "environment.bfcl_handler=qwen"],
+                   "policy.model=Qwen/Qwen2.5-7B-Instruct", "environment.bfcl_handler=null"],
         environ={},
     )  # fmt: skip
+    assert "prompt_style" not in fixed.environment.model_dump()
     assert type(make_environment(fixed.environment)) is WorkplaceEnvironment
