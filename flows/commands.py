@@ -262,12 +262,29 @@ def cmd_lineage(args: argparse.Namespace) -> int:
             print(f"    checkpoint copy       {entry['checkpoint_artifacts']}")
         if entry.get("run_artifacts"):  # the round's MLflow run: its pool/ holds the pools it trained on and produced
             print(f"    run artifacts         {entry['run_artifacts']}")
-        parent = f"version {entry['parent_version']}" if entry["parent_version"] else "checkpoint 0"
+        round_ = int(entry["coevolve.round"] or 0)
+        if entry["parent_version"]:
+            parent = f"version {entry['parent_version']}"
+        elif round_ == 0:
+            parent = "checkpoint 0"
+        else:  # registered after the MLflow store was moved aside: its parent's version is in the old store
+            parent = f"round {round_}'s input checkpoint, not registered in this MLflow store"
         print(f"    parent                {parent} (digest {entry['parent_checkpoint_digest']})")
     root = chain[-1]
+    first_round = int(root["coevolve.round"] or 0)
+    run = config.with_overrides({"run_id": root["coevolve.run_id"] or config.run_id})
+    if first_round > 0:
+        # The versions before it were registered in a store that was moved aside (or restored without them).
+        print(f"checkpoint {first_round}  {root['parent_checkpoint']}  digest {root['parent_checkpoint_digest']}")
+        print(f"pool {first_round}        {run.pool_path(first_round)}  digest {root['pool_digest']}")
+        print(
+            f"rounds 0..{first_round - 1} were registered in an earlier MLflow store (moved aside); their lineage is "
+            "in the warehouse: coevolve sql \"SELECT round, output->>'model_version', output->>'checkpoint_digest' "
+            "FROM stage_runs WHERE stage = 'version' ORDER BY round\""
+        )
+        return 0
     print(f"checkpoint 0  {root['parent_checkpoint']}  digest {root['parent_checkpoint_digest']}")
-    d0 = config.with_overrides({"run_id": root["coevolve.run_id"] or config.run_id}).pool_path(0)
-    print(f"D_0           {d0}  digest {root['pool_digest']}")
+    print(f"D_0           {run.pool_path(0)}  digest {root['pool_digest']}")
     return 0
 
 

@@ -392,6 +392,21 @@ class Tracker:
             "run_artifacts": _local(run_artifacts),
         }
 
+    def registered_parent(self, name: str, version: str, checkpoint_digest: str) -> str:
+        """``version`` when this store holds it as the checkpoint of ``checkpoint_digest``; else "".
+
+        A round's parent version comes from the warehouse's record of the round before. After its MLflow store was
+        moved aside (the way back from a damaged one) that number names a version of the old store: the new store
+        has none of that number, or another checkpoint under it, and a version naming it would break lineage.
+        """
+        if not version:
+            return ""
+        try:
+            found = self.client.get_model_version(name, str(version))
+        except mlflow_exceptions.MlflowException:
+            return ""
+        return str(version) if found.tags.get("checkpoint_digest") == checkpoint_digest else ""
+
     def lineage(self, name: str, version: str) -> list[dict[str, str]]:
         """``version`` (a number or an alias) and each parent in turn, newest first, down to the version trained
         from checkpoint 0.

@@ -269,6 +269,11 @@ def version_stage(config: PipelineConfig, wh: Warehouse, inputs: VersionInput) -
     weights_digest = checkpoint_digest(summary.checkpoint)
     parent = parent_record(wh, config.run_id, round_)
     tracker = tracking.Tracker(config.mlflow_tracking_uri, config.tracking.experiment, config.artifacts_dir)
+    # The parent's version as this store knows it: "" when it was registered in a store since moved aside, so the
+    # new version's lineage ends at its parent checkpoint instead of naming a version the store does not hold.
+    parent["version"] = tracker.registered_parent(
+        config.registered_model_name, parent["version"], parent["checkpoint_digest"]
+    )
     metrics = {
         "pool_size": summary.pool_size,
         "rollouts": summary.rollouts,
