@@ -41,12 +41,15 @@ LOG_FILE_ENV = {
 }
 
 
-def apply_settings(config: PipelineConfig, *, prefect_home: bool = False, log_file: bool = False) -> None:
+def apply_settings(
+    config: PipelineConfig, *, prefect_home: bool = False, log_file: bool = False, create_state: bool = True
+) -> None:
     """Set the offline switches, CPU kernels and state locations that are not set yet.
 
     ``prefect_home``: also point Prefect's home into the state folder (the CLI does, before Prefect
     loads; a worker already has its own). ``log_file``: the command writes all but its table to a log
-    file (`coevolve evolve`), which keeps Prefect's INFO lines.
+    file (`coevolve evolve`), which keeps Prefect's INFO lines. ``create_state``: make the state folder;
+    a command that only reads (`coevolve sql`, `coevolve status`) leaves a folder without state as it is.
     """
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
@@ -54,7 +57,8 @@ def apply_settings(config: PipelineConfig, *, prefect_home: bool = False, log_fi
         for key, value in AVX2_KERNELS_ENV.items():
             os.environ.setdefault(key, value)
     state = config.state_dir.resolve()
-    state.mkdir(parents=True, exist_ok=True)
+    if create_state:
+        state.mkdir(parents=True, exist_ok=True)
     if prefect_home:
         os.environ.setdefault("PREFECT_HOME", str(state / "prefect"))
         # The per-round table is the main output; Prefect's own INFO lines go to its API and UI, and to the

@@ -19,12 +19,12 @@ from agent.checkpoints import checkpoint_digest, save_atomically
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
 from coevolve.records import digest
+from coevolve.run_settings import round_settings
 from storage.pool import pool_digest
 from tasks.common import open_warehouse
 from tasks.rollout import round_statistics
 from tasks.splits import DEV_ROUND, DEV_SPLIT, HELDOUT_ROUND, HELDOUT_SPLIT
 from tasks.training.grpo_groups import trained_on
-from tasks.version import round_settings
 
 if TYPE_CHECKING:
     from storage.warehouse import Warehouse

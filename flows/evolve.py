@@ -10,7 +10,10 @@ from the first unfinished round.
 
 from __future__ import annotations
 
+import shlex
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -23,6 +26,18 @@ from flows.round import coevolve_round
 from flows.rounds_target import evolve_target, nothing_to_run
 from flows.table import COLUMNS, format_row, summary_row
 from tasks.prepare import next_round_task
+
+
+def query_command(cfg: PipelineConfig, query: str = "SELECT * FROM v_success_by_round") -> str:
+    """The `coevolve sql` line that queries this run's warehouse, as the user can type it where the run was started.
+
+    The executable beside this interpreter (``.venv/bin/coevolve`` after `make run`, which does not put the
+    environment on PATH), and the warehouse named: another state folder holds another run of the same name.
+    """
+    beside = Path(sys.executable).with_name("coevolve")
+    command = shown(beside) if beside.exists() else "coevolve"
+    where = ["--database", cfg.warehouse.uri] if cfg.warehouse.uri else ["--set", f"state_dir={shown(cfg.state_dir)}"]
+    return shlex.join([command, "sql", *where, query])
 
 
 @flow(name="coevolve-evolve")
@@ -65,5 +80,5 @@ def coevolve_evolve(
             show(f"{'':>5}  checkpoint 0 held-out success: {summary['baseline_heldout_success']:.3f}")
         show(summary_row(summary, time.perf_counter() - t0))
         summaries.append(summary)
-    show(f'done in {time.perf_counter() - began:.0f}s; query with: coevolve sql "SELECT * FROM v_success_by_round"')
+    show(f"done in {time.perf_counter() - began:.0f}s; query with: {query_command(cfg)}")
     return summaries

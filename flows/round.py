@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from coevolve.config import PipelineConfig
+from coevolve.run_settings import round_settings
 from coevolve.settings import apply_settings
 from coevolve.stages import (
     EvaluateInput,
@@ -47,7 +48,7 @@ from storage.store_check import check_round_stores
 from tasks.common import open_warehouse, round_lock
 from tasks.prepare import finished_round_result
 from tasks.update import release_step_checkpoint
-from tasks.version import finish_round, round_settings
+from tasks.version import finish_round
 
 
 def round_imports(cfg: PipelineConfig) -> list[str]:
@@ -70,7 +71,13 @@ def coevolve_round(round_: int = 0, config: dict[str, Any] | None = None) -> dic
     apply_settings(cfg)  # a worker started anywhere runs like the CLI
     check_state(cfg)  # a state folder of another schedule or record version: refused before anything is written
     if (recorded := finished_round_result(cfg, round_)) is not None:
-        return recorded  # a finished round is never opened again: its records are its result
+        # A finished round is never opened again: its records are its result. Said in the flow run's log, where a
+        # deployment run's worker and UI show it, since the run ends Completed either way.
+        get_run_logger().info(
+            f"round {round_} of run {cfg.run_id!r} was already finished; nothing was run, its recorded results are "
+            f"returned (coevolve status --set state_dir={cfg.state_dir} shows them)"
+        )
+        return recorded
     with run_slot(cfg, round_), round_lock(cfg, round_):
         # Running from here (started_at kept when the round resumes); a resume with other settings stops here.
         # A round whose previous one has not finished gets no record: prepare refuses it, naming that round.

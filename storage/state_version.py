@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from coevolve.config import PipelineConfig
-from coevolve.errors import DataError
+from coevolve.console import shown
+from coevolve.errors import ConfigError, DataError
+from coevolve.run_settings import changed_settings, round_settings
 from storage.catalog import Catalog, record_time
 from storage.layouts import LATEST_RECORDS, LATEST_SCHEDULE, LATEST_VERSION, SCHEDULES
 from storage.tables import TableFiles
@@ -136,6 +138,36 @@ def finished_round_notice(config: PipelineConfig, round_: int) -> str | None:
         f"round {round_} of run {config.run_id!r} finished at {record.get('finished_at') or '?'} UTC and is never "
         "run again; nothing was done (coevolve status shows its results)"
     )
+
+
+def refuse_other_finished_run(config: PipelineConfig, finished: int) -> None:
+    """`refuse_other_settings` for the newest of a run's ``finished`` rounds: what `coevolve evolve` checks before
+    it says a finished run has nothing to run."""
+    if finished <= 0:
+        return
+    with Warehouse(config.warehouse_path, read_only=True, storage_options=config.warehouse.storage_options) as wh:
+        record = wh.finished_round(config.run_id, finished - 1)
+    if record is not None:
+        refuse_other_settings(config, finished - 1, record)
+
+
+def refuse_other_settings(config: PipelineConfig, round_: int, record: dict[str, Any]) -> None:
+    """Raise ConfigError, in one line, when finished round ``round_`` (its ``record``) was run with other settings
+    than ``config``'s: its results answer for that configuration (another environment, policy or schedule), not
+    for this one, so the command must not say the work is done.
+
+    A round recorded before rounds recorded their settings is taken as it is.
+    """
+    recorded = record.get("settings")
+    if recorded is None:
+        return
+    changed = changed_settings(recorded, round_settings(config))
+    if changed:
+        raise ConfigError(
+            f"run {config.run_id!r} in {shown(config.state_dir)} finished round {round_} with other settings "
+            f"({changed}), so its rounds do not answer for this configuration; give it a state folder or run id of "
+            "its own: --set state_dir=DIR or --set run_id=NAME"
+        )
 
 
 def _read_stamp(config: PipelineConfig) -> dict[str, Any] | None:

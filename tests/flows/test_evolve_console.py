@@ -11,6 +11,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import struct
 import subprocess
 import sys
@@ -31,7 +32,9 @@ BASELINE_LINE = re.compile(r"^ {7}checkpoint 0 held-out success: \d\.\d{3}$")
 ROW = re.compile(
     r"^ +(?P<round>\d+) +\d+ +\d+ +\d\.\d{3} +\d+ +\d+/\d+/\d+ +\d+ +\d+ +\d\.\d{3} +\d+s$"
 )  # round, pool, rollouts, success, opt-steps, signals f/b/r, accepted, rejected, held-out, time
-DONE_LINE = re.compile(r'^done in \d+s; query with: coevolve sql "SELECT \* FROM v_success_by_round"$')
+DONE_LINE = re.compile(
+    r"^done in \d+s; query with: (?P<command>\S+ sql --set state_dir=\S+ 'SELECT \* FROM v_success_by_round')$"
+)
 # What must stay off the console: tqdm's bars, TRL's loss dictionaries, Prefect's run lines, warnings.
 CHATTER = ("%|", "it/s", "{'loss'", "Finished in state", "flow run", "Warning", "Traceback")
 
@@ -84,6 +87,23 @@ def test_the_console_gets_the_table_and_the_log_files_name_only(piped_run):
     _check_table(done.stdout.splitlines(), piped_run.state_dir, 0)
     assert not [marker for marker in CHATTER if marker in done.stdout]
     assert "\r" not in done.stdout
+
+
+def test_the_last_line_names_a_query_that_runs_as_written_on_this_runs_state(piped_run):
+    """The hint is the executable beside the interpreter and this run's state folder: copied into a shell in the
+    folder the run started from, it prints the run's round, not another folder's run of the same name."""
+    done = DONE_LINE.match(piped_run.done.stdout.splitlines()[-1])
+    assert done, piped_run.done.stdout
+    command = shlex.split(done["command"])
+    assert command[0] == _shown(Path(sys.executable).with_name("coevolve"))
+    assert command[3] == f"state_dir={_shown(piped_run.state_dir)}"
+    queried = subprocess.run(
+        command, cwd=REPO, env=cli_env(piped_run.state_dir), capture_output=True, text=True, timeout=300
+    )
+    assert queried.returncode == 0, queried.stderr
+    rows = [[cell.strip() for cell in line.split("|")] for line in queried.stdout.splitlines()]
+    header = rows[0]
+    assert [row[header.index("round")] for row in rows if row[0] == "e2e"] == ["0"], queried.stdout
 
 
 def test_the_log_file_holds_prefects_lines_and_the_sft_losses(piped_run):

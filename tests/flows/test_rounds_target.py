@@ -104,6 +104,9 @@ def commands(tiny_config, cli, tmp_path_factory):
     before = _files(config.state_dir)
     ns.finished = _run(cli, [*evolve, "--rounds", "3"], cli_env(config.state_dir), folder / "finished", 120)
     ns.make_run = _run(cli, evolve, cli_env(config.state_dir), folder / "make-run", 120)
+    # The same state folder and run id asked for another environment's run: the finished run must not answer.
+    other = [*evolve, "--set", "environment.name=workplace"]
+    ns.other_environment = _run(cli, other, cli_env(config.state_dir), folder / "other-environment", 120)
     ns.unchanged = before == _files(config.state_dir)
     return ns
 
@@ -159,6 +162,14 @@ def test_a_finished_run_asked_again_does_nothing(commands, command) -> None:
     expected = f"run 'e2e': rounds 0..2 are finished (target: 3 rounds), nothing to run; state in {state}"
     assert done.out.splitlines() == [expected]
     assert done.err == ""
+
+
+def test_a_finished_run_refuses_in_one_line_to_answer_for_another_environment(commands) -> None:
+    done = commands.other_environment
+    assert done.code == 2 and done.out == "", done.out + done.err
+    (line,) = done.err.splitlines()
+    assert line.startswith(f"error: run 'e2e' in {_shown(commands.config.state_dir)} finished round 2 with other ")
+    assert "environment.name: 'bfcl' -> 'workplace'" in line and "--set state_dir=DIR" in line
 
 
 def test_a_finished_run_asked_again_writes_nothing(commands) -> None:
