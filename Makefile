@@ -30,8 +30,8 @@ ARGS ?=
 
 # pip byte-compiles what it installs in one process, most of an install's time on 2 cores. So every install
 # here skips it (--no-compile). .venv is then compiled on import: `make run` imports about 6,800 of its 28,000
-# modules, and writing those on first import cost its first run 13-18 s against 45-52 s for compiling them all
-# (benchmarks/README.md, "What compiling on import cut"). The tests compile it all ahead (`compile`: the suite
+# modules, and writing those on first import costs its first run less than compiling them all
+# (benchmarks/HISTORY.md). The tests compile it all ahead (`compile`: the suite
 # starts many processes at once, which would each compile the same modules on first import), and so do the vLLM
 # and GPU environments, whose first servers start several processes at once: byte_compile writes the same .pyc
 # files on every core, the project's own modules too (.ci/byte_compile.py).
@@ -193,8 +193,8 @@ gpu-check-wheels: setup
 
 # Regenerate the locks from the environments `make setup` and `make setup-vllm` built: each pins the
 # installed dependency closure of what the Makefile installs (.ci/lock.py), less what comes from a *_SPEC.
-lock: setup setup-vllm
-	$(PY) .ci/lock.py --project pyproject.toml --extras test \
+lock: setup setup-vllm $(MUTATE_STAMP)
+	$(PY) .ci/lock.py --project pyproject.toml --extras test mutate \
 		--exclude $(foreach spec,$(TORCH_SPEC) $(BFCL_SPEC) $(MINILM_SPEC) $(SMOLLM2_SPEC),$(call spec_name,$(spec))) \
 		> $(LOCK).new && mv $(LOCK).new $(LOCK)
 	$(VLLM_VENV)/bin/python .ci/lock.py $(VLLM_SPEC) \
@@ -214,7 +214,8 @@ lint: setup
 # runs the tests even when lint fails, and still fails.
 test: lint test-only
 
-# REQUIRE_VLLM_TESTS=1: the vLLM engine tests fail instead of skipping if .venv-vllm is missing.
+# REQUIRE_ALL_TESTS=1: a test that cannot run here (no root for the full-disk tests' tmpfs, no .venv-vllm, a
+# missing package, a shallow clone) fails instead of skipping (tests/no_skips.py), so CI hides nothing.
 # Two pytest-xdist workers (TEST_WORKERS=0 runs in one process): while one worker waits on a server, a round
 # in another process or a subprocess's start, the other runs. `--dist loadfile` keeps each module on one worker,
 # so its module-scoped fixtures (a round, a server fleet, a trained policy) are built once. (`loadgroup` would
@@ -222,7 +223,29 @@ test: lint test-only
 # under pytest 9.2, whose node ids no longer follow the `_nodeid` it rewrites.)
 TEST_WORKERS ?= 2
 test-only: setup setup-vllm compile browser
-	REQUIRE_VLLM_TESTS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	REQUIRE_ALL_TESTS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+
+# The exhaustive crash tests, deselected from `make test`: a round and a `warehouse migrate` killed just before and
+# just after every durable write they make, each death followed by the same command (tests/flows/test_crash_resume.py,
+# tests/storage/test_single_file_conversion.py). About 16 minutes on 2 cores (docs/reproducibility.md): a nightly job.
+.PHONY: test-crash-exhaustive mutate
+test-crash-exhaustive: setup compile
+	COEVOLVE_CRASH_EXHAUSTIVE=1 REQUIRE_ALL_TESTS=1 $(PY) -m pytest -q -s -n 0 -m exhaustive \
+		tests/flows/test_crash_resume.py tests/storage/test_single_file_conversion.py $(ARGS)
+
+# Mutation testing of the core modules with mutmut (pyproject.toml [tool.mutmut]), not part of `make test`: each
+# mutant runs against the unit tests that cover its function. MUTANTS picks some by name, e.g.
+# MUTANTS="storage.views.*"; benchmarks/MUTATION.md has the kill rate, the survivors and the time.
+MUTATE_STAMP := $(VENV)/.mutate-installed
+MUTANTS ?=
+
+$(MUTATE_STAMP): $(STAMP)
+	@$(call quietly,$(PY) $(PIP_INSTALL) -e ".[test,mutate]" $(CONSTRAINTS))
+	@touch $@
+
+mutate: $(MUTATE_STAMP) compile
+	$(VENV)/bin/mutmut run $(MUTANTS)
+	$(VENV)/bin/mutmut results
 
 # Chromium and its driver from the system's packages, for the tests that drive `coevolve view` in a browser
 # (tests/flows/test_view.py, through selenium with /usr/bin/chromedriver: no driver is downloaded). apt-get runs

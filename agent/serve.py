@@ -155,13 +155,12 @@ def server_env(options: ServeOptions, base: dict[str, str] | None = None) -> dic
     if options.cpu:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache; raise it for larger models
         # The model runs in the engine process instead of a third one: vLLM's CPU platform starts a separate worker
-        # only under multiprocessing, and a server then took 48 CPU-seconds to answer /health against 34 without it
-        # (benchmarks/server_start.py; benchmarks/README.md, "What 8a1339b cut").
+        # only under multiprocessing, a third process importing vLLM and torch at every start
+        # (benchmarks/server_start.py --compare process; figures in benchmarks/HISTORY.md).
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # The model runs eager (--enforce-eager), but vLLM compiles a few sampler helpers with torch.compile, and on
-        # the CPU platform that is inductor, a C++ compiler run: 11 CPU-seconds and 11 s of the first request on a
-        # machine without inductor's cache, 2 CPU-seconds and 2 s on every later start (benchmarks/README.md, "What
-        # an eager sampler cut"). Eager, they compute the same counts and masks.
+        # the CPU platform that is inductor, a C++ compiler run on the first request (benchmarks/server_start.py
+        # --compare compile; figures in benchmarks/HISTORY.md). Eager, they compute the same counts and masks.
         env.setdefault("TORCH_COMPILE_DISABLE", "1")
     return env
 

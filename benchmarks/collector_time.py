@@ -8,7 +8,7 @@ in all, and the process's own CPU seconds. Run the same modules in one process o
         tests/envs/test_bfcl_prompts.py tests/tasks/test_report.py tests/tasks/test_inference.py \\
         tests/tasks/test_policy_cache.py
 
-The figures are recorded in benchmarks/README.md ("What freezing at a process's start cut").
+The figures are recorded in benchmarks/HISTORY.md.
 """
 
 from __future__ import annotations

@@ -10,16 +10,10 @@ flows stays cheap. A package that is not installed raises `MissingDependencyErro
 naming the command that installs it. Modules of this project that import such a package at their own
 top (a subclass of a trl trainer must) are named the same way by the modules above them.
 
-Such an import runs with Python's cycle collector paused (`collector_paused`). Importing torch, transformers,
-TRL and MLflow creates about a million objects that live as long as the process, and the collector, triggered
-by every few hundred new objects, walks them again and again while they are made: about 15% of those imports'
-CPU, about a CPU-second of every command, flow run and rank that loads the pipeline's libraries
-(benchmarks/README.md, "The suite on an Intel Xeon, ... and what pausing the collector during imports cut").
-
-Once imported, those objects would still be walked by every full collection the process makes later (about 0.3 s
-each with the pipeline's libraries loaded). So a process, at its start, imports its libraries and freezes what is
-alive then out of the collector's walks (`preload`, `freeze_long_lived`): a command, the temporary Prefect API, a
-training rank (benchmarks/README.md, "What freezing at a process's start cut").
+Such an import runs with Python's cycle collector paused (`collector_paused`): the libraries create about a
+million objects that live as long as the process, which the collector would otherwise walk again and again while
+they are made. A process then freezes them out of every later collection's walk (`preload`, `freeze_long_lived`).
+What both cost and saved: benchmarks/HISTORY.md.
 """
 
 from __future__ import annotations

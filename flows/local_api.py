@@ -12,8 +12,8 @@ server started here runs Prefect's own application (same factory, settings and d
   (Linux's PR_SET_PDEATHSIG), and a thread in it that watches its parent process does the same elsewhere;
 - the command names it as its API (``PREFECT_API_URL`` in its environment and Prefect's settings), so every
   client of the command, in any thread, and every process the command starts (an ablation's process pool)
-  uses it. Prefect's clients then never import Prefect's server module, which took about 4 CPU-seconds of
-  every command's start (benchmarks/README.md, "What the tied API's URL cut").
+  uses it. Prefect's clients then never import Prefect's server module, which only the server's own process
+  needs (its cost: benchmarks/HISTORY.md).
 
 ::
 
@@ -23,8 +23,7 @@ server started here runs Prefect's own application (same factory, settings and d
 
 The server takes seconds of CPU to answer (its imports, and on a new Prefect home its database's migrations), in a
 process of its own: ``while_starting`` runs in the command meanwhile, so the libraries its flow will import are
-imported on the other core instead of after the server answers (benchmarks/README.md, "What importing while the
-API starts cut").
+imported on the other core instead of after the server answers.
 
 ``python -m flows.local_api PARENT_PID UVICORN_ARGS...`` is the server process itself.
 """
@@ -77,9 +76,8 @@ TEMPORARY_API_VAR = "COEVOLVE_TEMPORARY_PREFECT_API"
 # The application the server runs: Prefect's own factory, imported by the server process before uvicorn starts.
 APP_MODULE, APP_FACTORY = "prefect.server.api.server", "create_app"
 # Prefect's fixed settings for its temporary server, and one more: no block types are registered, since the
-# pipeline keeps nothing in Prefect blocks and registering them took about 4 of the server's 11 CPU-seconds to
-# start on each new Prefect home (benchmarks/README.md, "Where the time went at c44023e"); an operator's own
-# setting, in Prefect's settings, still wins.
+# pipeline keeps nothing in Prefect blocks and registering them was a third of the server's start on each new
+# Prefect home (benchmarks/HISTORY.md); an operator's own setting, in Prefect's settings, still wins.
 SERVER_ENV = {
     "PREFECT_UI_ENABLED": "0",
     "PREFECT__SERVER_EPHEMERAL": "1",

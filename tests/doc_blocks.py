@@ -1,4 +1,5 @@
-"""The fenced ``bash`` blocks of README.md and the docs/ pages: the commands a user copies, which tests run or check.
+"""The fenced ``bash`` blocks of README.md, the docs/ pages and the READMEs beside the code: the commands a user
+copies, which tests run or check.
 
 A block moves between pages as the documentation is reorganised; tests find it by a line it holds, on whichever
 page it now lives.
@@ -18,6 +19,14 @@ BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
 def doc_pages() -> list[Path]:
     """README.md and every page under docs/ (not docs/history/, which keeps earlier setups' reports as they were)."""
     return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def command_pages() -> list[Path]:
+    """Every page whose commands a user copies: `doc_pages` and the READMEs beside the code (storage/, deployments/,
+    benchmarks/ and the lab notes), whose blocks are checked the same way."""
+    beside = [REPO / "storage" / "README.md", REPO / "storage" / "VIEWS.md", REPO / "deployments" / "README.md",
+              REPO / "benchmarks" / "README.md"]  # fmt: skip
+    return [*doc_pages(), *beside]
 
 
 @dataclass(frozen=True)
@@ -48,14 +57,14 @@ class CommandBlock:
 
 
 def command_blocks() -> list[CommandBlock]:
-    return [CommandBlock(page, text) for page in doc_pages() for text in BASH_BLOCK.findall(page.read_text())]
+    return [CommandBlock(page, text) for page in command_pages() for text in BASH_BLOCK.findall(page.read_text())]
 
 
 def command_block(holding: str) -> CommandBlock:
     """The one block that holds ``holding``; fails naming the pages searched when none or several do."""
     found = [block for block in command_blocks() if holding in block.text]
     if len(found) != 1:
-        pages = ", ".join(str(p.relative_to(REPO)) for p in doc_pages())
+        pages = ", ".join(str(p.relative_to(REPO)) for p in command_pages())
         raise LookupError(f"{len(found)} bash blocks hold {holding!r} in {pages}; expected exactly one")
     return found[0]
 

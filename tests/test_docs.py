@@ -256,9 +256,27 @@ def _git_commit_exists(commit: str) -> bool:
     return found.returncode == 0
 
 
-def test_sample_outputs_are_generic_and_the_readme_output_is_quoted_with_its_real_commit():
-    """No sample output holds a machine's own path; the commit named beside the README's `make run` output exists,
-    and experiments.md's table of figures quotes that output's rows, time and commit."""
+LAB_NOTES = REPO / "benchmarks" / "HISTORY.md"
+
+
+def _lab_note(command: str, figure_starts: str, holding: str = "") -> list[str]:
+    """The lab notes' row (commit, machine, command, figure, ...) of ``command`` whose figure starts with
+    ``figure_starts`` and holds ``holding``; fails naming what was looked for when there is none."""
+    rows = [
+        row
+        for table in tables(LAB_NOTES)
+        if table.header[:4] == ["commit", "machine", "command", "figure"]
+        for row in table.rows
+        if row[2] == f"`{command}`" and row[3].startswith(figure_starts) and holding in row[3]
+    ]
+    assert rows, f"no row of benchmarks/HISTORY.md for `{command}`: {figure_starts} ... {holding}"
+    return rows[0]
+
+
+def test_sample_outputs_are_generic_and_the_readme_figures_are_rows_of_the_lab_notes():
+    """No sample output holds a machine's own path; the README's `make run` rows and its two times are rows of
+    benchmarks/HISTORY.md, whose commit exists, and experiments.md's table of figures quotes the same rows, time and
+    commit."""
     machine_paths = [
         (page.name, path)
         for page in doc_pages()
@@ -266,28 +284,29 @@ def test_sample_outputs_are_generic_and_the_readme_output_is_quoted_with_its_rea
         for path in re.findall(r"(?<![\w.])(?:/(?:work|root|home|Users)/\S*|~/\S*)", block)
     ]
     assert machine_paths == []
+    text = README.read_text()
+    output = next(block for block in sample_outputs(README) if "checkpoint 0 held-out success" in block)
+    checkpoint0 = re.search(r"checkpoint 0 held-out success: ([\d.]+)", output)[1]  # type: ignore[index]
+    rows = re.findall(r"^\s+\d+\s+(\d+)\s.*\s([\d.]+)\s+\d+s$", output, re.M)
+    pools, heldout = "/".join(r[0] for r in rows), "/".join(r[1] for r in rows)
+    quoted_rows = f"checkpoint 0 {checkpoint0}, pools {pools}, held-out {heldout}"
+    timed = re.search(r"it took (\d+ min \d+ s) from a fresh clone", text)
+    suite = re.search(r"its pytest part took (\d+ min \d+ s) \((\d+ passed, \d+ skipped)\)", text)
+    assert rows and timed and suite
+    run_note = _lab_note("make run", timed[1], quoted_rows)
+    suite_note = _lab_note(".ci/run", suite[1], suite[2])
     shallow = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--is-shallow-repository"], capture_output=True, text=True
     )
     if shallow.returncode != 0 or shallow.stdout.strip() == "true":
         pytest.skip("not a full git checkout: the cited commits cannot be looked up")
-    text = README.read_text()
-    output = next(block for block in sample_outputs(README) if "checkpoint 0 held-out success" in block)
-    fence = text.rindex("```", 0, text.index(output))
-    intro = text[text.rindex("\n\n", 0, fence - 1) : fence]  # the paragraph that introduces the output
-    cited = re.findall(r"\bcommit ([0-9a-f]{7,40})\b", intro)
-    assert cited and all(_git_commit_exists(c) for c in cited), cited
-    checkpoint0 = re.search(r"checkpoint 0 held-out success: ([\d.]+)", output)[1]  # type: ignore[index]
-    rows = re.findall(r"^\s+\d+\s+(\d+)\s.*\s([\d.]+)\s+\d+s$", output, re.M)
-    pools, heldout = "/".join(r[0] for r in rows), "/".join(r[1] for r in rows)
-    timed = re.search(r"Measured time of the whole command from a fresh clone of (\w+)[^*]*\*\*([^(*]+)", text)
-    assert rows and timed and timed[1] in cited
+    assert _git_commit_exists(run_note[0]) and _git_commit_exists(suite_note[0]), (run_note[0], suite_note[0])
     figures = {row[0]: row for table in tables(EXPERIMENTS) if table.header[0] == "figure" for row in table.rows}
     quoted = next(row for label, row in figures.items() if label.startswith("`make run` rows"))
     assert f"checkpoint 0 at {checkpoint0}, pools {pools}, held-out {heldout}" in quoted[0]
-    assert quoted[3].split()[0] in cited
+    assert quoted[3].split()[0] == run_note[0]
     timing = next(row for label, row in figures.items() if label.startswith("`make run` time"))
-    assert timed[2].strip() in timing[0] and timing[3].split()[0] == timed[1]
+    assert timed[1] in timing[0] and timing[3].split()[0] == run_note[0]
 
 
 SPLITS = ("final split", "per-round split")
