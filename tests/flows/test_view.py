@@ -25,6 +25,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from coevolve.records import Candidate, Provenance, Signal, Step, Task, ToolCall, Trajectory, Verdict
+from flows.cli import main
 from flows.view.charts import line_chart
 from storage.warehouse import Warehouse
 from tests.flows.conftest import REPO, cli_env
@@ -233,3 +234,9 @@ def test_the_runs_of_an_ablation_arm_are_drawn_as_their_mean_within_a_band_over_
     means = [y for _, y in full.dots]
     band = [float(point.split(",")[1]) for point in full.band.split()]
     assert all(min(band) <= y <= max(band) for y in means) and len(band) == 4  # upper and lower edge, two rounds
+
+
+def test_without_a_warehouse_the_view_says_how_to_make_one_and_creates_nothing(tmp_path, capsys):
+    state = tmp_path / "state"
+    assert main(["view", "--set", f"state_dir={state}"]) == 2
+    assert "No warehouse at" in capsys.readouterr().err and not state.exists()
