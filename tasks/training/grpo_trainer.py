@@ -77,6 +77,7 @@ from agent.checkpoints import ADAPTER_SUBDIR, TRAINER_STATE_SUBDIR, save_atomica
 from agent.transformers_engine import load_policy
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError
+from tasks.training.finite_check import refuse_non_finite, refuse_non_finite_input
 from tasks.training.grpo_groups import RoundGroups, replay_rows
 from tasks.training.grpo_resume import (
     continue_adapter,
@@ -321,6 +322,7 @@ def train(
     # With LoRA the model trained is checkpoint 0 with the run's one adapter; else the input checkpoint.
     base, adapter = lora_chain(checkpoint_in) if lora is not None else (checkpoint_in, None)
     model, tokenizer = load_policy(base)
+    refuse_non_finite_input(model, checkpoint_in)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rollouts = StoredRollouts(round_groups, pad_token_id)
     start_step = trainer_state_global_step(resume_from)
@@ -348,6 +350,8 @@ def train(
         step_log = OptimizerStepLog(informative_share(round_groups.task_groups, round_groups.dropped["flat"]))
         trainer.add_callback(step_log)
         result = trainer.train(resume_from_checkpoint=None if resume_from is None else str(resume_from))
+        # Before the trainer state or the checkpoint is written: a diverged update stops the round here.
+        refuse_non_finite(trainer.model, float(result.training_loss), config, trainer.accelerator)
         state = None
         if config.training.carry_optimizer:
             # Beside the checkpoint's staging folder, so that every rank can write its part before rank 0 publishes.

@@ -20,6 +20,7 @@ from coevolve.config import PipelineConfig, PolicyConfig
 from coevolve.errors import DataError
 from coevolve.records import Message, Segment, Trajectory
 from tasks.common import open_warehouse
+from tasks.training.finite_check import DivergedUpdateError
 from tasks.training.grpo_groups import group_trajectories, replay_rows, segment_groups
 from tasks.training.grpo_trainer import use_behaviour_logprobs
 from tasks.update import grpo_update, kl_reference_checkpoint
@@ -317,3 +318,36 @@ def test_trls_advantage_of_a_segment_slot_is_its_episodes(policy_dir, tmp_path, 
     assert len(batches[0]) == 4 * GROUP_SIZE
     assert a1 == a and b1 == b
     assert any(a) and any(b)
+
+
+# -- an update that diverges is never saved --------------------------------------------------------------------
+
+
+def _scaled_policy(policy_dir: Path, folder: Path, scale: float) -> Path:
+    """``policy_dir`` with its final norm's weights times ``scale``: finite, but outsized for a large rate."""
+    model, tokenizer = load_policy(policy_dir)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(scale)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_an_update_that_makes_weights_non_finite_stops_before_anything_is_written(policy_dir, tmp_path):
+    """AdamW at the highest rate the configuration allows, on outsized weights, left 23,072 weights inf or NaN with
+    an ordinary loss: the update stops naming the rate, and neither the checkpoint nor its trainer state exist."""
+    scaled = _scaled_policy(policy_dir, tmp_path / "scaled", 1e3)
+    trajectories = _batch(scaled, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0]})
+    out = tmp_path / "round-001"
+    with pytest.raises(DivergedUpdateError, match=r"training.learning_rate \(now 0.1;") as refused:
+        grpo_update(scaled, trajectories, _config(tmp_path, learning_rate=0.1, updates_per_batch=2), out)
+    assert "non-finite" in str(refused.value) and "\n" not in str(refused.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scaled"]
+
+
+def test_an_input_checkpoint_with_non_finite_weights_is_not_trained(policy_dir, tmp_path):
+    broken = _scaled_policy(policy_dir, tmp_path / "broken", math.inf)
+    trajectories = _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0]})
+    with pytest.raises(DivergedUpdateError, match="holds .* non-finite weights"):
+        grpo_update(broken, trajectories, _config(tmp_path), tmp_path / "round-001")
+    assert not (tmp_path / "round-001").exists()
