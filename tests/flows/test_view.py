@@ -9,6 +9,7 @@ this module adds no round of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import select
 import signal
@@ -212,12 +213,12 @@ def hostile(tmp_path_factory):
         wh.write_signals([signal_])
         wh.write_candidates("x", 0, [Candidate(task, signal_.signal_id, Verdict(False, f"refused {INJECTED}"))])
     process, url = start_view(["--database", str(folder / "warehouse")], folder)
-    yield SimpleNamespace(url=url, episode=episode.trajectory_id, task=task.task_id)
+    yield SimpleNamespace(url=url, episode=episode, task=task.task_id, warehouse=folder / "warehouse")
     stop(process)
 
 
 def test_script_tags_in_model_output_and_task_text_render_as_text_and_never_run(hostile, browser):
-    for page in (f"episodes/{hostile.episode}", f"tasks/{hostile.task}"):
+    for page in (f"episodes/{hostile.episode.trajectory_id}", f"tasks/{hostile.task}"):
         browser.get(hostile.url + page)
         assert INJECTED in browser.find_element(By.TAG_NAME, "main").text
         assert browser.execute_script("return window.injected === undefined")
@@ -240,3 +241,16 @@ def test_without_a_warehouse_the_view_says_how_to_make_one_and_creates_nothing(t
     state = tmp_path / "state"
     assert main(["view", "--set", f"state_dir={state}"]) == 2
     assert "No warehouse at" in capsys.readouterr().err and not state.exists()
+
+
+def test_a_round_written_while_the_view_runs_shows_on_the_next_page_load(hostile, browser):
+    """The view holds nothing between requests: episodes a round writes beside it are on the next page it serves."""
+    browser.get(f"{hostile.url}episodes?run=x")
+    before = len(browser.find_elements(By.CSS_SELECTOR, "table#episodes tr")) - 1
+    later = dataclasses.replace(hostile.episode, round=1, sample=5)
+    with Warehouse(hostile.warehouse) as wh:  # a writer beside the view, as a running round is
+        wh.write_trajectories([later])
+    browser.get(f"{hostile.url}episodes?run=x")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "table#episodes tr")) - 1 == before + 1
+    browser.find_element(By.LINK_TEXT, later.trajectory_id).click()
+    assert browser.find_element(By.TAG_NAME, "h1").text == f"Episode {later.trajectory_id}"
