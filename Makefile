@@ -244,6 +244,7 @@ $(MUTATE_STAMP): $(STAMP)
 	@touch $@
 
 mutate: $(MUTATE_STAMP) compile
+	@mkdir -p mutants && ln -sfn ../$(VENV) mutants/.venv  # tests that run the documented commands find .venv there
 	$(VENV)/bin/mutmut run $(MUTANTS)
 	$(VENV)/bin/mutmut results
 

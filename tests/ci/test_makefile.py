@@ -42,6 +42,15 @@ def test_make_test_runs_ruff_format_and_mypy_before_the_tests(tmp_path):
     assert position["bin/mypy"] < position["-m pytest"]
 
 
+def test_make_test_allows_no_skip_and_leaves_the_exhaustive_crash_and_mutation_runs_to_their_targets(tmp_path):
+    (pytest_line,) = [line for line in _planned(tmp_path, "test-only") if "-m pytest" in line]
+    assert pytest_line.startswith("REQUIRE_ALL_TESTS=1 ")  # tests/no_skips.py
+    assert not [line for line in _planned(tmp_path, "test") if "COEVOLVE_CRASH_EXHAUSTIVE" in line or "mutmut" in line]
+    (exhaustive,) = [line for line in _planned(tmp_path, "test-crash-exhaustive") if "-m pytest" in line]
+    assert "COEVOLVE_CRASH_EXHAUSTIVE=1 REQUIRE_ALL_TESTS=1" in exhaustive and "-m exhaustive" in exhaustive
+    assert any(line.endswith("/bin/mutmut run ") for line in _planned(tmp_path, "mutate"))
+
+
 def test_every_resolving_install_is_constrained_and_torch_stays_free_on_gpu_machines(tmp_path):
     lines = _planned(tmp_path, "setup", "setup-vllm", "TORCH_SPEC=torch")
     installs = [line for line in lines if "pip install" in line and "--no-deps" not in line]

@@ -16,9 +16,10 @@ the uninterrupted run is traced (``tests/crash_at.py trace:``), and the crashed 
 just after every durable write that trace lists (each table file, stage record, round record, pool
 snapshot, checkpoint folder publish and MLflow registration), each death followed by the same command
 again (after the last point, the finished round record, ``coevolve round --round 0``, which finds the round
-finished and does nothing). Run it with
+finished and does nothing). Its tests carry the ``exhaustive`` marker, deselected unless
+``COEVOLVE_CRASH_EXHAUSTIVE=1``; ``make test-crash-exhaustive`` runs them (docs/reproducibility.md):
 
-    COEVOLVE_CRASH_EXHAUSTIVE=1 .venv/bin/python -m pytest -q tests/flows/test_crash_resume.py -k exhaustive
+    COEVOLVE_CRASH_EXHAUSTIVE=1 .venv/bin/python -m pytest -q tests/flows/test_crash_resume.py -m exhaustive
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ from tests.flows.conftest import CONTENT, CRASH_OVERRIDES, REPO, cli_env, wareho
 
 pytestmark = pytest.mark.slow
 
-# Opt-in: a crash before and after every commit point of a round costs about one round per point.
-EXHAUSTIVE = os.environ.get("COEVOLVE_CRASH_EXHAUSTIVE") == "1"
-exhaustive = pytest.mark.skipif(not EXHAUSTIVE, reason="crash at every commit point: set COEVOLVE_CRASH_EXHAUSTIVE=1")
+# Opt-in: a crash before and after every commit point of a round costs about one round per point. Deselected
+# unless COEVOLVE_CRASH_EXHAUSTIVE=1 (tests/conftest.py; `make test-crash-exhaustive`).
+exhaustive = pytest.mark.exhaustive
 
 
 def _version_output(config) -> dict:

@@ -3,9 +3,8 @@
 Exhaustive crash test (opt-in; figures in storage/README.md "Commit points"): an uninterrupted migrate
 is traced (``tests/crash_at.py trace:``), then migrate dies just before and just after every write that
 trace lists (each table file, each catalog record, the layout record, the rename that publishes the
-warehouse), each death followed by the same command again. Run it with
-
-    COEVOLVE_CRASH_EXHAUSTIVE=1 .venv/bin/python -m pytest -q tests/storage/test_single_file_conversion.py -k exhaustive
+warehouse), each death followed by the same command again. It carries the ``exhaustive`` marker, deselected
+unless ``COEVOLVE_CRASH_EXHAUSTIVE=1``; ``make test-crash-exhaustive`` runs it (docs/reproducibility.md).
 """
 
 from __future__ import annotations
@@ -197,10 +196,7 @@ def test_a_migration_killed_at_a_commit_point_then_run_again_equals_an_uninterru
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    os.environ.get("COEVOLVE_CRASH_EXHAUSTIVE") != "1",
-    reason="crash at every commit point: set COEVOLVE_CRASH_EXHAUSTIVE=1",
-)
+@pytest.mark.exhaustive  # deselected unless COEVOLVE_CRASH_EXHAUSTIVE=1 (tests/conftest.py)
 def test_exhaustive_a_migration_killed_before_and_after_every_write_then_run_again_equals_an_uninterrupted_one(
     old_warehouse, tmp_path
 ) -> None:
