@@ -273,14 +273,20 @@ class WarehouseViews:
         values Polars cannot hand back (a UNION, an infinite date) come as text instead of failing.
         """
         limits = limits or QueryLimits()
-        spill_root = limits.spill_root
-        made_root = spill_root is not None and not spill_root.exists()
-        if spill_root is not None:
-            spill_root.mkdir(parents=True, exist_ok=True)
         # A folder of this session's own for DuckDB's spill files: a session's temp_directory is readable through
         # the door whatever allowed_directories says, so it must hold nothing but what this query spills (DuckDB's
         # default, .tmp in the working folder, could hold anything). Removed with the session.
-        spill = Path(tempfile.mkdtemp(prefix="sql-", dir=spill_root))
+        spill_root = limits.spill_root
+        made_root = spill_root is not None and not spill_root.exists()
+        spill = None
+        if spill_root is not None:
+            try:
+                spill_root.mkdir(parents=True, exist_ok=True)
+                spill = Path(tempfile.mkdtemp(prefix="sql-", dir=spill_root))
+            except OSError:  # a read-only state folder is still read: the spill folder goes to the system's
+                spill_root, made_root = None, False
+        if spill is None:
+            spill = Path(tempfile.mkdtemp(prefix="sql-"))
         con = self.connect()
         stopped = threading.Event()
 

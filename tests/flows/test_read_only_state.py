@@ -12,6 +12,7 @@ from flows import preflight
 from flows.cli import main
 from storage.pool import write_pool_snapshot
 from storage.tracking import Tracker
+from storage.warehouse import Warehouse
 from tests.small_disk import read_only
 from tests.storage.conftest import build_task
 
@@ -61,3 +62,13 @@ def test_lineage_reads_a_read_only_store_and_prints_where_mlflow_keeps_the_files
     assert Path(copy).name == "checkpoint" and Path(copy).is_dir()
     assert (Path(copy) / "model.safetensors").read_bytes() == b"\0" * 64
     assert "run artifacts" in out
+
+
+def test_sql_reads_a_read_only_state_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its spill folder cannot be made under the state folder there: it is made in the system's instead."""
+    source = tmp_path / "source"
+    with Warehouse(source / "warehouse") as wh:
+        wh.write_tasks([build_task(0)])
+    with read_only(source, tmp_path / "state") as state:
+        assert main(["sql", "SELECT count(*) AS n FROM tasks", "--set", f"state_dir={state}"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].strip() == "1"
