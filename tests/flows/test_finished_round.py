@@ -15,6 +15,7 @@ after step 2's rollout record (tests/crash_at.py), finished by following the dam
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -176,8 +177,20 @@ def test_the_round_flow_returns_a_finished_rounds_records_without_running_it(pre
     config, _, _ = advice_followed
     before = tree(config.warehouse_path)
     more = config.with_overrides({"training": {"batches_per_round": STEPS + 1}})
-    result = coevolve_round(round_=0, config=more.model_dump(mode="json"))
+    said: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = said.append  # type: ignore[method-assign]
+    flow_runs = logging.getLogger("prefect.flow_runs")  # the flow run's log: what a worker and the UI show
+    flow_runs.addHandler(handler)
+    try:
+        result = coevolve_round(round_=0, config=more.model_dump(mode="json"))
+    finally:
+        flow_runs.removeHandler(handler)
     assert tree(config.warehouse_path) == before, "no rollout@3, no trajectory, no record rewritten"
+    assert [r.getMessage() for r in said if "already finished" in r.getMessage()] == [
+        f"round 0 of run 'e2e' was already finished; nothing was run, its recorded results are returned (coevolve "
+        f"status --set state_dir={config.state_dir} shows them)"
+    ]
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         recorded = wh.stage_output("e2e", 0, "version")
         prepared = wh.stage_output("e2e", 0, "prepare")
