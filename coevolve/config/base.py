@@ -6,6 +6,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+# The most characters of a given value an error quotes.
+MAX_SHOWN_CHARS = 300
+
 
 class Section(BaseModel):
     # A typo in a field name must fail loudly instead of silently using a default. No setting means anything at
@@ -50,8 +53,8 @@ def explain(exc: ValidationError) -> str:
         if err["type"] == "extra_forbidden":
             problems.append(f"{where}: unknown field; check its spelling against `coevolve config --show`.")
         else:
-            given = repr(err.get("input"))
-            given = given if len(given) <= 80 else f"{given[:79]}…"
+            given = repr(err.get("input"))  # whole up to a long path's length; a megabyte of YAML is not echoed
+            given = given if len(given) <= MAX_SHOWN_CHARS else f"{given[: MAX_SHOWN_CHARS - 1]}…"
             message = " ".join(str(err["msg"]).split())
             problems.append(f"{where}: {message} (got {given}).")
     if len(problems) == 1:
