@@ -68,7 +68,7 @@ def test_single_turn_targets_when_calls_per_turn_is_none(tmp_path):
     assert {len(t.turns) for t in seed_pool} == {1}
 
 
-# The default run's held-out split, defined before any ablation arm ran (README, "Evaluation protocol").
+# The default run's held-out split, defined before any ablation arm ran (docs/evaluation.md).
 # A change to the explorer, the templates or the split's seed changes this digest: the held-out
 # figures of earlier releases then no longer compare, and the README must say so.
 FROZEN_HELDOUT_DIGEST = "928b54d8e11999cf173004ecefc43d69930d86ddce7fb1b976c62ae2ece9b566"
@@ -81,7 +81,7 @@ def test_the_default_heldout_split_is_frozen(tmp_path):
 
 
 # The ablation's final held-out split (configs/ablation.yaml: 500 tasks), defined before any arm ran
-# (README, "The embedded default and why"). A change to the explorer, the templates, the split's seed or what
+# (docs/experiments.md). A change to the explorer, the templates, the split's seed or what
 # it excludes changes this digest: earlier ablation reports then no longer compare, and the README must say so.
 FROZEN_FINAL_HELDOUT_DIGEST = "5d09ccbe3042779bc39a8b5cf2898a11129410c2ac4ceb0eab2120037b00d61f"
 
