@@ -28,6 +28,7 @@ from tests.doc_blocks import (
     FENCED_BLOCK,
     REPO,
     command_blocks,
+    command_pages,
     doc_pages,
     prose,
     sample_outputs,
@@ -351,3 +352,27 @@ def test_held_out_success_labels_name_their_split_and_quote_the_report():
                     ]
     assert unnamed == [] and wrong == []
     assert "README.md" in quoted
+
+
+def _anchor(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_relative_link_reaches_its_file_and_heading():
+    """A link between the project's pages (README, docs/, the READMEs beside the code, the lab notes) names a file
+    that exists and, after #, one of its headings: moving a section or a page breaks no link silently."""
+    broken = []
+    for page in [*command_pages(), LAB_NOTES]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose(page)):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append((page.relative_to(REPO).as_posix(), target))
+            elif anchor and linked.suffix == ".md":
+                headings = {_anchor(h) for h in re.findall(r"^#+ (.*)$", prose(linked), re.M)}
+                if anchor not in headings:
+                    broken.append((page.relative_to(REPO).as_posix(), target))
+    assert broken == []
