@@ -146,8 +146,9 @@ class Environment(ABC):
         max_steps: int = 5,
         calls_per_turn: int | None = None,
     ) -> list[Task]:
-        """``n`` distinct tasks from unguided exploration, reproducible from ``seed``, none with an id in
-        ``exclude``: the seed pool and every split are built with this (tasks/splits.py chooses the seeds).
+        """``n`` distinct tasks from unguided exploration, reproducible from ``seed``, none whose id or identity is
+        in ``exclude``: the seed pool and every split are built with this (tasks/splits.py chooses the seeds and
+        passes the earlier splits' ids and identities, so the splits share no task, however worded).
 
         Each task's reference has ``min_steps`` to ``max_steps`` calls; ``calls_per_turn`` spreads them over
         user turns (``in_turns``), None keeps one turn.

@@ -185,10 +185,10 @@ def build_tasks(
     calls_per_turn: int | None = None,
     start: Callable[[random.Random], Start] | None = None,
 ) -> list[Task]:
-    """``n`` distinct tasks, none with an id in ``exclude``, each abstracted from one unguided walk of
-    ``max_steps`` to ``max_steps + 3`` calls, all drawn from one random stream seeded by ``seed``: the seed pool and
-    every split. ``start`` draws a walk's initial state (the world type's own by default). Gives up after
-    ``WALKS_PER_TASK`` walks a task, returning fewer."""
+    """``n`` distinct tasks, none whose id or identity (`Task.identity`: the same exercise, however worded) is in
+    ``exclude``, each abstracted from one unguided walk of ``max_steps`` to ``max_steps + 3`` calls, all drawn from
+    one random stream seeded by ``seed``: the seed pool and every split. ``start`` draws a walk's initial state (the
+    world type's own by default). Gives up after ``WALKS_PER_TASK`` walks a task, returning fewer."""
     draw_start = start or world_type.start
     rng = random.Random(seed)
     tasks: dict[str, Task] = {}
@@ -203,6 +203,6 @@ def build_tasks(
         task = abstract(
             world_type, triplets, initial_config, involved, provenance, min_steps, max_steps, calls_per_turn
         )
-        if task is not None and task.task_id not in exclude and task.task_id not in tasks:
+        if task is not None and task.task_id not in tasks and not {task.task_id, task.identity} & exclude:
             tasks[task.task_id] = task
     return list(tasks.values())

@@ -3,8 +3,9 @@
 They are the seed pool D_0, the held-out split, the dev split, the final held-out split, and checkpoint 0's
 demonstrations.
 
-Every split comes from the environment's unguided exploration (`Environment.build_tasks`; BFCL's is
-envs/bfcl/explorer.py) with its own seed offset, and the splits are disjoint by task id. D_0, dev and
+Every split comes from the environment's unguided exploration (`Environment.build_tasks`, envs/exploration.py)
+with its own seed offset, and the splits share no task: each is built excluding the ids and the identities
+(`Task.identity`: the same exercise, however worded) of the splits built before it (`taken`). D_0, dev and
 held-out are the target distribution: 3-5 calls spread over user turns of at most ``pool.calls_per_turn``
 calls. Checkpoint 0's demonstrations are another distribution: single-turn tasks of ``policy.sft_min_calls``
 to ``policy.sft_max_calls`` calls, played in the environment (`Environment.demonstration`). The prepare
@@ -44,6 +45,11 @@ HELDOUT_SPLIT = "heldout"
 DEV_SPLIT = "dev"
 
 
+def taken(*splits: list[Task]) -> set[str]:
+    """What a split built after ``splits`` must not repeat: their tasks' ids and identities."""
+    return {key for split in splits for task in split for key in (task.task_id, task.identity)}
+
+
 def build_initial_pools(config: PipelineConfig) -> tuple[list[Task], list[Task]]:
     """The seed pool and the held-out split, disjoint, both reproducible from ``config.start_seed``."""
     per_turn = config.pool.calls_per_turn
@@ -53,7 +59,7 @@ def build_initial_pools(config: PipelineConfig) -> tuple[list[Task], list[Task]]
         config.rollout.heldout_tasks,
         config.start_seed + 7919,
         origin="heldout",
-        exclude={t.task_id for t in seed_pool},
+        exclude=taken(seed_pool),
         calls_per_turn=per_turn,
     )
     return seed_pool, heldout
@@ -67,7 +73,7 @@ def build_dev_split(config: PipelineConfig, size: int = 200) -> list[Task]:
     about the held-out scores the ablation reports.
     """
     seed_pool, heldout = build_initial_pools(config)
-    exclude = {t.task_id for t in seed_pool + heldout}
+    exclude = taken(seed_pool, heldout)
     if config.policy.model == BUILTIN_TINY:
         exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
     return make_environment(config.environment).build_tasks(
@@ -88,7 +94,7 @@ def build_final_heldout(config: PipelineConfig) -> list[Task]:
     if size <= 0:
         return []
     seed_pool, heldout = build_initial_pools(config)
-    exclude = {t.task_id for t in seed_pool + heldout + build_dev_split(config)}
+    exclude = taken(seed_pool, heldout, build_dev_split(config))
     if config.policy.model == BUILTIN_TINY:
         exclude |= set(sft_demonstrations(config, seed_pool, heldout)[0])
     return make_environment(config.environment).build_tasks(
@@ -124,7 +130,7 @@ def sft_demonstrations(
             config.policy.sft_tasks,
             config.start_seed + 104729,
             origin="sft",
-            exclude={t.task_id for t in seed_pool + heldout},
+            exclude=taken(seed_pool, heldout),
             min_steps=config.policy.sft_min_calls,
             max_steps=config.policy.sft_max_calls,
         )

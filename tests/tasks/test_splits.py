@@ -1,6 +1,13 @@
-"""Where the run's splits are stored (pools under negative rounds) and who reads them: evaluation and validation."""
+"""Where the run's splits are stored (pools under negative rounds) and who reads them: evaluation and validation;
+and that no two splits share a task."""
 
-from coevolve.config import load_config
+import dataclasses
+import itertools
+
+import pytest
+
+from coevolve.config import EnvironmentConfig, load_config
+from envs.registry import make_environment
 from storage.warehouse import Warehouse
 from tasks.common import open_warehouse
 from tasks.splits import (
@@ -9,11 +16,13 @@ from tasks.splits import (
     FINAL_HELDOUT_ROUND,
     HELDOUT_ROUND,
     build_dev_split,
+    build_final_heldout,
     build_initial_pools,
     dev_eval_tasks,
     sealed_splits,
     store_dev_split,
     store_final_heldout,
+    taken,
 )
 
 
@@ -92,3 +101,39 @@ def test_dev_evaluation_takes_the_first_tasks_of_the_stored_dev_split(tmp_path):
         again = dev_eval_tasks(config, wh)
     assert [t.task_id for t in first] == [t.task_id for t in build_dev_split(config)[:3]]
     assert [t.task_id for t in stored[:3]] == [t.task_id for t in first] == [t.task_id for t in again]
+
+
+# --- disjoint by construction: no task, however worded, in two of D_0, held-out, dev, final held-out ---------
+
+
+@pytest.mark.parametrize("environment", ["bfcl", "workplace"])
+def test_the_splits_of_every_builtin_environment_share_no_task_by_id_or_identity(tmp_path, environment):
+    config = load_config(
+        data={
+            "state_dir": str(tmp_path),
+            "environment": {"name": environment},
+            "pool": {"seed_size": 30},
+            "policy": {"sft_tasks": 30},
+            "rollout": {"heldout_tasks": 20, "final_heldout_tasks": 20},
+        },
+        environ={},
+    )
+    seed_pool, heldout = build_initial_pools(config)
+    dev, final = build_dev_split(config), build_final_heldout(config)
+    splits = {"D_0": seed_pool, "heldout": heldout, "dev": dev, "final": final}
+    assert {name: len(tasks) for name, tasks in splits.items()} == {"D_0": 30, "heldout": 20, "dev": 200, "final": 20}
+    for (first, a), (second, b) in itertools.combinations(splits.items(), 2):
+        assert not {t.task_id for t in a} & {t.task_id for t in b}, (first, second)
+        assert not {t.identity for t in a} & {t.identity for t in b}, (first, second)
+
+
+@pytest.mark.parametrize("environment", ["bfcl", "workplace"])
+def test_a_split_leaves_out_a_task_of_an_earlier_one_even_reworded(environment):
+    """`taken` holds identities too: a walk that gives an earlier split's exercise in other words is not kept."""
+    env = make_environment(EnvironmentConfig(name=environment))
+    first = env.build_tasks(6, seed=5, origin="seed")
+    reworded = [dataclasses.replace(t, turns=[f"In other words: {turn}" for turn in t.turns]) for t in first[:3]]
+    assert not {t.task_id for t in reworded} & {t.task_id for t in first}
+    again = env.build_tasks(6, seed=5, origin="seed", exclude=taken(reworded))
+    assert not {t.identity for t in again} & {t.identity for t in reworded}
+    assert [t.task_id for t in again[:3]] == [t.task_id for t in first[3:]]
