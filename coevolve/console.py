@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from coevolve.errors import DiskFullError, is_disk_full
 from coevolve.optional import collector_paused, optional_module
 
 transformers_logging = optional_module("transformers.utils.logging")
@@ -63,6 +64,10 @@ def log_path(state_dir: Path, command: str, now: datetime | None = None) -> Path
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))  # claimed whole, or taken
         except FileExistsError:
             continue
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise DiskFullError(folder) from None
+            raise
         return path
     raise AssertionError("unreachable: itertools.count never ends")
 

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 
-def mount(path: Path, size_kb: int) -> str | None:
-    """Mount a tmpfs of ``size_kb`` KiB at ``path`` (made if missing); None once mounted, else why it cannot be."""
+def mount(path: Path, size_kb: int, inodes: int | None = None) -> str | None:
+    """Mount a tmpfs of ``size_kb`` KiB (and at most ``inodes`` files and folders) at ``path`` (made if missing);
+    None once mounted, else why it cannot be."""
     if os.geteuid() != 0:
         return "a full disk is made by mounting a small tmpfs, which needs root"
     path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)], capture_output=True, text=True
-    )
+    options = f"size={size_kb}k" + ("" if inodes is None else f",nr_inodes={inodes}")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
     return None if done.returncode == 0 else f"cannot mount a tmpfs at {path}: {done.stderr.strip()}"
 
 
@@ -33,9 +33,10 @@ def unmount(path: Path) -> None:
 
 
 @contextmanager
-def small_disk(path: Path, size_kb: int) -> Iterator[Path]:
-    """A tmpfs of ``size_kb`` KiB mounted at ``path`` until the block ends; the test skips where none can be."""
-    reason = mount(path, size_kb)
+def small_disk(path: Path, size_kb: int, inodes: int | None = None) -> Iterator[Path]:
+    """A tmpfs of ``size_kb`` KiB (``inodes``: files and folders at most) mounted at ``path`` until the block ends;
+    the test skips where none can be."""
+    reason = mount(path, size_kb, inodes)
     if reason is not None:
         pytest.skip(reason)
     try:

@@ -8,7 +8,11 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from coevolve import console
+from coevolve.errors import DiskFullError
+from tests.small_disk import small_disk
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,6 +29,13 @@ def test_two_commands_started_in_the_same_second_get_logs_of_their_own(tmp_path)
     assert second.name == "evolve-20260425T093012Z-2.log" and third.name == "evolve-20260425T093012Z-3.log"
     assert all(path.is_file() and path.stat().st_size == 0 for path in (first, second, third))
     assert console.log_path(tmp_path, "round", when).name == "round-20260425T093012Z.log"
+
+
+def test_a_log_that_cannot_be_made_on_a_full_disk_is_a_disk_full_error_naming_its_folder(tmp_path):
+    with small_disk(tmp_path / "disk", 64, inodes=3) as disk:  # the root, logs/ and one log
+        console.log_path(disk, "evolve")
+        with pytest.raises(DiskFullError, match=f"no space left on device under {disk / 'logs'}"):
+            console.log_path(disk, "evolve")
 
 
 def test_a_path_below_the_working_directory_is_shown_relative(tmp_path, monkeypatch):
