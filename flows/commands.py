@@ -70,17 +70,18 @@ else:
     view = optional_module("flows.view.serve")
 
 
-def prepare_environment(config: PipelineConfig, log_file: bool = False) -> None:
+def prepare_environment(config: PipelineConfig, log_file: bool = False, create_state: bool = True) -> None:
     """Offline switches, CPU kernels and state locations, set before torch, prefect, mlflow or bfcl_eval load.
 
-    ``log_file``: the command sends all but its table to a log file (coevolve/console.py).
+    ``log_file``: the command sends all but its table to a log file (coevolve/console.py). ``create_state``:
+    make the state folder (a command that only reads leaves a folder without state as it found it).
     """
-    apply_settings(config, prefect_home=True, log_file=log_file)
+    apply_settings(config, prefect_home=True, log_file=log_file, create_state=create_state)
 
 
-def _load(args: argparse.Namespace, log_file: bool = False) -> PipelineConfig:
+def _load(args: argparse.Namespace, log_file: bool = False, create_state: bool = True) -> PipelineConfig:
     config = load_config(args.config, args.set)
-    prepare_environment(config, log_file)
+    prepare_environment(config, log_file, create_state)
     # MLflow and its migrations log at INFO on first use; the table is the output people read.
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -132,6 +133,8 @@ def cmd_evolve(args: argparse.Namespace) -> int:
         with _store_errors(config, config.warehouse_path):
             finished = rounds_target.finished_rounds(config)
         if finished >= target:
+            with _store_errors(config, config.warehouse_path):
+                state_version.refuse_other_finished_run(config, finished)  # another configuration's rounds
             print(rounds_target.nothing_to_run(config, finished, target), flush=True)
             return 0
     with _store_errors(config, config.warehouse_path):
@@ -179,7 +182,7 @@ def cmd_round(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    config = _load(args)
+    config = _load(args, create_state=False)
     root = args.database or config.warehouse_path
     if _no_local_warehouse(root):
         raise PipelineError(f"No warehouse at {root}; run `coevolve evolve` first or pass --database.")
@@ -327,7 +330,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    config = _load(args)
+    """The run's rounds; 1 with one line, and nothing written, when the state folder holds no round of it."""
+    config = _load(args, create_state=False)
     root = config.warehouse_path
     if _no_local_warehouse(root):
         records = []
@@ -337,6 +341,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             warehouse.Warehouse(root, read_only=True, storage_options=config.warehouse.storage_options) as wh,
         ):
             records = wh.round_records(config.run_id)
+    if not records:
+        where = f"the warehouse {root}" if "://" in str(root) else f"state folder {console.shown(config.state_dir)}"
+        print(
+            f"no round of run {config.run_id!r} in {where}: start one with `coevolve evolve` (`make run`), or name "
+            "the folder of a run with --set state_dir=DIR",
+            file=sys.stderr,
+        )
+        return 1
     print(format_row(COLUMNS))
     for r in records:
         started = datetime.fromisoformat(r["started_at"]) if r.get("started_at") else None

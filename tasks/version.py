@@ -31,10 +31,10 @@ from prefect.runtime import flow_run
 
 from agent.checkpoints import TRAINER_STATE_SUBDIR, checkpoint_digest
 from coevolve.config import PipelineConfig
-from coevolve.config.policy import WARMUP_SETTINGS
 from coevolve.errors import DataError
 from coevolve.optional import optional_module
 from coevolve.records import RoundSummary
+from coevolve.run_settings import flatten
 from coevolve.signals import SIGNAL_KINDS
 from coevolve.stages import VersionInput, VersionOutput
 from tasks.common import open_warehouse
@@ -55,18 +55,6 @@ else:
     plots = optional_module("tasks.ablation.plots")
     mechanism = optional_module("storage.mechanism")
     storage_pool = optional_module("storage.pool")
-
-
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested config to MLflow params: ``{"rollout": {"group_size": 6}}`` -> ``{"rollout.group_size": 6}``."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def build_summary(
@@ -224,32 +212,6 @@ def lineage_tags(
         "parent_checkpoint_digest": parent["checkpoint_digest"],
         **{f"trajectories.{k}": "" if v is None else str(v) for k, v in trained_on.items()},
     }
-
-
-# The configuration that decides a round's results: a round resumed with other values would mix
-# episodes, signals or updates made under both (Warehouse.start_round refuses it). Endpoints, timeouts,
-# placement, tracking and storage do not change what a round computes and may change between attempts.
-RESULT_SECTIONS: tuple[str, ...] = ("environment", "policy", "signals", "synthesis", "validation", "pool")
-RESULT_FIELDS: dict[str, tuple[str, ...]] = {
-    "rollout": ("tasks_per_batch", "group_size", "temperature", "eval_temperature", "max_new_tokens", "heldout_tasks",
-                "dev_eval_tasks"),
-    "training": ("learning_rate", "batches_per_round", "updates_per_batch", "carry_optimizer", "epsilon_low",
-                 "epsilon_high", "beta", "kl_reference", "use_lora", "lora_rank"),
-}  # fmt: skip
-
-
-def round_settings(config: PipelineConfig) -> dict[str, Any]:
-    """The flattened settings a round records when it starts (RESULT_SECTIONS, RESULT_FIELDS and the seed)."""
-    data = config.model_dump(mode="json")
-    chosen: dict[str, Any] = {"seed": data["seed"]}
-    chosen.update(flatten({k: data[k] for k in RESULT_SECTIONS}))
-    for section, names in RESULT_FIELDS.items():
-        chosen.update({f"{section}.{n}": data[section][n] for n in names})
-    if not config.policy.warmup_steps:
-        # Without a warm-up they decide nothing, and rounds recorded before they existed resume unrefused.
-        for name in WARMUP_SETTINGS:
-            chosen.pop(f"policy.{name}", None)
-    return chosen
 
 
 # --- Prefect task -------------------------------------------------------------------------------
