@@ -4,7 +4,8 @@ An episode plays one Task: the model's calls run on one private copy of the task
 runs turn by turn on a second copy, and each turn is judged as BFCL's turns are (envs/bfcl/environment.py): when
 the turn ends, the two states must be equal, and every lookup the reference made (a search, a listing, a free
 slot) must have been answered to the model too, with the same result. Its tasks are made by envs/exploration.py
-in the workplace's worlds (envs/workplace/explorer.py). It has no official benchmark.
+in the workplace's worlds (envs/workplace/explorer.py); its demonstrations wait for a lookup's result before a call
+that needs it. It has no official benchmark.
 """
 
 from __future__ import annotations
@@ -154,6 +155,23 @@ class WorkplaceEnvironment(Environment):
             return 0.0, False, _failure(self._turn, "unfinished", f"the episode stopped in turn {self._turn}")
         return 1.0, True, {"turns": len(self._task.turns) if self._task else 0}
 
+    def demonstration_messages(self, calls: list[ToolCall]) -> list[list[ToolCall]]:
+        """A turn's calls in one message, except that a call needing a value a lookup of the message returns (a value
+        the request refers to instead of naming it: "email them", "read that message", "book it in that slot") starts
+        the next message, written once the lookup's result is in: the policy learns to wait for what it must read."""
+        request = self._reset_task().turns[self._turn]
+        state = copy_state(self._model)
+        messages: list[list[ToolCall]] = [[]]
+        results: list[str] = []  # of the calls of the message being written
+        for call in calls:
+            looked_up = [v for v in _values(call) if repr(v) not in request and any(v in r for r in results)]
+            if looked_up and messages[-1]:
+                messages.append([])
+                results = []
+            messages[-1].append(call)
+            results.append(run_call(state, self._apps, call))
+        return messages
+
     # -- direct access (explorers, validators) ---------------------------------------------------
     def execute(self, calls: list[ToolCall]) -> list[str]:
         self._reset_task()
@@ -193,6 +211,14 @@ def state_differences(model: dict[str, Any], truth: dict[str, Any], limit: int =
             lines.append(f"{key}.next_id: {mine.get('next_id')} != expected {theirs.get('next_id')}")
     text = "\n".join(lines)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _values(call: ToolCall) -> list[str]:
+    """The text values of a call's arguments, list items included: what a request names or refers to."""
+    values: list[str] = []
+    for value in call.arguments.values():
+        values.extend(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str) and len(v) > 1)
+    return values
 
 
 def _failure(turn: int, error_type: str, message: str, **extra: Any) -> dict[str, Any]:

@@ -219,12 +219,34 @@ def test_tasks_are_reproducible_from_the_seed_and_many_need_several_apps(env):
 
 
 def test_demonstrations_play_the_reference_turn_by_turn_and_parse_back_into_it(env):
+    waited = 0
     for task in env.build_tasks(15, seed=4, calls_per_turn=2):
         messages = env.demonstration(task)
         assert env.score()[:2] == (1.0, True)
-        said = [m.content for m in messages if m.role == "assistant" and m.content != "done"]
-        assert [parse_tool_calls(text) for text in said] == [(turn, None) for turn in task.reference]
         assert [m.content for m in messages if m.role == "user"] == task.turns and messages[-1].content == "done"
+        # Each turn's messages, up to its "done", say the turn's reference calls in order.
+        turns = [[]]
+        for message in messages[2:]:
+            if message.role == "user":
+                turns.append([])
+            elif message.role == "assistant" and message.content != "done":
+                turns[-1].append(parse_tool_calls(message.content)[0])
+        assert [[call for said in turn for call in said] for turn in turns] == task.reference
+        waited += sum(len(turn) > 1 for turn in turns)
+    assert waited >= 3
+
+
+def test_a_demonstration_waits_for_the_lookup_a_call_needs_and_joins_calls_that_need_none(env, meet_ana):
+    # meet_ana asks to find the contact at a company and email "them": the address is the search's result; then to
+    # book a meeting "in that slot", the one find_free_slot returns.
+    messages = env.demonstration(meet_ana)
+    said = [m.content for m in messages if m.role == "assistant"]
+    assert said[0] == "[search_contacts(company='Brightline')]" and said[1].startswith("[send_email(")
+    assert messages[3].role == "tool" and "ana" in messages[3].content
+    literal = WorkplaceEnvironment().in_turns(
+        make_task(meet_ana.reference[0][1:2] + [ToolCall("list_tasks", {})], meet_ana.initial_config,
+                  meet_ana.involved_classes, Provenance(origin="seed")), 2)  # fmt: skip
+    assert len([m for m in env.demonstration(literal) if m.role == "assistant"]) == 2  # one message, then done
 
 
 def test_the_splits_are_disjoint_and_the_demonstrations_are_of_other_tasks(tmp_path):
