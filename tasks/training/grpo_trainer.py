@@ -56,6 +56,7 @@ This module imports torch, trl and peft at its top; modules above it name it wit
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -63,10 +64,12 @@ import tempfile
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+import trl.trainer.utils as trl_utils
 from datasets import Dataset
 from peft import LoraConfig, get_peft_model
 from transformers.trainer_callback import PrinterCallback
@@ -118,11 +121,64 @@ def use_behaviour_logprobs(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
+@contextlib.contextmanager
+def project_scored_positions_only() -> Iterator[None]:
+    """Within the block, TRL's fused LM head projects only the positions it scores (label not -100), on every device.
+
+    TRL 1.16 does so only where Triton runs (CUDA, XPU) and otherwise projects every position of the batch, prompt
+    and padding included, because on Neuron a varying number of positions recompiles the graph; eager CPU has no
+    graph to recompile. The scored positions get the same values either way (their rows of the same products).
+    """
+    original = trl_utils._use_triton
+    trl_utils._use_triton = lambda device: True
+    try:
+        yield
+    finally:
+        trl_utils._use_triton = original
+
+
+class TrainedPositionsOnly:
+    """A model call TRL makes with ``labels`` that scores only the positions ``trained`` marks (rows in call order).
+
+    The loss multiplies every per-token term by the trained mask (completion_mask x env_mask), so a logprob at a
+    tool result's token is computed and thrown away: about five of every six completion positions of an episode
+    here. TRL scores micro-batch rows in consecutive chunks; each call takes the next rows of ``trained``.
+    """
+
+    def __init__(self, model: Any, trained: torch.Tensor) -> None:
+        self.model, self.trained, self.row = model, trained, 0
+
+    def __call__(self, *args: Any, labels: torch.Tensor, **kwargs: Any) -> Any:
+        keep = self.trained[self.row : self.row + labels.size(0)].to(labels.device)
+        self.row += labels.size(0)
+        return self.model(*args, labels=labels.masked_fill(~keep, -100), **kwargs)
+
+
 class ReplayGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose "old" logprobs are the behaviour logprobs stored with the rollouts."""
+    """GRPOTrainer whose "old" logprobs are the behaviour logprobs stored with the rollouts, and whose loss scores
+    only the trained tokens' positions."""
+
+    # The micro-batch's trained positions (prompt and completion), while _compute_loss runs.
+    _trained: torch.Tensor | None = None
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         return use_behaviour_logprobs(super()._generate_and_score_completions(inputs))
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+        completion = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            completion = completion * inputs["tool_mask"]
+        self._trained = torch.cat([torch.zeros_like(inputs["prompt_mask"]), completion], dim=1).bool()
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._trained = None
+
+    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if self._trained is not None and self._trained.shape == input_ids.shape:
+            model = TrainedPositionsOnly(model, self._trained)
+        with project_scored_positions_only():
+            return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         """Resuming takes the optimizer, scheduler, step and RNG from the state folder; the weights are the

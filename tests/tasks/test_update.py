@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import trl.trainer.utils as trl_utils
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOTrainer
 
 import tasks.training.grpo_trainer
 from agent.chat import ChatFormat, render_tiny
@@ -22,7 +25,7 @@ from coevolve.records import Message, Segment, Trajectory
 from tasks.common import open_warehouse
 from tasks.training.finite_check import DivergedUpdateError
 from tasks.training.grpo_groups import group_trajectories, replay_rows, segment_groups
-from tasks.training.grpo_trainer import use_behaviour_logprobs
+from tasks.training.grpo_trainer import ReplayGRPOTrainer, use_behaviour_logprobs
 from tasks.update import grpo_update, kl_reference_checkpoint
 
 GROUP_SIZE = 4
@@ -185,6 +188,37 @@ def test_stored_behaviour_logprobs_are_what_trls_importance_ratio_divides_by(pol
     assert exact["clip_ratio/region_mean"] == pytest.approx(0.0, abs=1e-6)
     assert shifted["clip_ratio/high_mean"] > 0.3
     assert shifted["clip_ratio/region_mean"] > exact["clip_ratio/region_mean"]
+
+
+def test_the_loss_projects_only_the_trained_tokens_and_logs_what_trls_full_projection_logs(
+    policy_dir, tmp_path, monkeypatch
+):
+    # The rewarded episodes carry a tool result (mask 0) after the message: the loss never counts it, so its
+    # positions, like the prompt's and the padding's, are not projected onto the vocabulary.
+    trajectories = _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0]})
+    config = _config(tmp_path, updates_per_batch=1)
+    projected: list[int] = []
+    chunked = trl_utils._ChunkedLogProbFunction
+
+    def recording(hidden, *args):
+        projected.append(hidden.shape[0])
+        return chunked.apply(hidden, *args)
+
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", SimpleNamespace(apply=recording))
+    scored = grpo_update(policy_dir, trajectories, config, tmp_path / "scored")
+    # The KL reference's pass (no gradient) projects the completions, the loss's only their trained tokens.
+    completions = sum(len(t.completion_ids) for t in trajectories)
+    assert projected == [completions, sum(sum(t.completion_mask) for t in trajectories)]
+
+    # TRL's own scoring projects every position of the batch; the figures it logs are the same.
+    monkeypatch.setattr(
+        ReplayGRPOTrainer, "_get_per_token_logps_and_entropies", GRPOTrainer._get_per_token_logps_and_entropies
+    )
+    projected.clear()
+    full = grpo_update(policy_dir, trajectories, config, tmp_path / "full")
+    assert min(projected) > sum(len(t.prompt_ids) + len(t.completion_ids) for t in trajectories) // 2
+    for figure in ("loss", "entropy", "kl"):
+        assert scored[figure] == pytest.approx(full[figure], rel=1e-4, abs=1e-7)
 
 
 def test_a_trl_batch_without_rollout_logprobs_fails_naming_the_tested_trl_version():
