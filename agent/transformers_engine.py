@@ -2,8 +2,12 @@
 
 The engine runs a manual decoding loop over a left-padded batch with a KV cache: it samples from
 softmax(logits / temperature) and records the log-probability of each sampled token under that
-same distribution, which is what the update stage uses as the behaviour policy. Greedy decoding
-(temperature 0) records the chosen token's logprob at temperature 1.
+same distribution, which is what the update stage uses as the behaviour policy. Sampling starts from
+one forward pass over each distinct prompt alone (a task's samples share their first prompt), whose
+cache the batch decodes from and the behaviour logprobs are scored on, so those are a function of the
+checkpoint, the prompt and the tokens. Greedy decoding (temperature 0), which evaluation uses and
+nothing trains on, starts from batched forward passes and records the chosen token's logprob at
+temperature 1 from the decoding loop itself.
 
 Sampling is seeded per prompt: ``generate(..., seeds=[...])`` draws every row's uniforms from a
 generator of its own seed (one uniform per token position) and picks the token by inverse CDF, so
@@ -14,6 +18,7 @@ neighbours, the batch size or earlier calls. Without seeds the engine's own gene
 from __future__ import annotations
 
 import gc
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +76,15 @@ def free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
+@dataclass
+class PromptPass:
+    """One prompt's own forward pass: each layer's keys and values (batch of one) and the last position's logits."""
+
+    keys: list[Any]
+    values: list[Any]
+    logits: Any
+
+
 class TransformersEngine(Engine):
     """Batched sampling from a local policy checkpoint with per-token behaviour logprobs."""
 
@@ -78,10 +92,16 @@ class TransformersEngine(Engine):
 
     @classmethod
     def from_config(cls, checkpoint: str | Path, config: PipelineConfig) -> TransformersEngine:
-        return cls(checkpoint, torch_threads=config.policy.torch_threads, seed=config.seed)
+        return cls(
+            checkpoint,
+            torch_threads=config.policy.torch_threads,
+            seed=config.seed,
+            prefill_batch=config.rollout.prefill_batch,
+        )
 
-    def __init__(self, model_path: str | Path, torch_threads: int = 1, seed: int = 0) -> None:
+    def __init__(self, model_path: str | Path, torch_threads: int = 1, seed: int = 0, prefill_batch: int = 8) -> None:
         torch.set_num_threads(torch_threads)
+        self.prefill_batch = prefill_batch
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self.reload(model_path)
@@ -109,34 +129,22 @@ class TransformersEngine(Engine):
         generated in."""
         eos = self.chat.eos_token_id
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
-        width = max(len(p) for p in prompts)
         batch = len(prompts)
-        input_ids = torch.full((batch, width), pad, dtype=torch.long)
-        attention = torch.zeros((batch, width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention[row, width - len(ids) :] = 1
-        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        # Left padding shifts real tokens right; positions must count real tokens only.
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        uniforms = self._uniforms(seeds, batch, max_new_tokens) if temperature > 0 else None
-
+        sampling = temperature > 0
+        uniforms = self._uniforms(seeds, batch, max_new_tokens) if sampling else None
         chosen_steps: list[Any] = []
+        greedy_logprobs: list[Any] = []
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        past = None
-        step_ids, step_pos = input_ids, positions
         with torch.inference_mode():
+            # Sampling starts from each distinct prompt's own forward pass (the behaviour logprobs need it alone);
+            # greedy decoding, which nothing trains on, from batched ones.
+            prompt_pass = self._prompts_alone(prompts) if sampling else None
+            if prompt_pass is not None:
+                past, logits, attention = self._batch_cache([prompt_pass[tuple(p)] for p in prompts])
+            else:
+                past, logits, attention = self._prefill(prompts, pad)
+            step_pos = attention.sum(-1, keepdim=True) - 1
             for position in range(max_new_tokens):
-                out = self.model(
-                    input_ids=step_ids,
-                    attention_mask=attention,
-                    position_ids=step_pos,
-                    past_key_values=past,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-                past = out.past_key_values
-                logits = out.logits[:, -1, :].float()
                 if uniforms is not None:  # sampling (temperature > 0)
                     logprobs = torch.log_softmax(logits / temperature, dim=-1)
                     # Inverse CDF: the first token whose cumulative probability reaches the row's uniform.
@@ -146,46 +154,142 @@ class TransformersEngine(Engine):
                     chosen = torch.searchsorted(cdf, target).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
                 else:
                     chosen = logits.argmax(dim=-1)
+                    greedy_logprobs.append(torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None]).squeeze(-1))
                 chosen = torch.where(done, torch.full_like(chosen, pad), chosen)
                 chosen_steps.append(chosen)
                 done = done | (chosen == eos)
-                if bool(done.all()):
+                if bool(done.all()) or position + 1 == max_new_tokens:
                     break
-                step_ids = chosen.unsqueeze(-1)
-                step_pos = step_pos[:, -1:] + 1
+                step_pos = step_pos + 1
                 attention = torch.cat(
                     [attention, torch.ones((batch, 1), dtype=attention.dtype, device=self.device)], -1
                 )
+                out = self.model(
+                    input_ids=chosen.unsqueeze(-1),
+                    attention_mask=attention,
+                    position_ids=step_pos,
+                    past_key_values=past,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                past = out.past_key_values
+                logits = out.logits[:, -1, :].float()
         # One transfer at the end instead of per-token Python work inside the loop.
         all_tokens = torch.stack(chosen_steps, dim=1).tolist()
+        all_greedy = torch.stack(greedy_logprobs, dim=1).tolist() if greedy_logprobs else None
         generations = []
-        for prompt, row_tokens in zip(prompts, all_tokens, strict=True):
+        for row, (prompt, row_tokens) in enumerate(zip(prompts, all_tokens, strict=True)):
             length = row_tokens.index(eos) + 1 if eos in row_tokens else len(row_tokens)
+            tokens = row_tokens[:length]
+            if prompt_pass is not None:
+                with torch.inference_mode():
+                    logprobs = self._behaviour_logprobs(prompt_pass[tuple(prompt)], tokens, temperature)
+            else:
+                logprobs = all_greedy[row][:length] if all_greedy is not None else []
             generations.append(
                 Generation(
-                    token_ids=row_tokens[:length],
-                    logprobs=self._behaviour_logprobs(prompt, row_tokens[:length], temperature),
+                    token_ids=tokens,
+                    logprobs=logprobs,
                     finish_reason="stop" if row_tokens[length - 1] == eos else "length",
                 )
             )
         return generations
 
-    def _behaviour_logprobs(self, prompt: list[int], tokens: list[int], temperature: float) -> list[float]:
-        """The logprobs of ``tokens`` after ``prompt``, from one forward pass over this episode alone.
+    def _prompts_alone(self, prompts: list[list[int]]) -> dict[tuple[int, ...], PromptPass]:
+        """One forward pass over each distinct prompt alone, without padding: its KV cache and last logits.
+
+        A task's group_size samples share their first prompt, so it is run once for all of them. Alone, its
+        bits are a function of the checkpoint and the prompt only, whatever batch the prompt came in.
+        """
+        passes: dict[tuple[int, ...], PromptPass] = {}
+        for prompt in prompts:
+            key = tuple(prompt)
+            if key not in passes:
+                ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+                out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+                passes[key] = PromptPass(
+                    keys=[layer.keys for layer in out.past_key_values.layers],
+                    values=[layer.values for layer in out.past_key_values.layers],
+                    logits=out.logits[0, -1].float(),
+                )
+        return passes
+
+    def _batch_cache(self, rows: list[PromptPass]) -> tuple[Any, Any, Any]:
+        """The left-padded batch of the rows' own prompt passes: KV cache, last logits and attention mask."""
+        width = max(row.keys[0].shape[-2] for row in rows)
+        attention = torch.zeros((len(rows), width), dtype=torch.long, device=self.device)
+        for i, row in enumerate(rows):
+            attention[i, width - row.keys[0].shape[-2] :] = 1
+        cache = transformers.DynamicCache(config=self.model.config)
+        for layer in range(len(rows[0].keys)):
+            keys = [
+                torch.nn.functional.pad(row.keys[layer], (0, 0, width - row.keys[layer].shape[-2], 0)) for row in rows
+            ]
+            values = [
+                torch.nn.functional.pad(row.values[layer], (0, 0, width - row.values[layer].shape[-2], 0))
+                for row in rows
+            ]
+            cache.update(torch.cat(keys), torch.cat(values), layer)
+        return cache, torch.stack([row.logits for row in rows]), attention
+
+    def _prefill(self, prompts: list[list[int]], pad: int) -> tuple[Any, Any, Any]:
+        """The left-padded batch's forward pass, in slices of ``prefill_batch`` rows: KV cache, last logits, mask.
+
+        Padded prompts' activations of a whole batch of 64 outgrow the CPU's caches; slices of 8 rows took the
+        shipped checkpoint's prefill of 48 prompts from 0.41 s to 0.23 s here (benchmarks/STEP.md).
+        """
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention[row, width - len(ids) :] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        # Left padding shifts real tokens right; positions must count real tokens only.
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        keys: list[list[Any]] = []
+        values: list[list[Any]] = []
+        logits = []
+        for start in range(0, len(prompts), self.prefill_batch):
+            rows = slice(start, start + self.prefill_batch)
+            out = self.model(
+                input_ids=input_ids[rows],
+                attention_mask=attention[rows],
+                position_ids=positions[rows],
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits.append(out.logits[:, -1, :].float())
+            for layer, cached in enumerate(out.past_key_values.layers):
+                if layer == len(keys):
+                    keys.append([])
+                    values.append([])
+                keys[layer].append(cached.keys)
+                values[layer].append(cached.values)
+        cache = transformers.DynamicCache(config=self.model.config)
+        for layer in range(len(keys)):
+            cache.update(torch.cat(keys[layer]), torch.cat(values[layer]), layer)
+        return cache, torch.cat(logits), attention
+
+    def _behaviour_logprobs(self, prompt: PromptPass, tokens: list[int], temperature: float) -> list[float]:
+        """The logprobs of ``tokens`` after the prompt, from the prompt's own pass and one over the tokens alone.
 
         The batched decoding loop's own logprobs depend on which other prompts shared its batch (on CPU a
         matrix product over another batch shape rounds its last bits differently), so an episode replayed
-        after a crash in a smaller batch would store other bits. Scored alone, without padding, they are
-        a function of the checkpoint, the prompt and the tokens only: GRPO's "old" logprobs, and so the
-        checkpoint an update writes, then do not depend on how the rollout was batched.
+        after a crash in a smaller batch would store other bits. Scored alone, without padding, on the prompt's
+        own pass, they are a function of the checkpoint, the prompt and the tokens only: GRPO's "old" logprobs,
+        and so the checkpoint an update writes, then do not depend on how the rollout was batched.
         """
-        ids = torch.tensor([prompt + tokens], dtype=torch.long, device=self.device)
-        with torch.inference_mode():
-            logits = self.model(input_ids=ids, logits_to_keep=len(tokens) + 1).logits[0, :-1].float()
-        if temperature > 0:
-            logits = logits / temperature
+        logits = prompt.logits[None]
+        if len(tokens) > 1:
+            cache = transformers.DynamicCache(config=self.model.config)
+            for layer, (keys, values) in enumerate(zip(prompt.keys, prompt.values, strict=True)):
+                cache.update(keys, values, layer)
+            ids = torch.tensor([tokens[:-1]], dtype=torch.long, device=self.device)
+            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+            logits = torch.cat([logits, out.logits[0].float()])
         picked = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
-        return torch.log_softmax(logits, dim=-1).gather(-1, picked).squeeze(-1).tolist()
+        return torch.log_softmax(logits / temperature, dim=-1).gather(-1, picked).squeeze(-1).tolist()
 
     def _uniforms(self, seeds: list[int] | None, batch: int, max_new_tokens: int) -> Any:
         """One uniform in (0, 1] per (row, token position):

@@ -44,6 +44,24 @@ def test_sampled_logprobs_match_a_full_forward_pass_at_the_temperature(engine, p
     assert torch.allclose(expected, torch.tensor(generation.logprobs), atol=1e-4)
 
 
+def test_greedy_logprobs_are_the_chosen_tokens_under_a_full_forward_pass(engine, prompts):
+    # Evaluation's: taken from the decoding loop itself, untempered, without a forward pass per episode.
+    generation = engine.generate(prompts[:2], temperature=0.0, max_new_tokens=10)[1]
+    ids = torch.tensor([prompts[1] + generation.token_ids])
+    with torch.inference_mode():
+        logits = engine.model(input_ids=ids).logits[0, len(prompts[1]) - 1 : -1]
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(generation.token_ids)[:, None]).squeeze(-1)
+    assert torch.allclose(expected, torch.tensor(generation.logprobs), atol=1e-4)
+
+
+def test_samples_of_one_prompt_are_those_it_gives_in_a_batch_of_other_prompts(engine, prompts):
+    """A task's samples share their prompt, which is read once for all of them; each sample stays its seed's."""
+    group = engine.generate([prompts[0]] * 3, temperature=0.9, max_new_tokens=16, seeds=[21, 22, 23])
+    mixed = engine.generate([prompts[0], prompts[1], prompts[0]], temperature=0.9, max_new_tokens=16, seeds=[21, 5, 23])
+    assert (group[0].token_ids, group[0].logprobs) == (mixed[0].token_ids, mixed[0].logprobs)
+    assert (group[2].token_ids, group[2].logprobs) == (mixed[2].token_ids, mixed[2].logprobs)
+
+
 def test_behaviour_logprobs_do_not_depend_on_the_batch_an_episode_was_sampled_in(engine, prompts):
     """A replayed episode (a resumed rollout samples it in a smaller batch) stores the same bits."""
     seeds = [11, 12, 13, 14][: len(prompts)]
