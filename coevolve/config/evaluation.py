@@ -39,6 +39,16 @@ class EvaluationSettings(Section):
             "checkpoint 0 is scored once."
         ),
     )
+    eval_generate_batch: int = Field(
+        256,
+        ge=1,
+        description=(
+            "Episodes per generate call when a checkpoint is scored; the held-out and dev splits are played together. "
+            "A decoding loop runs until its longest message ends, so the 200 tasks of configs/ablation.yaml in one "
+            "call take a quarter of the steps of four calls of 64 (benchmarks/STEP.md). Greedy prompts are read "
+            "rollout.prefill_batch at a time, so a larger batch costs the KV cache only."
+        ),
+    )
     dev_eval_tasks: int = Field(
         0,
         ge=0,

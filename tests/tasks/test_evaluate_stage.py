@@ -1,13 +1,24 @@
 """Plain functions of the evaluation stage: split names, split contents, where rows are stored."""
 
+from pathlib import Path
+
 import pytest
 
 from coevolve.config import EnvironmentConfig, PipelineConfig
 from coevolve.errors import ConfigError
 from envs.bfcl.explorer import build_tasks
 from tasks.common import open_warehouse
-from tasks.evaluate import category_name, default_categories, evaluate_splits, evaluation_round, split_tasks
+from tasks.evaluate import (
+    category_name,
+    default_categories,
+    evaluate_checkpoint,
+    evaluate_splits,
+    evaluation_round,
+    split_tasks,
+)
 from tasks.splits import DEV_SPLIT, EXTERNAL_ROUND, HELDOUT_ROUND, HELDOUT_SPLIT
+
+SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[2] / "envs" / "bfcl" / "checkpoint0"
 
 
 def test_short_and_full_category_names_are_accepted():
@@ -59,3 +70,19 @@ def test_a_run_without_heldout_or_dev_tasks_loads_no_model(tmp_path):
         }
         with pytest.raises(OSError):  # with a task to play, the missing checkpoint is loaded and fails
             evaluate_splits(config, wh, missing, {HELDOUT_SPLIT: build_tasks(1, seed=0)}, 0)
+
+
+def test_splits_played_together_store_what_each_split_played_alone_stores(tmp_path):
+    config = PipelineConfig(state_dir=tmp_path, rollout={"eval_generate_batch": 8})
+    splits = {HELDOUT_SPLIT: build_tasks(3, seed=0), DEV_SPLIT: build_tasks(2, seed=1)}
+    with open_warehouse(config) as wh:
+        together = evaluate_splits(config, wh, str(SHIPPED_CHECKPOINT), splits, 0)
+        alone = {
+            split: evaluate_checkpoint(config, wh, str(SHIPPED_CHECKPOINT), tasks, 1, split)
+            for split, tasks in splits.items()
+        }
+        for split, tasks in splits.items():
+            outcomes = wh.evaluation_outcomes(config.run_id, 0, split)
+            assert list(outcomes) == [task.task_id for task in tasks]
+            assert outcomes == wh.evaluation_outcomes(config.run_id, 1, split)
+    assert together == alone
