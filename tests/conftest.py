@@ -97,9 +97,10 @@ def work_unit(nodeid: str) -> str:
     return "openai_server" if module in SESSION_SERVER_MODULES else module
 
 
-# The longest units of work, longest first (wall seconds on their worker, benchmarks/README.md "Feedback: make run and
-# make test"). `make test` hands them out before every other module, so that none is left running alone at the end
-# while the other worker idles; tests/ci/test_makefile.py checks that each names a test module.
+# The longest units of work, longest first (wall seconds on their worker: `pytest --durations=0`; the last profiles in
+# benchmarks/history/2026-11-29-notebook.md). `make test` hands them out before every other module, so that none is
+# left running alone at the end while the other worker idles; tests/ci/test_makefile.py checks that each names a
+# test module.
 LONGEST_FIRST = (
     "tests/flows/test_work_pools.py",
     "tests/flows/test_crash_resume.py",  # shares its uninterrupted round with test_work_pools.py: both start first
