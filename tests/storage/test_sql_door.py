@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from coevolve.errors import PipelineError
 from coevolve.records import RoundSummary
 from flows.cli import main
+from storage.views import READ_FORMS, QueryRefused
 from storage.warehouse import Warehouse
 from tests.doc_blocks import REPO, command_block
 from tests.storage.conftest import build_task, build_trajectory
@@ -185,6 +186,36 @@ def test_the_python_door_refuses_the_same_and_its_session_stays_locked(state: Pa
         finally:
             con.close()
     assert not outside.exists()
+
+
+# The start of every refusal of a statement: the statement as the user wrote it (spaces folded), up to 60 characters.
+REFUSAL = (
+    "query refused: {where} ({shown}) is {kind}; the warehouse's query door runs reads only ({forms}), and nothing"
+)
+
+
+@pytest.mark.parametrize(
+    "query, where, shown, kind",
+    [
+        ("CREATE VIEW v AS SELECT 1", "the statement", "CREATE VIEW v AS SELECT 1", "CREATE"),
+        # Exactly 60 characters, shown whole; one more, cut to 59 and an ellipsis.
+        ("CREATE VIEW v AS SELECT " + "1" * 36, "the statement", "CREATE VIEW v AS SELECT " + "1" * 36, "CREATE"),
+        ("CREATE VIEW v AS SELECT " + "1" * 37, "the statement", "CREATE VIEW v AS SELECT " + "1" * 35 + "…", "CREATE"),
+        ("SELECT 1;\n  DROP   VIEW\n v_pool_growth;", "statement 2 of 2", "DROP VIEW v_pool_growth", "DROP"),
+        ("COPY (SELECT 1) TO 'a.csv'; SELECT 2; SELECT 3", "statement 1 of 3", "COPY (SELECT 1) TO 'a.csv'", "COPY"),
+    ],
+)
+def test_a_refusal_names_the_statement_its_place_and_its_type(state: Path, query, where, shown, kind) -> None:
+    with Warehouse(state / "warehouse", read_only=True) as wh, pytest.raises(QueryRefused) as refused:
+        wh.sql(query)
+    assert str(refused.value).startswith(REFUSAL.format(where=where, shown=shown, kind=kind, forms=READ_FORMS))
+
+
+@pytest.mark.parametrize("query", ["", "  ;  ", "-- a comment only"])
+def test_a_query_without_a_statement_is_refused_as_such(state: Path, query: str) -> None:
+    with Warehouse(state / "warehouse", read_only=True) as wh, pytest.raises(QueryRefused) as refused:
+        wh.sql(query)
+    assert str(refused.value) == "query refused: it holds no statement"
 
 
 # -- what runs ------------------------------------------------------------------------------------
