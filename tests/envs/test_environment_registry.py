@@ -1,17 +1,19 @@
 """One environment contract (envs/base.py) and one registry (envs/registry.py): an environment is one module.
 
-The toy environment below (``counter``: named counters, the tools ``add`` and ``read``) implements the whole
-contract: its episode, its tools and the `World` whose hooks task making (envs/exploration.py) runs on; the seed
-pool, exploration, abstraction, replay and demonstrations are the base class's. Written as the one module of a
-package that declares it under the entry-point group ``coevolve.environments``, it is accepted as
-``environment.name``, built by the registry, and plays, builds, explores, replays and demonstrates its tasks
-through the same calls the stages make, with nothing of the project edited. A name nobody declares is refused
-with the names that exist.
+The toy environment of docs/extending.md (``counter``: named counters, the tools ``add`` and ``read``) implements
+the whole contract: its episode, its tools, its own settings and the `World` whose hooks task making
+(envs/exploration.py) runs on; the seed pool, exploration, abstraction, replay and demonstrations are the base
+class's. Written as the one module of a package that declares it under the entry-point groups
+``coevolve.environments`` and ``coevolve.environment_settings``, it is accepted as ``environment.name``, built by
+the registry, and plays, builds, explores, replays and demonstrates its tasks through the same calls the stages
+make, with nothing of the project edited. A name nobody declares is refused with the names that exist.
 """
 
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 
 import pytest
 
@@ -25,145 +27,9 @@ from envs.registry import BUILT_IN, environment_class, environment_for, make_env
 from envs.workplace.environment import WorkplaceEnvironment
 from tests.flows.conftest import install_package
 
-COUNTER_ENVIRONMENT = '''
-"""counter: named counters; ``add(name, amount)`` adds to one, ``read(name)`` shows it."""
-
-import copy
-
-from pydantic import Field
-
-from coevolve.config import EnvironmentSettings
-from coevolve.records import Message, ToolCall
-from envs.base import Environment, StepOutcome, Triplet, World
-from envs.calls import parse_tool_calls
-
-NAMES = ("apples", "pears", "plums")
-SCHEMAS = [
-    {"name": "add", "description": "Add an amount to a counter.",
-     "parameters": {"type": "dict", "required": ["name", "amount"],
-                    "properties": {"name": {"type": "string"}, "amount": {"type": "integer"}}}},
-    {"name": "read", "description": "Show a counter.",
-     "parameters": {"type": "dict", "required": ["name"], "properties": {"name": {"type": "string"}}}},
-]
-
-
-def run(counters, call):
-    """One call on the counters: its result, or an error that changes nothing."""
-    name = call.arguments.get("name")
-    if call.name == "add" and name in NAMES and isinstance(call.arguments.get("amount"), int):
-        counters[name] = counters.get(name, 0) + call.arguments["amount"]
-        return str(counters[name])
-    if call.name == "read" and name in NAMES:
-        return str(counters.get(name, 0))
-    return f"Error: cannot run {call.render()}"
-
-
-def words(call):
-    if call.name == "add":
-        return f"add {call.arguments['amount']} to {call.arguments['name']}"
-    return f"show {call.arguments['name']}"
-
-
-class CounterWorld(World):
-    """Task making's hooks: where a walk starts, the calls it makes, and how a request for some calls reads."""
-
-    environment = "counter"
-
-    def __init__(self, initial_config, involved):
-        super().__init__(initial_config, involved)
-        self.counters = dict(initial_config["counters"])
-
-    @classmethod
-    def start(cls, rng):
-        return {"counters": {name: rng.randint(0, 2) for name in NAMES}}, ["Counter"]
-
-    def tools(self):
-        return ["add", "read"]
-
-    def choose(self, tool, rng):
-        arguments = {"name": rng.choice(NAMES)}
-        return ToolCall(tool, {**arguments, "amount": rng.randint(1, 9)} if tool == "add" else arguments)
-
-    def run(self, call, run_id):
-        before = dict(self.counters)
-        observation = run(self.counters, call)
-        return Triplet(call, observation, run_id, self.succeeded(observation), self.counters != before)
-
-    @staticmethod
-    def succeeded(observation):
-        return not observation.startswith("Error")
-
-    @staticmethod
-    def informative(observation):
-        return observation != "0"
-
-    @classmethod
-    def requests(cls, chunks, initial_config, involved):
-        return [", then ".join(words(call) for call in chunk).capitalize() + "." for chunk in chunks]
-
-
-class CounterSettings(EnvironmentSettings):
-    """The environment's own settings: fields of the environment section where environment.name is counter."""
-
-    counter_prompt: str = Field("Tools: add, read. Reply with a python list of calls, or done.",
-                                description="The system prompt of every episode.")
-
-
-class CounterEnvironment(Environment):
-    """The episode: the task succeeds when the counters end as its reference leaves them."""
-
-    name = "counter"
-    world_type = CounterWorld
-
-    def __init__(self, max_steps_per_turn=4, prompt=CounterSettings().counter_prompt):
-        self.max_steps_per_turn, self.prompt = max_steps_per_turn, prompt
-        self.task = None
-        self.counters = {}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(config.max_steps_per_turn, CounterSettings.of(config).counter_prompt)
-
-    def reset(self, task):
-        self.task, self.counters = task, dict(task.initial_config["counters"])
-        self.turn, self.steps, self.done = 0, 0, False
-        return [Message("system", self.prompt), Message("user", task.turns[0])]
-
-    def step(self, model_text):
-        calls, error = parse_tool_calls(model_text, allowed={"add", "read"})
-        outcome = StepOutcome(calls=calls, error=error)
-        self.steps += 1
-        if calls:
-            outcome.observations = self.execute(calls)
-            outcome.messages.append(Message("tool", "\\n".join(outcome.observations)))
-        if not calls or self.steps >= self.max_steps_per_turn:
-            outcome.turn_ended = True
-            self.turn, self.steps = self.turn + 1, 0
-            if self.turn >= len(self.task.turns):
-                self.done = outcome.done = True
-            else:
-                outcome.messages.append(Message("user", self.task.turns[self.turn]))
-        return outcome
-
-    def score(self):
-        truth = CounterWorld(self.task.initial_config, self.task.involved_classes)
-        for call in (call for turn in self.task.reference for call in turn):
-            truth.run(call, "truth")
-        success = self.done and self.counters == truth.counters
-        return float(success), success, {} if success else {"error_type": "counters differ"}
-
-    def execute(self, calls):
-        return [run(self.counters, call) for call in calls]
-
-    def state(self):
-        return dict(self.counters)
-
-    def tool_names(self):
-        return ["add", "read"]
-
-    def tool_schemas(self, task):
-        return copy.deepcopy(SCHEMAS)
-'''
+# The toy is the module docs/extending.md shows ("A whole environment ... is one module of a page"), read from the page.
+EXTENDING = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
+COUNTER_ENVIRONMENT = re.search(r"^```python\n(# counter_env\.py.*?)^```", EXTENDING.read_text(), re.S | re.M)[1]
 
 
 def install_counter(folder):
