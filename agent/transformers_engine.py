@@ -132,9 +132,12 @@ class TransformersEngine(Engine):
         batch = len(prompts)
         sampling = temperature > 0
         uniforms = self._uniforms(seeds, batch, max_new_tokens) if sampling else None
-        chosen_steps: list[Any] = []
-        greedy_logprobs: list[Any] = []
+        # Each row's tokens (pad once it stopped) and, greedy, their logprobs; ``rows``: the rows still decoded.
+        chosen_tokens = torch.full((batch, max_new_tokens), pad, dtype=torch.long, device=self.device)
+        greedy_logprobs = torch.zeros((batch, max_new_tokens), device=self.device)
+        rows = torch.arange(batch, device=self.device)
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        steps = 0
         with torch.inference_mode():
             # Sampling starts from each distinct prompt's own forward pass (the behaviour logprobs need it alone);
             # greedy decoding, which nothing trains on, from batched ones.
@@ -150,19 +153,29 @@ class TransformersEngine(Engine):
                     # Inverse CDF: the first token whose cumulative probability reaches the row's uniform.
                     # Uniforms lie in (0, 1], so a zero-probability token is never chosen.
                     cdf = logprobs.exp().cumsum(dim=-1)
-                    target = uniforms[:, position : position + 1] * cdf[:, -1:]
+                    target = uniforms[rows, position : position + 1] * cdf[:, -1:]
                     chosen = torch.searchsorted(cdf, target).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
                 else:
                     chosen = logits.argmax(dim=-1)
-                    greedy_logprobs.append(torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None]).squeeze(-1))
+                    picked = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
+                    greedy_logprobs[rows, position] = picked
                 chosen = torch.where(done, torch.full_like(chosen, pad), chosen)
-                chosen_steps.append(chosen)
+                chosen_tokens[rows, position] = chosen
+                steps = position + 1
                 done = done | (chosen == eos)
-                if bool(done.all()) or position + 1 == max_new_tokens:
+                if bool(done.all()) or steps == max_new_tokens:
                     break
+                if uniforms is None and bool(done.any()):
+                    # Greedy batches (evaluation's, up to rollout.eval_generate_batch episodes) drop the rows that
+                    # stopped: their messages vary in length, and the loop runs until the longest one ends.
+                    keep = (~done).nonzero().squeeze(-1)
+                    past.batch_select_indices(keep)
+                    rows, chosen, done, attention, step_pos = (
+                        t[keep] for t in (rows, chosen, done, attention, step_pos)
+                    )
                 step_pos = step_pos + 1
                 attention = torch.cat(
-                    [attention, torch.ones((batch, 1), dtype=attention.dtype, device=self.device)], -1
+                    [attention, torch.ones((len(rows), 1), dtype=attention.dtype, device=self.device)], -1
                 )
                 out = self.model(
                     input_ids=chosen.unsqueeze(-1),
@@ -175,8 +188,8 @@ class TransformersEngine(Engine):
                 past = out.past_key_values
                 logits = out.logits[:, -1, :].float()
         # One transfer at the end instead of per-token Python work inside the loop.
-        all_tokens = torch.stack(chosen_steps, dim=1).tolist()
-        all_greedy = torch.stack(greedy_logprobs, dim=1).tolist() if greedy_logprobs else None
+        all_tokens = chosen_tokens[:, :steps].tolist()
+        all_greedy = greedy_logprobs[:, :steps].tolist() if uniforms is None else None
         generations = []
         for row, (prompt, row_tokens) in enumerate(zip(prompts, all_tokens, strict=True)):
             length = row_tokens.index(eos) + 1 if eos in row_tokens else len(row_tokens)
