@@ -45,6 +45,18 @@ def test_boundary_marks_every_sample_of_a_mixed_group():
     assert signals[0].evidence["group_rewards"] == [1.0, 0.0]
 
 
+def test_a_reward_of_exactly_one_half_is_neither_a_pass_nor_a_fail_of_a_boundary():
+    rows = [(0, "a", 0, 1.0, ["ls"]), (0, "a", 1, 0.5, ["ls"]), (0, "b", 0, 0.5, ["ls"]), (0, "b", 1, 0.0, ["ls"])]
+    assert mine_signals(frame(rows), 0, "run", only("boundary")) == []
+
+
+def test_boundary_evidence_lists_the_groups_rewards_in_sample_order():
+    """Samples 0-11: their trajectory ids sort s0, s1, s10, s11, s2, ... but the evidence follows the sample numbers."""
+    rewards = [float(s % 3 == 0) for s in range(12)]
+    signals = mine_signals(frame([(0, "a", s, r, ["ls"]) for s, r in enumerate(rewards)]), 0, "run", only("boundary"))
+    assert len(signals) == 12 and all(s.evidence == {"group_rewards": rewards} for s in signals)
+
+
 def test_forgetting_needs_an_earlier_pass_and_a_current_fail():
     rows = [(0, "a", 0, 1, ["ls"]), (1, "a", 0, 0, ["ls"]), (0, "b", 0, 0, ["ls"]), (1, "b", 0, 0, ["ls"])]
     signals = mine_signals(frame(rows), 1, "run", only("forgetting"))
