@@ -42,6 +42,11 @@ def test_boundary_context_names_the_missed_reference_tools(task):
     assert context["failure_cause"] == "1 of 2 samples failed the same task"
 
 
+def test_boundary_context_counts_only_rewards_below_one_half_as_failures(task):
+    context = build_context(signal("boundary", task, {"group_rewards": [1.0, 0.5, 0.0]}), task, [], tools_of(task))
+    assert context["failure_cause"] == "1 of 3 samples failed the same task"
+
+
 def test_candidates_carry_their_signal_as_provenance(task):
     s = signal("boundary", task, {"group_rewards": [1.0, 0.0]})
     candidates, contexts = synthesize_from_signals(
