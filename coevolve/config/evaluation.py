@@ -44,9 +44,9 @@ class EvaluationSettings(Section):
         ge=1,
         description=(
             "Episodes per generate call when a checkpoint is scored; the held-out and dev splits are played together. "
-            "A decoding loop runs until its longest message ends, so the 200 tasks of configs/ablation.yaml in one "
-            "call take a quarter of the steps of four calls of 64 (benchmarks/STEP.md). Greedy prompts are read "
-            "rollout.prefill_batch at a time, so a larger batch costs the KV cache only."
+            "256 takes configs/ablation.yaml's 200 evaluation tasks in one call a turn: a greedy batch drops its "
+            "finished rows and reads its prompts rollout.prefill_batch at a time, so a large call costs its KV cache "
+            "only; calls of 64 measured within noise of it on a CPU (benchmarks/STEP.md)."
         ),
     )
     dev_eval_tasks: int = Field(
