@@ -344,7 +344,7 @@ class WarehouseViews:
         for number, statement in enumerate(statements, start=1):
             if statement.type in READ_STATEMENTS:
                 continue
-            text = " ".join(statement.query.split()).rstrip(";")
+            text = " ".join(statement.query.rstrip().rstrip(";").split())
             shown = text if len(text) <= 60 else f"{text[:59]}…"
             where = "the statement" if len(statements) == 1 else f"statement {number} of {len(statements)}"
             raise QueryRefused(

@@ -203,7 +203,7 @@ REFUSAL = (
         # Exactly 60 characters, shown whole; one more, cut to 59 and an ellipsis.
         ("CREATE VIEW v AS SELECT " + "1" * 36, "the statement", "CREATE VIEW v AS SELECT " + "1" * 36, "CREATE"),
         ("CREATE VIEW v AS SELECT " + "1" * 37, "the statement", "CREATE VIEW v AS SELECT " + "1" * 35 + "…", "CREATE"),
-        ("SELECT 1;\n  DROP   VIEW\n v_pool_growth;", "statement 2 of 2", "DROP VIEW v_pool_growth", "DROP"),
+        ("SELECT 1;\n  DROP   VIEW\n v_pool_growth ;", "statement 2 of 2", "DROP VIEW v_pool_growth", "DROP"),
         ("COPY (SELECT 1) TO 'a.csv'; SELECT 2; SELECT 3", "statement 1 of 3", "COPY (SELECT 1) TO 'a.csv'", "COPY"),
     ],
 )
