@@ -178,7 +178,8 @@ class Environment(ABC):
         """Execute one exploration call in the episode (after ``reset``) and record it as a step of run ``run_id``."""
         before = self.state()
         [observation] = self.execute([call])
-        return Triplet(call, observation, run_id, self.world_type.succeeded(observation), self.state() != before)
+        changed = not self.world_type.same_state(before, self.state())
+        return Triplet(call, observation, run_id, self.world_type.succeeded(observation), changed)
 
     @final
     def abstract(
@@ -213,7 +214,7 @@ class Environment(ABC):
             for call_index, (call, result) in enumerate(zip(turn, env.execute(turn), strict=True)):
                 if not self.world_type.succeeded(result):
                     return False, f"turn {turn_index} call {call_index} {call.render()} failed: {result[:200]}", False
-        return True, "all reference calls succeeded", env.state() != before
+        return True, "all reference calls succeeded", not self.world_type.same_state(before, env.state())
 
     @final
     def demonstration(self, task: Task) -> list[Message]:

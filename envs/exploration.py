@@ -90,6 +90,11 @@ class World(ABC):
         """One user request per chunk of consecutive calls on ``initial_config`` (a chunk may refer to what the
         chunks before it found)."""
 
+    @staticmethod
+    def same_state(before: Any, after: Any) -> bool:
+        """Whether two of the environment's ``state()`` snapshots are the same state; ``==`` by default."""
+        return bool(before == after)
+
     def opening(self, rng: random.Random, focus: list[str], run_id: str) -> list[Triplet]:
         """The steps a walk begins with before its random calls (a workflow of several tools); none by default."""
         return []

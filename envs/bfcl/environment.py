@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_checker, state_checker
+from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_checker
 
 import envs.bfcl.api as bfcl_api
 from coevolve.errors import ConfigError
@@ -24,6 +24,7 @@ from envs.base import Environment, StepOutcome, World
 from envs.bfcl.explorer import BfclWorld
 from envs.bfcl.official import CATEGORIES, OfficialMeta, multi_turn_overall, official_meta, official_tasks
 from envs.bfcl.settings import BfclSettings
+from envs.bfcl.state import state_check
 from envs.calls import POSITIONAL_PREFIX, parse_tool_calls
 
 # The prompts of prompt_style 'bfcl' load bfcl-eval's model handlers (and openai's types): seconds, needed only
@@ -214,7 +215,7 @@ class BfclEnvironment(Environment):
         if not self._turn_called:
             message = f"Model response list is empty for turn {turn}"
             return _failure(turn, "multi_turn:empty_turn_model_response", message)
-        result = state_checker(self._model, self._truth)
+        result = state_check(self._model, self._truth)
         if not result["valid"]:
             return _failure(turn, result["error_type"], result["error_message"], differences=result.get("details"))
         result = response_checker(self._all_results, truth_results, turn)

@@ -20,6 +20,7 @@ from coevolve.records import Task, ToolCall, canonical_json
 from envs.bfcl.api import ENVIRONMENT_NAME
 from envs.bfcl.explore_values import NEEDS_LOGIN, argument_value, login_call
 from envs.bfcl.official import CATEGORIES
+from envs.bfcl.state import same_state
 from envs.bfcl.templates import verbalize, verbalize_sequence
 from envs.exploration import Start, Triplet, World
 
@@ -101,11 +102,16 @@ class BfclWorld(World):
     def run(self, call: ToolCall, run_id: str) -> Triplet:
         observation = bfcl_api.run_call(self.table, self.tool_classes, call)
         before, self.state = self.state, bfcl_api.snapshot(self.instances)
-        return Triplet(call, observation, run_id, is_ok(observation), self.state != before)
+        return Triplet(call, observation, run_id, is_ok(observation), not self.same_state(before, self.state))
 
     @staticmethod
     def succeeded(observation: str) -> bool:
         return is_ok(observation)
+
+    @staticmethod
+    def same_state(before: Any, after: Any) -> bool:
+        """Equal as bfcl-eval's checker compares them, also where a directory was copied into itself."""
+        return same_state(before, after)
 
     @staticmethod
     def informative(observation: str) -> bool:
