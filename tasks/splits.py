@@ -8,7 +8,9 @@ with its own seed offset, and the splits share no task: each is built excluding 
 (`Task.identity`: the same exercise, however worded) of the splits built before it (`taken`). D_0, dev and
 held-out are the target distribution: 3-5 calls spread over user turns of at most ``pool.calls_per_turn``
 calls. Checkpoint 0's demonstrations are another distribution: single-turn tasks of ``policy.sft_min_calls``
-to ``policy.sft_max_calls`` calls, played in the environment (`Environment.demonstration`). The prepare
+to ``policy.sft_max_calls`` calls, played in the environment (`Environment.demonstration`), and where the
+environment's settings ask for them (`EnvironmentSettings.target_demonstrations`: the workplace's, whose requests
+chain over turns), a share of jobs of the target's shape, none of D_0 or the held-out split. The prepare
 stage stores the splits; the evaluate stage rebuilds a split it needs from the same configuration.
 
 This module owns the splits: how each is built, where it is stored (a pool under a negative round,
@@ -112,7 +114,8 @@ def sft_demonstrations(
 ) -> tuple[list[str], list[list[Message]]]:
     """Sorted task ids and expert conversations of the SFT set.
 
-    Short single-turn unguided tasks, none of D_0 or held-out.
+    Short single-turn unguided tasks, none of D_0 or held-out, and the share of jobs of the target's shape the
+    environment's settings ask for (`EnvironmentSettings.target_demonstrations`).
     """
     memo_key = digest(
         {
@@ -126,8 +129,9 @@ def sft_demonstrations(
     )
     if memo_key not in _DEMONSTRATIONS:
         env = make_environment(config.environment)
+        jobs = round(config.policy.sft_tasks * config.environment.settings().target_demonstrations())
         tasks = env.build_tasks(
-            config.policy.sft_tasks,
+            config.policy.sft_tasks - jobs,
             config.start_seed + 104729,
             origin="sft",
             exclude=taken(seed_pool, heldout),
@@ -138,6 +142,15 @@ def sft_demonstrations(
         # go on after a turn ends, but rarely two calls in one request, which most target turns ask for.
         rng = random.Random(config.start_seed + 104729)
         tasks = [task if rng.random() < config.policy.sft_joint_calls else env.in_turns(task, 1) for task in tasks]
+        if jobs:
+            # Jobs of the target's shape where the environment asks for them, from their own explorer seed.
+            tasks += env.build_tasks(
+                jobs,
+                config.start_seed + 130363,
+                origin="sft",
+                exclude=taken(seed_pool, heldout, tasks),
+                calls_per_turn=config.pool.calls_per_turn,
+            )
         _DEMONSTRATIONS[memo_key] = (sorted(t.task_id for t in tasks), [env.demonstration(task) for task in tasks])
     return _DEMONSTRATIONS[memo_key]
 

@@ -28,7 +28,10 @@ ENVIRONMENT_ENTRY_POINTS = "coevolve.environments"
 SETTINGS_ENTRY_POINTS = "coevolve.environment_settings"
 # The built-in environments' declarations of the same kind (their package is this project, whose metadata names no
 # entry points): the model is imported when a configuration names the environment, the environment itself is not.
-BUILT_IN_SETTINGS: dict[str, str] = {"bfcl": "envs.bfcl.settings:BfclSettings"}
+BUILT_IN_SETTINGS: dict[str, str] = {
+    "bfcl": "envs.bfcl.settings:BfclSettings",
+    "workplace": "envs.workplace.settings:WorkplaceSettings",
+}
 
 
 def environment_names() -> list[str]:
@@ -53,6 +56,11 @@ class EnvironmentSettings(BaseModel):
         """These settings for a run of the policy ``model``: with what they derive from it filled in; ValueError,
         naming the setting to change, where they cannot serve it. As they are by default."""
         return self
+
+    def target_demonstrations(self) -> float:
+        """Share of the builtin tiny policy's demonstrations that are jobs of the target's shape
+        (tasks/splits.sft_demonstrations); none by default, so checkpoint 0 has never seen one."""
+        return 0.0
 
 
 class NoSettings(EnvironmentSettings):

@@ -28,7 +28,9 @@ class PolicyConfig(Section):
         description=(
             "Demonstrations the builtin tiny model is fine-tuned on: single-turn tasks from the unguided explorer "
             "with sft_min_calls to sft_max_calls calls, a different distribution from the multi-turn target tasks "
-            "(D_0, dev, held-out), so checkpoint 0 knows the format and the tools but has never seen a target task."
+            "(D_0, dev, held-out), so checkpoint 0 knows the format and the tools but has never seen a target task; "
+            "an environment may ask for a share of jobs of the target's shape instead (the workplace: "
+            "environment.sft_target_share), none of them a task of D_0 or a held-out split."
         ),
     )
     sft_min_calls: int = Field(1, ge=1, description="Fewest calls of a demonstration task of the builtin tiny model.")

@@ -1,10 +1,11 @@
 """An environment owns its settings, as a signal kind does: it declares a settings model, whose fields are fields of
 the ``environment`` section where environment.name names it, validated when the configuration loads.
 
-BFCL's (``prompt_style``, ``bfcl_handler``) are declared in envs/bfcl/settings.py, and nothing under coevolve/config
-names them. Configurations written before keep loading: BFCL's keep their names, and the ones recorded for another
-environment, which carry BFCL's settings at their defaults, load without them; a BFCL setting given another value for
-another environment is refused with one line naming whose setting it is.
+BFCL's (``prompt_style``, ``bfcl_handler``) are declared in envs/bfcl/settings.py, the workplace's
+(``sft_target_share``) in envs/workplace/settings.py, and nothing under coevolve/config names them. Configurations
+written before keep loading: BFCL's keep their names, and the ones recorded for another environment, which carry
+BFCL's settings at their defaults, load without them; a BFCL setting given another value for another environment is
+refused with one line naming whose setting it is.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import coevolve.config
 from coevolve.config import EnvironmentConfig, load_config
 from coevolve.config.environment import BUILT_IN_ENVIRONMENTS, NoSettings, settings_model
 from coevolve.errors import ConfigError
+from coevolve.records import Task
 from envs.bfcl.environment import BfclEnvironment
 from envs.bfcl.settings import BfclSettings
 from envs.registry import make_environment
+from envs.workplace.settings import WorkplaceSettings
+from tasks.splits import build_initial_pools, sft_demonstrations, taken
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "tests" / "fixtures" / "state-9079251" / "warehouse" / "catalog" / "runs" / "e2e.json"
@@ -31,11 +35,13 @@ RECORDED = REPO / "tests" / "fixtures" / "state-9079251" / "warehouse" / "catalo
 
 def test_bfcl_declares_its_settings_and_no_configuration_module_defines_them():
     assert settings_model("bfcl") is BfclSettings and BfclSettings.__module__ == "envs.bfcl.settings"
-    assert settings_model("workplace") is NoSettings and set(BUILT_IN_ENVIRONMENTS) == {"bfcl", "workplace"}
+    assert settings_model("workplace") is WorkplaceSettings and set(BUILT_IN_ENVIRONMENTS) == {"bfcl", "workplace"}
+    assert NoSettings().target_demonstrations() == 0.0
     names = [module.name for module in pkgutil.iter_modules(coevolve.config.__path__)]
     modules = [importlib.import_module(f"coevolve.config.{name}") for name in names]
     models = [v for m in modules for v in vars(m).values() if isinstance(v, type) and issubclass(v, BaseModel)]
-    assert models and not any({"prompt_style", "bfcl_handler"} & set(model.model_fields) for model in models)
+    own = {"prompt_style", "bfcl_handler", "sft_target_share"}
+    assert models and not any(own & set(model.model_fields) for model in models)
 
 
 def test_the_environment_section_holds_the_environment_s_own_settings_at_their_defaults():
@@ -47,8 +53,10 @@ def test_the_environment_section_holds_the_environment_s_own_settings_at_their_d
     }  # fmt: skip
     assert EnvironmentConfig(name="workplace").model_dump() == {
         "name": "workplace", "max_steps": 30, "max_steps_per_turn": 4, "max_observation_chars": 80,
-        "tool_list": "names",
+        "tool_list": "names", "sft_target_share": 0.0,
     }  # fmt: skip
+    assert EnvironmentConfig(name="workplace", sft_target_share=0.5).settings().target_demonstrations() == 0.5
+    assert EnvironmentConfig().settings().target_demonstrations() == 0.0
     config = load_config(overrides=["environment.prompt_style=bfcl", "policy.model=/m/Llama-3.1-8B"], environ={})
     assert config.environment.settings() == BfclSettings(prompt_style="bfcl", bfcl_handler="llama_3_1")
     env = make_environment(config.environment)
@@ -63,7 +71,9 @@ def test_a_recorded_configuration_and_existing_yaml_keep_loading(tmp_path):
     # A workplace run recorded while they were fields of the section holds them at their defaults: they say nothing.
     workplace = {**recorded, "name": "workplace", "prompt_style": "compact", "bfcl_handler": None}
     loaded = load_config(data={"environment": workplace}, environ={}).environment
-    assert loaded.model_dump() == {k: v for k, v in workplace.items() if k not in ("prompt_style", "bfcl_handler")}
+    # Its own setting, which it did not have then, takes its default.
+    own = {k: v for k, v in workplace.items() if k not in ("prompt_style", "bfcl_handler")}
+    assert loaded.model_dump() == {**own, "sft_target_share": 0.0}
     # The shipped YAML that sets them reads them as before.
     paper = load_config(REPO / "configs" / "paper.yaml", environ={})
     assert paper.environment.settings() == BfclSettings(prompt_style="bfcl", bfcl_handler="qwen_fc")
@@ -87,3 +97,20 @@ def test_a_setting_that_is_not_the_environment_s_is_refused_with_one_line_naming
         with pytest.raises(ConfigError) as refused:
             load_config(path, overrides, environ={})
         assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_workplace_teaches_checkpoint_0_on_jobs_of_the_target_s_shape_as_its_settings_ask():
+    def demonstrations(share: float) -> tuple[list[Task], list[str]]:
+        data = {"environment": {"name": "workplace", "sft_target_share": share}, "policy": {"sft_tasks": 20}}
+        config = load_config(data=data, environ={})
+        seed_pool, heldout = build_initial_pools(config)
+        ids, conversations = sft_demonstrations(config, seed_pool, heldout)
+        assert len(ids) == len(conversations) == 20 and not set(ids) & taken(seed_pool, heldout)
+        return seed_pool, [m.content for conversation in conversations for m in conversation if m.role == "user"]
+
+    seed_pool, short = demonstrations(0.0)
+    _, mixed = demonstrations(0.5)
+    # Short tasks have 1-2 calls (at most 2 turns each); half the mixed ones are jobs of 3-5 calls over 2-3 turns, as
+    # D_0's are.
+    assert len(short) <= 40 and len(mixed) >= len(short) + 10
+    assert all(len(task.turns) >= 2 for task in seed_pool)
