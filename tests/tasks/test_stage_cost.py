@@ -3,6 +3,7 @@ per-step metrics the version stage logs to MLflow (each optimizer step at its gl
 
 from __future__ import annotations
 
+import mmap
 from types import SimpleNamespace
 
 from coevolve.records import Step, Trajectory
@@ -54,9 +55,11 @@ def test_every_stage_record_is_a_row_with_its_cost_tokens_episodes_and_optimizer
 
 def test_a_stage_measures_its_own_peak_memory_not_the_processes():
     with measured() as big:
-        block = bytearray(200 * 2**20)
-        block[::4096] = b"x" * len(block[::4096])  # touch every page: resident, not just reserved
-        del block
+        # Fresh pages from the kernel: a long-lived process's allocator may hand out memory that is already resident.
+        block = mmap.mmap(-1, 200 * 2**20)
+        for page in range(0, len(block), mmap.PAGESIZE):
+            block[page] = 1  # touch every page: resident, not just reserved
+        block.close()
     with measured() as small:
         pass
     assert big["seconds"] >= 0 and small["seconds"] >= 0
