@@ -15,6 +15,9 @@ from flows.cli import main
 from storage.tracking import Tracker
 from tests.flows.conftest import start_round, write_config_file
 
+# A round of its own on the session's: handed out early, so it does not run alone at the end of `make test`.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def moved_aside(crash_round, tmp_path_factory):
