@@ -12,21 +12,8 @@ from coevolve.records import ToolCall
 from envs.bfcl.environment import BfclEnvironment
 from envs.bfcl.explorer import BfclWorld, environment_states
 from envs.bfcl.state import contains_itself, same_state, state_check
+from tests.envs.conftest import FS_CONFIG  # the shared tasks' state: alex/ holds notes.txt and an empty docs/
 
-# The shared tasks' state (tests/envs/conftest.py): alex/ holds notes.txt and an empty docs/.
-FS_CONFIG = {
-    "GorillaFileSystem": {
-        "root": {
-            "alex": {
-                "type": "directory",
-                "contents": {
-                    "notes.txt": {"type": "file", "content": "alpha beta\ngamma"},
-                    "docs": {"type": "directory", "contents": {}},
-                },
-            }
-        }
-    }
-}
 SELF_COPY = ToolCall("cp", {"source": "docs", "destination": "docs"})
 
 
