@@ -99,6 +99,11 @@ def filters(
     )  # fmt: skip
 
 
+def first_page(found: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """The rows a list page shows, and whether the query found more (queries fetch `LIST_ROWS` + 1 to know)."""
+    return found[: queries.LIST_ROWS], len(found) > queries.LIST_ROWS
+
+
 def conversation(task: Any, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The episode as turns: each user message of the task, then the model's steps of that turn (with their tool
     calls and results); a step of a turn the task does not name (an older record) comes after them."""
@@ -195,7 +200,7 @@ def create_app(root: str | Path, storage_options: dict[str, Any] | None = None) 
         if record is None and not costs:
             return missing(request, f"round {round_} of run {run}")
         size = queries.group_size(con, run)
-        found = queries.groups(con, run, round_, size)
+        groups, more_groups = first_page(queries.groups(con, run, round_, size))
         return page(
             request,
             "round.html",
@@ -205,17 +210,15 @@ def create_app(root: str | Path, storage_options: dict[str, Any] | None = None) 
             costs=costs,
             steps=queries.training_steps(con, run, round_),
             group_counts=queries.group_counts(con, run, round_, size),
-            groups=found[: queries.LIST_ROWS],
-            more_groups=len(found) > queries.LIST_ROWS,
+            groups=groups,
+            more_groups=more_groups,
             signals=queries.round_signals(con, run, round_),
         )
 
     @app.get("/episodes", response_class=HTMLResponse)
     def episode_list(request: Request, con: Session, f: Filtered) -> HTMLResponse:
-        found = queries.episodes(con, f)
-        return page(
-            request, "episodes.html", f=f, episodes=found[: queries.LIST_ROWS], more=len(found) > queries.LIST_ROWS
-        )
+        episodes, more = first_page(queries.episodes(con, f))
+        return page(request, "episodes.html", f=f, episodes=episodes, more=more)
 
     @app.get("/episodes/{trajectory_id:path}", response_class=HTMLResponse)
     def episode_page(request: Request, con: Session, trajectory_id: str) -> HTMLResponse:
@@ -237,10 +240,8 @@ def create_app(root: str | Path, storage_options: dict[str, Any] | None = None) 
 
     @app.get("/tasks", response_class=HTMLResponse)
     def task_list(request: Request, con: Session, f: Filtered) -> HTMLResponse:
-        found = queries.candidates(con, f)
-        return page(
-            request, "tasks.html", f=f, candidates=found[: queries.LIST_ROWS], more=len(found) > queries.LIST_ROWS
-        )
+        candidates, more = first_page(queries.candidates(con, f))
+        return page(request, "tasks.html", f=f, candidates=candidates, more=more)
 
     @app.get("/tasks/{task_id:path}", response_class=HTMLResponse)
     def task_page(request: Request, con: Session, task_id: str, f: Filtered) -> HTMLResponse:
