@@ -7,8 +7,8 @@ import json
 import pytest
 
 from coevolve.errors import DataError
-from coevolve.records import Segment, Trajectory
-from tasks.training.grpo_groups import RoundGroups, group_round, replay_rows
+from coevolve.records import Segment, Trajectory, digest
+from tasks.training.grpo_groups import RoundGroups, group_round, replay_rows, trained_on
 
 GROUP_SIZE = 2
 
@@ -76,3 +76,117 @@ def test_a_group_outside_the_ranks_share_is_refused_by_name():
     round_groups = group_round(_round({t: [1.0, 0.0] for t in ("t-a", "t-b")}), GROUP_SIZE)
     with pytest.raises(DataError, match="'t-a', which is not in its share"):
         replay_rows(["t-a"], {"t-b": round_groups.groups["t-b"]}, round_groups.slots, pad_token_id=0)
+
+
+def _episode(task_id: str, sample: int, reward: float, *segments: Segment) -> Trajectory:
+    """An episode whose first segment is ``segments[0]`` and whose later ones follow it."""
+    first, *later = segments
+    return Trajectory(
+        run_id="r",
+        round=3,
+        task_id=task_id,
+        sample=sample,
+        steps=[],
+        prompt_ids=first.prompt_ids,
+        completion_ids=first.completion_ids,
+        completion_mask=first.completion_mask,
+        logprobs=first.logprobs,
+        reward=reward,
+        success=reward > 0,
+        finish_reason="done",
+        later_segments=later,
+    )
+
+
+def test_replay_rows_hand_each_slots_requests_the_groups_episodes_in_sample_order_with_fillers_past_an_episodes_end():
+    """Three episodes of one task; only sample 0's reaches a second segment, so slot 1 of samples 1 and 2 is a filler:
+    the episode's first prompt token, the pad token, no trained token (env_mask 0), logprob 0.0."""
+    group = [
+        _episode("t-a", 0, 1.0, Segment([10, 11], [12, 13], [1, 0], [-0.25, 0.0]), Segment([14], [15], [1], [-0.5])),
+        _episode("t-a", 1, 0.0, Segment([20, 21], [22], [1], [-1.0])),
+        _episode("t-a", 2, 0.5, Segment([30, 31], [32, 33, 34], [1, 1, 0], [-2.0, -0.125, 0.0])),
+    ]
+    round_groups = group_round(group, 3)
+    assert round_groups.slots == {"t-a": ("t-a", 0), "t-a#1": ("t-a", 1)}
+    rows = replay_rows(["t-a"] * 3 + ["t-a#1"] * 3, round_groups.groups, round_groups.slots, pad_token_id=99)
+    assert rows == {
+        "prompt_ids": [[10, 11], [20, 21], [30, 31], [14], [20], [30]],
+        "completion_ids": [[12, 13], [22], [32, 33, 34], [15], [99], [99]],
+        "logprobs": [[-0.25, 0.0], [-1.0], [-2.0, -0.125, 0.0], [-0.5], [0.0], [0.0]],
+        "env_mask": [[1, 0], [1], [1, 1, 0], [1], [0], [0]],
+        "stored_reward": [1.0, 0.0, 0.5, 1.0, 0.0, 0.5],
+    }
+
+
+def test_replay_rows_count_each_groups_requests_on_their_own_and_start_again_after_the_last_episode():
+    """Two groups asked in turn: a group's i-th request is its episode i, and the one after its last is its first."""
+    trajectories = _round({"t-a": [1.0, 0.0], "t-b": [0.0, 1.0]})
+    round_groups = group_round(trajectories, GROUP_SIZE)
+    rows = replay_rows(["t-a", "t-b", "t-a", "t-a", "t-b"], round_groups.groups, round_groups.slots, pad_token_id=0)
+    assert rows["stored_reward"] == [1.0, 0.0, 0.0, 1.0, 1.0]
+    assert rows["prompt_ids"] == [[1, 2]] * 5 and rows["env_mask"] == [[1, 0, 1]] * 5
+
+
+def test_replay_rows_for_no_request_are_five_empty_columns():
+    assert replay_rows([], {}, {}, pad_token_id=0) == {
+        "prompt_ids": [],
+        "completion_ids": [],
+        "logprobs": [],
+        "env_mask": [],
+        "stored_reward": [],
+    }
+
+
+def test_every_dropped_task_group_is_counted():
+    trajectories = _round(
+        {"t-a": [1.0], "t-b": [0.0, 0.0, 1.0], "t-c": [1.0, 1.0], "t-d": [0.0, 0.0], "t-e": [0.0, 1.0]}
+    )
+    assert group_round(trajectories, GROUP_SIZE).dropped == {"malformed": 2, "flat": 2}
+
+
+def test_the_lineage_names_the_run_the_round_and_the_sorted_ids_of_the_trained_trajectories():
+    trajectories = _round({"t-b": [1.0, 0.0], "t-a": [0.0, 1.0], "t-c": [1.0, 1.0]})
+    assert trained_on(trajectories, GROUP_SIZE) == {
+        "run_id": "r",
+        "round": 3,
+        "count": 4,
+        "ids_digest": digest(["r/r3/t-a/s0", "r/r3/t-a/s1", "r/r3/t-b/s0", "r/r3/t-b/s1"]),
+    }
+
+
+def test_a_round_of_one_episode_trains_nothing_but_its_lineage_still_names_its_run_and_round():
+    assert trained_on([_trajectory("t-a", 0, 1.0)], GROUP_SIZE) == {
+        "run_id": "r",
+        "round": 3,
+        "count": 0,
+        "ids_digest": digest([]),
+    }
+
+
+def test_an_empty_round_has_no_group_no_completion_and_a_lineage_of_nothing():
+    round_groups = group_round([], GROUP_SIZE)
+    assert (round_groups.groups, round_groups.slots, round_groups.task_groups) == ({}, {}, 0)
+    assert round_groups.longest_completion == 0
+    assert round_groups.statistics() == {"groups_flat": 0, "groups_malformed": 0, "trajectories": 0}
+    assert round_groups.trained_on == {"run_id": None, "round": None, "count": 0, "ids_digest": digest([])}
+
+
+def test_the_plan_holds_every_field_but_the_trajectories():
+    round_groups = group_round(_round({"t-a": [1.0, 0.0], "t-b": [1.0, 1.0]}, segments={"t-a": 2}), GROUP_SIZE)
+    assert round_groups.plan() == {
+        "groups": {},
+        "slots": [["t-a", "t-a", 0], ["t-a#1", "t-a", 1]],
+        "dropped": {"malformed": 0, "flat": 1},
+        "trajectories": 4,
+        "task_groups": 1,
+        "longest_completion": 3,
+        "trained_on": round_groups.trained_on,
+    }
+
+
+def test_a_task_id_that_ends_in_a_slot_number_of_another_task_is_refused_with_both_ids():
+    trajectories = _round({"t-a": [1.0, 0.0], "t-a#1": [0.0, 1.0]}, segments={"t-a": 2})
+    message = "Task ids 't-a#1' and 't-a' both name the GRPO group 't-a#1'; task ids must not end in '#<number>'."
+    with pytest.raises(DataError) as refused:
+        group_round(trajectories, GROUP_SIZE)
+    assert str(refused.value) == message
