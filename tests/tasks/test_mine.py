@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from coevolve.config import SignalConfig
 from coevolve.errors import DataError
 from coevolve.records import Signal, Step, ToolCall, Trajectory
+from coevolve.signals.rare import patterns
 from storage.warehouse import Warehouse
 from tasks.mine import count_by_kind, mine_signals, mine_warehouse, select_for_synthesis
 
@@ -249,3 +250,25 @@ def test_rare_compares_exactly_a_pattern_at_theta_percent_never_fires():
     assert [s.evidence["pattern"] for s in at_theta] == []
     below = mine_signals(frame(rows), 0, "run", config)
     assert {s.evidence["pattern"] for s in below} == {"cd", "touch"}  # 11/1001 is below 1.1 percent
+
+
+def _patterns(kind, sequences):
+    lazy = pl.LazyFrame({"tool_sequence": sequences}, schema={"tool_sequence": pl.List(pl.String)})
+    return patterns(lazy, kind).collect()["patterns"].to_list()
+
+
+def test_a_trajectorys_tool_sequence_pattern_is_its_whole_sequence_and_none_without_a_tool_call():
+    sequences = [["ls", "cd", "ls"], ["cd"], []]
+    assert _patterns("tool_sequence", sequences) == [["ls>cd>ls"], ["cd"], []]
+
+
+def test_a_trajectorys_bigram_patterns_are_its_distinct_consecutive_pairs_in_order_and_a_lone_tool_is_its_own():
+    sequences = [["ls", "cd", "mv", "ls", "cd"], ["cd"], []]
+    assert _patterns("tool_bigrams", sequences) == [["ls>cd", "cd>mv", "mv>ls"], ["cd"], []]
+
+
+def test_an_unknown_action_pattern_is_refused_with_the_known_ones():
+    with pytest.raises(
+        ValueError, match=r"unknown action pattern 'tool_set'; use one of \('tool_sequence', 'tool_bigrams'\)"
+    ):
+        _patterns("tool_set", [["ls"]])

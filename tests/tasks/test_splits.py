@@ -137,3 +137,17 @@ def test_a_split_leaves_out_a_task_of_an_earlier_one_even_reworded(environment):
     again = env.build_tasks(6, seed=5, origin="seed", exclude=taken(reworded))
     assert not {t.identity for t in again} & {t.identity for t in reworded}
     assert [t.task_id for t in again[:3]] == [t.task_id for t in first[3:]]
+
+
+def test_no_dev_task_asked_for_builds_and_stores_no_dev_split(tmp_path):
+    config = _config(tmp_path)
+    with open_warehouse(config) as wh:
+        assert dev_eval_tasks(config, wh) == []
+        assert wh.pool(config.run_id, DEV_ROUND) == []
+
+
+def test_one_dev_task_asked_for_is_the_first_of_the_dev_split(tmp_path):
+    config = _config(tmp_path, dev_eval_tasks=1)
+    with open_warehouse(config) as wh:
+        [first] = dev_eval_tasks(config, wh)
+    assert first.task_id == build_dev_split(config)[0].task_id

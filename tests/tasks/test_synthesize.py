@@ -87,3 +87,27 @@ def test_a_synthesized_task_that_is_a_sealed_task_reworded_is_refused(task, spli
     heldout, dev = ([sealed], []) if split == "heldout" else ([], [sealed])
     [judged] = validate_candidates([made], [task], heldout, SynthesisConfig(), dev=dev)
     assert (judged.verdict.accepted, judged.verdict.reason) == (False, reason)
+
+
+def test_forgetting_context_names_the_current_score_and_the_best_earlier_one(task):
+    evidence = {"window": [0.25, 1.0, 0.5], "score": 0.0}
+    context = build_context(signal("forgetting", task, evidence), task, [], tools_of(task))
+    assert context["failure_cause"] == "scored 0.0 after scoring 1.0 before"
+
+
+def test_forgetting_context_without_an_earlier_score_reads_as_zero_before(task):
+    context = build_context(signal("forgetting", task, {"window": [], "score": 0.25}), task, [], tools_of(task))
+    assert context["failure_cause"] == "scored 0.25 after scoring 0 before"
+
+
+def test_rare_context_names_the_pattern_and_how_often_it_appears(task):
+    tool = task.tools[0]
+    evidence = {"pattern": f"{tool}>{tool}", "count": 1, "total": 50}
+    context = build_context(signal("rare", task, evidence), task, [tool], tools_of(task))
+    assert context["failure_cause"] == f"pattern {tool}>{tool} appears in 1 of 50 trajectories"
+
+
+def test_rare_context_without_a_pattern_leaves_it_blank_and_focuses_on_the_tasks_tools(task):
+    context = build_context(signal("rare", task, {"count": 2, "total": 40}), task, [], tools_of(task))
+    assert context["failure_cause"] == "pattern  appears in 2 of 40 trajectories"
+    assert context["focus_patterns"] == task.tools
