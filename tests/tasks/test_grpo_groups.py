@@ -8,7 +8,14 @@ import pytest
 
 from coevolve.errors import DataError
 from coevolve.records import Segment, Trajectory, digest
-from tasks.training.grpo_groups import RoundGroups, group_round, replay_rows, trained_on
+from tasks.training.grpo_groups import (
+    RoundGroups,
+    check_segments,
+    group_round,
+    replay_rows,
+    step_trajectories,
+    trained_on,
+)
 
 GROUP_SIZE = 2
 
@@ -190,3 +197,44 @@ def test_a_task_id_that_ends_in_a_slot_number_of_another_task_is_refused_with_bo
     with pytest.raises(DataError) as refused:
         group_round(trajectories, GROUP_SIZE)
     assert str(refused.value) == message
+
+
+def test_a_steps_trajectories_are_the_samples_it_stored_and_no_other_steps():
+    """Step 1 of a round with groups of 2 stores samples 2 and 3 of each task."""
+    trajectories = [_trajectory(task_id, sample, 1.0) for task_id in ("t-a", "t-b") for sample in range(6)]
+    chosen = step_trajectories(trajectories, 1, GROUP_SIZE)
+    assert [t.trajectory_id for t in chosen] == ["r/r3/t-a/s2", "r/r3/t-a/s3", "r/r3/t-b/s2", "r/r3/t-b/s3"]
+
+
+def test_well_formed_segments_pass_the_check_one_token_long_ones_too():
+    trajectory = _episode("t-a", 0, 1.0, Segment([1, 2], [3, 4], [1, 0], [-1.0, 0.0]), Segment([5], [6], [1], [-0.5]))
+    assert check_segments(trajectory) is None
+
+
+@pytest.mark.parametrize(
+    "second",
+    [Segment([], [6], [1], [-0.5]), Segment([5], [], [], [])],
+    ids=["no prompt", "no completion"],
+)
+def test_a_segment_without_prompt_or_completion_tokens_is_refused_by_its_place(second):
+    trajectory = _episode("t-a", 0, 1.0, Segment([1, 2], [3], [1], [-1.0]), second)
+    with pytest.raises(DataError) as refused:
+        check_segments(trajectory)
+    assert str(refused.value) == "Trajectory r/r3/t-a/s0 has no prompt or no completion tokens in segment 1."
+
+
+@pytest.mark.parametrize(
+    "second, lengths",
+    [
+        (Segment([5], [6, 7], [1], [-0.5, 0.0]), "completion_mask (1) and logprobs (2)"),
+        (Segment([5], [6, 7], [1, 0], [-0.5]), "completion_mask (2) and logprobs (1)"),
+    ],
+    ids=["short mask", "short logprobs"],
+)
+def test_a_segment_whose_mask_or_logprobs_differ_in_length_from_its_tokens_is_refused_with_the_lengths(second, lengths):
+    trajectory = _episode("t-a", 0, 1.0, Segment([1, 2], [3], [1], [-1.0]), second)
+    with pytest.raises(DataError) as refused:
+        check_segments(trajectory)
+    assert str(refused.value) == (
+        f"Trajectory r/r3/t-a/s0, segment 1: completion_ids (2), {lengths} must have equal lengths."
+    )

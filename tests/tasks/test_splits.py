@@ -19,6 +19,7 @@ from tasks.splits import (
     build_final_heldout,
     build_initial_pools,
     dev_eval_tasks,
+    heldout_split,
     sealed_splits,
     store_dev_split,
     store_final_heldout,
@@ -151,3 +152,22 @@ def test_one_dev_task_asked_for_is_the_first_of_the_dev_split(tmp_path):
     with open_warehouse(config) as wh:
         [first] = dev_eval_tasks(config, wh)
     assert first.task_id == build_dev_split(config)[0].task_id
+
+
+def test_a_run_without_a_stored_held_out_split_gets_the_one_round_zero_builds_and_stores_it(tmp_path):
+    config = _config(tmp_path)
+    with open_warehouse(config) as wh:
+        heldout = heldout_split(config, wh)
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        stored = wh.pool(config.run_id, HELDOUT_ROUND)
+    built = [t.task_id for t in build_initial_pools(config)[1]]
+    assert len(built) == 5 and [t.task_id for t in heldout] == [t.task_id for t in stored] == built
+
+
+def test_a_stored_held_out_split_is_read_as_stored_not_rebuilt(tmp_path):
+    config = _config(tmp_path)
+    first_two = build_initial_pools(config)[1][:2]
+    with open_warehouse(config) as wh:
+        wh.write_tasks(first_two)
+        wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in first_two])
+        assert [t.task_id for t in heldout_split(config, wh)] == [t.task_id for t in first_two]
