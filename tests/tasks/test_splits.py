@@ -164,10 +164,14 @@ def test_a_run_without_a_stored_held_out_split_gets_the_one_round_zero_builds_an
     assert len(built) == 5 and [t.task_id for t in heldout] == [t.task_id for t in stored] == built
 
 
-def test_a_stored_held_out_split_is_read_as_stored_not_rebuilt(tmp_path):
+def test_a_stored_held_out_split_is_read_as_stored_not_rebuilt_nor_mixed_with_other_pools(tmp_path):
+    """The run's held-out pool holds two tasks; another run's held-out pool and this run's dev pool hold the rest."""
     config = _config(tmp_path)
-    first_two = build_initial_pools(config)[1][:2]
+    heldout = build_initial_pools(config)[1]
+    first_two, rest = [t.task_id for t in heldout[:2]], [t.task_id for t in heldout[2:]]
     with open_warehouse(config) as wh:
-        wh.write_tasks(first_two)
-        wh.set_pool(config.run_id, HELDOUT_ROUND, [t.task_id for t in first_two])
-        assert [t.task_id for t in heldout_split(config, wh)] == [t.task_id for t in first_two]
+        wh.write_tasks(heldout)
+        wh.set_pool(config.run_id, HELDOUT_ROUND, first_two)
+        wh.set_pool("another-run", HELDOUT_ROUND, rest)
+        wh.set_pool(config.run_id, DEV_ROUND, rest)
+        assert [t.task_id for t in heldout_split(config, wh)] == first_two
