@@ -105,6 +105,6 @@ def arm(spec: str) -> None:
 
 if __name__ == "__main__":
     arm(sys.argv[1])
-    from flows.cli import main
+    from flows.cli import exit_promptly, main
 
-    sys.exit(main(sys.argv[2:]))
+    exit_promptly(main(sys.argv[2:]))
