@@ -105,6 +105,7 @@ def arm(spec: str) -> None:
 
 if __name__ == "__main__":
     arm(sys.argv[1])
-    from flows.cli import exit_promptly, main
+    from coevolve.process_exit import exit_promptly
+    from flows.cli import main
 
     exit_promptly(main(sys.argv[2:]))

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from coevolve.config import PipelineConfig
 from coevolve.errors import DataError, DiskFullError
 from coevolve.optional import optional_module, preload
+from coevolve.process_exit import exit_promptly
 from coevolve.stages import step_samples
 from storage.warehouse import Warehouse
 from tasks.training.grpo_groups import RoundGroups, group_trajectories
@@ -119,4 +120,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_promptly(main())

@@ -127,26 +127,3 @@ def test_sql_on_an_unreachable_object_store_names_the_endpoint_and_the_setting_o
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"cannot reach the warehouse s3://bucket/prefix at endpoint {endpoint}" in err
     assert "warehouse.storage_options" in err and "AWS_ENDPOINT_URL" in err
-
-
-def test_the_command_ends_with_its_status_after_its_threads_and_exit_handlers(tmp_path):
-    """`exit_promptly` skips only the interpreter's teardown: a working thread is waited for, then the exit handlers
-    run in their order, then the process ends with the command's status."""
-    script = (
-        "import atexit, threading, time\n"
-        "from flows.cli import exit_promptly\n"
-        "atexit.register(print, 'first handler ran last', flush=True)\n"
-        "atexit.register(print, 'last handler ran first', flush=True)\n"
-        "threading.Thread(target=lambda: (time.sleep(0.5), print('thread finished', flush=True))).start()\n"
-        "print('command done', flush=True)\n"
-        "exit_promptly(3)\n"
-    )
-    repo = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 3, done.stderr
-    assert done.stdout.splitlines() == [
-        "command done", "thread finished", "last handler ran first", "first handler ran last"
-    ]  # fmt: skip
