@@ -258,3 +258,83 @@ def test_an_episode_that_plays_the_reference_is_scored_a_success_with_reward_one
     lazy = _ScriptedEngine(train_tokenizer(replies, vocab_size=300), ["done"] * len(task.reference))
     (skipped,) = play(lazy, [task], samples=1, env_config=env_config, temperature=0.0, max_new_tokens=256)
     assert (skipped.finish_reason, skipped.reward, skipped.success) == ("done", 0.0, False)
+
+
+# --- prompt_style 'bfcl': the record of each step, and where an episode is cut ---------------------------------
+
+_BFCL_REPLIES = [
+    "<think>go there first</think>[cd(folder='document')]",
+    "<think>then the folder</think>[mkdir(dir_name='temp'), mv(source='final_report.pdf', destination='temp')]",
+    "<think>turn done</think>no more calls",
+]
+
+
+class _CutScriptedEngine(_ScriptedEngine):
+    """A scripted engine whose replies at the given steps stop at the token limit (finish_reason 'length')."""
+
+    def __init__(self, tokenizer, replies, cut_steps):
+        super().__init__(tokenizer, replies)
+        self.cut_steps = set(cut_steps)
+
+    def generate(self, prompts, temperature, max_new_tokens, seeds=None):
+        out = super().generate(prompts, temperature, max_new_tokens, seeds)
+        first = len(self.generated) - len(out)
+        return [
+            Generation(g.token_ids, g.logprobs, "length" if first + k in self.cut_steps else g.finish_reason)
+            for k, g in enumerate(out)
+        ]
+
+
+def _bfcl_episode(replies, cut_steps=(), **kw):
+    """The first official multi-turn task played in bfcl style from ``replies``: (trajectory, engine)."""
+    task = official_tasks("multi_turn_base", limit=1)[0]
+    tokenizer = train_tokenizer(["[cd(folder='document')] <think>plan</think> tool user system"], vocab_size=300)
+    tokenizer.chat_template = _THINK_STRIPPING_TEMPLATE
+    engine = _CutScriptedEngine(tokenizer, replies, cut_steps)
+    env_config = EnvironmentConfig(prompt_style="bfcl", bfcl_handler="chat", max_steps=5)
+    (t,) = play(engine, [task], samples=1, env_config=env_config, temperature=0.0, max_new_tokens=64, **kw)
+    return t, engine
+
+
+def test_bfcl_style_records_each_step_as_the_model_wrote_it_with_its_turn_index_and_token_count(rewritten_episode):
+    t, _, generated = rewritten_episode
+    assert [
+        (s.turn, s.index, s.model_text, s.completion_tokens, [c.name for c in s.calls], s.error) for s in t.steps
+    ] == [
+        (0, 0, _BFCL_REPLIES[0], len(generated[0]), ["cd"], None),
+        (0, 1, _BFCL_REPLIES[1], len(generated[1]), ["mkdir", "mv"], None),
+        (0, 2, _BFCL_REPLIES[2], len(generated[2]), [], None),
+        (
+            1,
+            3,
+            "<think>search</think>[grep(file_name='final_report.pdf', pattern='budget analysis')]",
+            len(generated[3]),
+            ["grep"],
+            None,
+        ),
+        (1, 4, "done", len(generated[4]), [], None),
+    ]
+    assert t.finish_reason == "done"
+    for segment in t.segments:
+        assert segment.logprobs == [-0.5 if m else 0.0 for m in segment.completion_mask]
+
+
+def test_bfcl_style_a_reply_cut_by_the_token_limit_is_the_last_step_and_ends_the_episode_as_length():
+    t, engine = _bfcl_episode(_BFCL_REPLIES, cut_steps={1})
+    assert len(engine.generated) == 2
+    assert [(s.index, s.model_text, [c.name for c in s.calls], s.error) for s in t.steps] == [
+        (0, _BFCL_REPLIES[0], ["cd"], None),
+        (1, _BFCL_REPLIES[1], [], "message hit the token limit"),
+    ]
+    assert t.steps[1].completion_tokens == len(engine.generated[1])
+    assert (t.finish_reason, t.reward, t.success) == ("length", 0.0, False)
+
+
+def test_bfcl_style_an_episode_ends_as_length_once_the_next_prompt_and_reply_could_exceed_the_context():
+    _, probe = _bfcl_episode(_BFCL_REPLIES + ["done"])
+    fits = len(probe.prompts[1]) + 64  # the second prompt and a whole reply fill the context exactly
+    t, engine = _bfcl_episode(_BFCL_REPLIES, max_context_tokens=fits)
+    assert len(t.steps) == 2 and t.finish_reason == "length"
+    t, engine = _bfcl_episode(_BFCL_REPLIES, max_context_tokens=fits - 1)
+    assert len(t.steps) == 1 and t.finish_reason == "length"
+    assert len(engine.generated) == 1
