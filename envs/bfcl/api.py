@@ -101,6 +101,26 @@ def class_of_tool(classes: list[str]) -> dict[str, str]:
     return {method: cls for cls in classes for method in public_methods(cls)}
 
 
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def copy_value(value: Any) -> Any:
+    """A deep copy of ``value``: dicts, lists and plain values (JSON's kinds, most of a BFCL state) copied directly,
+    anything else (a file system's directories, a tuple, a date) by ``copy.deepcopy``.
+
+    Equal to ``copy.deepcopy(value)``, about three times faster on plain data, where building tasks spends much of its
+    time copying states; only objects shared between two places of a dict or list come out as two equal copies.
+    """
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is dict:
+        return {key: copy_value(item) for key, item in value.items()}
+    if kind is list:
+        return [copy_value(item) for item in value]
+    return copy.deepcopy(value)
+
+
 def new_instances(initial_config: dict[str, Any], classes: list[str], long_context: bool = False) -> dict[str, Any]:
     """Fresh instances of ``classes`` loaded from a deep copy of ``initial_config``; no shared state."""
     instances: dict[str, Any] = {}
@@ -108,7 +128,7 @@ def new_instances(initial_config: dict[str, Any], classes: list[str], long_conte
         instance = api_class(class_name)()
         if class_name not in STATELESS_CLASSES:
             try:
-                instance._load_scenario(copy.deepcopy(initial_config.get(class_name, {})), long_context=long_context)
+                instance._load_scenario(copy_value(initial_config.get(class_name, {})), long_context=long_context)
             except Exception as exc:  # a malformed synthesized state must not crash a round
                 raise EnvSetupError(f"cannot load the initial state of {class_name}: {exc}") from exc
         instances[class_name] = instance
@@ -174,7 +194,7 @@ def run_call(table: dict[str, Callable[..., Any]], tool_classes: dict[str, str],
     if bad is not None:
         return f"Error during execution: argument '{bad}' is out of the supported range"
     # Deep copies: the API classes keep references to list/dict arguments inside their state.
-    arguments = copy.deepcopy(call.arguments)
+    arguments = copy_value(call.arguments)
     for name, default in mutable_defaults(tool_classes[call.name], call.name):
         arguments.setdefault(name, copy.deepcopy(default))
     try:
@@ -186,7 +206,7 @@ def run_call(table: dict[str, Callable[..., Any]], tool_classes: dict[str, str],
 def snapshot(instances: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Public attributes of every stateful instance, deep-copied: the state bfcl's checker compares."""
     return {
-        cls: {k: copy.deepcopy(v) for k, v in vars(instance).items() if not k.startswith("_")}
+        cls: {k: copy_value(v) for k, v in vars(instance).items() if not k.startswith("_")}
         for cls, instance in instances.items()
         if cls not in STATELESS_CLASSES
     }

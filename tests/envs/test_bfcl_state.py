@@ -3,6 +3,7 @@ bfcl-eval's ``cp`` copied into itself (``cp(source='docs', destination='docs')``
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import state_checker
@@ -81,3 +82,18 @@ def test_walks_and_replays_go_on_after_a_self_copy(make_task):
     assert world.run(ToolCall("mkdir", {"dir_name": "new"}), "r").state_changed
     task = make_task(["Copy 'docs' to 'docs', then list the files."], [[SELF_COPY, ToolCall("ls", {})]])
     assert BfclEnvironment().replay(task) == (True, "all reference calls succeeded", True)
+
+
+def test_a_state_copy_equals_a_deep_copy_and_shares_nothing_changeable_with_its_source():
+    instances = _file_system(ToolCall("touch", {"file_name": "todo.txt"}))
+    source = {
+        "nested": {"a": [1, 2.5, "x", None, True, {"b": [[], {}]}]},
+        "file_system": instances["GorillaFileSystem"].root,
+        "pair": (1, [2]),
+    }
+    copied = bfcl_api.copy_value(source)
+    assert copied == copy.deepcopy(source)
+    copied["nested"]["a"][5]["b"][0].append("changed")
+    copied["pair"][1].append(3)
+    assert copied["file_system"] is not source["file_system"]
+    assert source["nested"]["a"][5]["b"] == [[], {}] and source["pair"] == (1, [2])
