@@ -1,6 +1,7 @@
 """Rollout: every episode ends with a reason, garbage never crashes a round, token bookkeeping is exact."""
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -285,13 +286,13 @@ class _CutScriptedEngine(_ScriptedEngine):
         ]
 
 
-def _bfcl_episode(replies, cut_steps=(), **kw):
-    """The first official multi-turn task played in bfcl style from ``replies``: (trajectory, engine)."""
+def _bfcl_episode(replies, cut_steps=(), max_steps=5, **kw):
+    """The first official multi-turn task (four turns) played in bfcl style from ``replies``: (trajectory, engine)."""
     task = official_tasks("multi_turn_base", limit=1)[0]
     tokenizer = train_tokenizer(["[cd(folder='document')] <think>plan</think> tool user system"], vocab_size=300)
     tokenizer.chat_template = _THINK_STRIPPING_TEMPLATE
     engine = _CutScriptedEngine(tokenizer, replies, cut_steps)
-    env_config = EnvironmentConfig(prompt_style="bfcl", bfcl_handler="chat", max_steps=5)
+    env_config = EnvironmentConfig(prompt_style="bfcl", bfcl_handler="chat", max_steps=max_steps)
     (t,) = play(engine, [task], samples=1, env_config=env_config, temperature=0.0, max_new_tokens=64, **kw)
     return t, engine
 
@@ -338,3 +339,26 @@ def test_bfcl_style_an_episode_ends_as_length_once_the_next_prompt_and_reply_cou
     t, engine = _bfcl_episode(_BFCL_REPLIES, max_context_tokens=fits - 1)
     assert len(t.steps) == 1 and t.finish_reason == "length"
     assert len(engine.generated) == 1
+
+
+def _reference_replies():
+    """The first official multi-turn task answered turn by turn: its reference calls, then a reply without calls."""
+    task = official_tasks("multi_turn_base", limit=1)[0]
+    return [r for turn in task.reference for r in ("[" + ", ".join(c.render() for c in turn) + "]", "no more calls")]
+
+
+def test_bfcl_style_each_step_is_numbered_in_its_turn_and_the_last_turns_end_is_done():
+    began = time.perf_counter()
+    t, engine = _bfcl_episode(_reference_replies(), max_steps=12)
+    assert 0.0 < t.duration_s <= time.perf_counter() - began  # the episode's own time, inside the call's
+    assert [(s.turn, s.index) for s in t.steps] == [(k // 2, k) for k in range(8)]
+    assert (t.finish_reason, t.reward, t.success, len(engine.generated)) == ("done", 1.0, True, 8)
+    # Nothing follows the last reply: the environment's next prompt is not added once the episode is over.
+    assert t.segments[-1].completion_mask[-1] == 1
+
+
+def test_bfcl_style_an_episode_stops_after_exactly_max_steps_steps_as_max_steps():
+    t, engine = _bfcl_episode(_reference_replies(), max_steps=3)
+    assert [(s.turn, s.index) for s in t.steps] == [(0, 0), (0, 1), (1, 2)]
+    assert (t.finish_reason, t.reward, len(engine.generated)) == ("max_steps", 0.0, 3)
+    assert t.segments[-1].completion_mask[-1] == 1
