@@ -3,8 +3,8 @@
 Runs `tasks.ablation.inference.detectable_effect` (the simulation the report quotes its power from: the report's
 two-way test, the calibrated `Structure`, 80% power at alpha 0.05 before correction) for every pair of
 ``--seeds`` and ``--tasks`` (the final held-out split's size), and prints one JSON line per design: the
-smallest difference in final held-out success detected between two arms and between an arm and checkpoint 0,
-and the number of runs the design costs for ``--arms`` arms. Nothing is trained; numpy only.
+smallest difference in final held-out success detected between two arms and between an arm and checkpoint 0 (null
+when not even 0.1 is), and the number of runs the design costs for ``--arms`` arms. Nothing is trained; numpy only.
 
 Run (from the repository root):
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,10 @@ from tasks.ablation.inference import detectable_effect  # noqa: E402
 
 def _ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part]
+
+
+def _or_none(effect: float) -> float | None:
+    return None if math.isnan(effect) else effect
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -48,8 +53,8 @@ def main(argv: list[str] | None = None) -> None:
                         "seeds": seeds,
                         "final_tasks": tasks,
                         "runs": seeds * args.arms,
-                        "detectable_arm_vs_arm": found["arm"],
-                        "detectable_arm_vs_checkpoint0": found["ckpt0"],
+                        "detectable_arm_vs_arm": _or_none(found["arm"]),
+                        "detectable_arm_vs_checkpoint0": _or_none(found["ckpt0"]),
                         "seconds": round(time.monotonic() - started, 1),
                     }
                 ),
