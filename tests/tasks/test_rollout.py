@@ -362,3 +362,71 @@ def test_bfcl_style_an_episode_stops_after_exactly_max_steps_steps_as_max_steps(
     assert [(s.turn, s.index) for s in t.steps] == [(0, 0), (0, 1), (1, 2)]
     assert (t.finish_reason, t.reward, len(engine.generated)) == ("max_steps", 0.0, 3)
     assert t.segments[-1].completion_mask[-1] == 1
+
+
+# --- compact style: the record of each step, and where an episode is cut -----------------------------------
+
+
+def _compact_episode(replies=None, cut_steps=(), max_steps=12, **kw):
+    """A three-turn bfcl task played in compact style from ``replies`` (default: its demonstration's
+    messages, the reference calls and a "done" per turn): (trajectory, engine, the demonstration's messages)."""
+    env_config = EnvironmentConfig(name="bfcl", max_steps=max_steps)
+    env = make_environment(env_config)
+    task = env.build_tasks(1, seed=21, calls_per_turn=2)[0]
+    demonstration = [m.content for m in env.demonstration(task) if m.role == "assistant"]
+    engine = _CutScriptedEngine(train_tokenizer(demonstration, vocab_size=300), replies or demonstration, cut_steps)
+    (t,) = play(engine, [task], samples=1, env_config=env_config, temperature=0.0, max_new_tokens=256, **kw)
+    return t, engine, demonstration
+
+
+def test_compact_style_records_each_step_with_its_turn_index_text_and_token_count():
+    t, engine, replies = _compact_episode()
+    assert len(replies) == 6
+    assert [(s.turn, s.index, s.model_text, s.completion_tokens, s.error) for s in t.steps] == [
+        (k // 2, k, replies[k], len(engine.generated[k]), None) for k in range(6)
+    ]
+    assert [len(s.calls) for s in t.steps] == [2, 0, 2, 0, 1, 0]
+    assert (t.finish_reason, t.reward, t.success, t.later_segments) == ("done", 1.0, True, [])
+    assert t.logprobs == [-0.5 if m else 0.0 for m in t.completion_mask]
+    assert t.completion_mask[-1] == 1
+    assert t.prompt_ids + t.completion_ids[: len(engine.prompts[-1]) - len(t.prompt_ids)] == engine.prompts[-1]
+
+
+def test_compact_style_a_reply_cut_by_the_token_limit_is_the_last_step_and_ends_the_episode_as_length():
+    t, engine, replies = _compact_episode(cut_steps={1})
+    assert [(s.index, s.model_text, s.calls, s.error) for s in t.steps[1:]] == [
+        (1, replies[1], [], "message hit the token limit")
+    ]
+    assert (len(t.steps), t.steps[1].completion_tokens, t.steps[1].turn) == (2, len(engine.generated[1]), 0)
+    assert (t.finish_reason, t.reward, t.success) == ("length", 0.0, False)
+
+
+def test_compact_style_an_unparseable_reply_ends_the_episode_as_an_error():
+    t, engine, _ = _compact_episode(["[ls("])
+    assert [(s.index, s.calls, s.error) for s in t.steps] == [(0, [], "unparseable tool call: [ls(")]
+    assert (t.finish_reason, t.reward, t.success, len(engine.generated)) == ("error", 0.0, False, 1)
+
+
+def test_compact_style_an_episode_stops_after_exactly_max_steps_steps_as_max_steps():
+    t, engine, _ = _compact_episode(max_steps=3)
+    assert [(s.turn, s.index) for s in t.steps] == [(0, 0), (0, 1), (1, 2)]
+    assert (t.finish_reason, t.reward, len(engine.generated)) == ("max_steps", 0.0, 3)
+    assert t.completion_mask[-1] == 1
+
+
+def test_compact_style_an_episode_ends_as_length_once_its_context_and_a_reply_could_exceed_the_limit():
+    _, probe, _ = _compact_episode()
+    fits = len(probe.prompts[1]) + 256  # the context after the first step and a whole reply fill the limit exactly
+    t, engine, _ = _compact_episode(max_context_tokens=fits)
+    assert (len(t.steps), t.finish_reason, len(engine.generated)) == (2, "length", 2)
+    t, engine, _ = _compact_episode(max_context_tokens=fits - 1)
+    assert (len(t.steps), t.finish_reason, len(engine.generated)) == (1, "length", 1)
+
+
+def test_bfcl_style_a_segment_opened_by_a_prompt_no_reply_followed_is_not_stored():
+    _, probe = _bfcl_episode(_BFCL_REPLIES + ["<think>search</think>[grep(file_name='a', pattern='b')]", "done"])
+    # The fourth prompt rewrites history (a new segment) and leaves no room for a reply: the episode ends there.
+    t, engine = _bfcl_episode(_BFCL_REPLIES, max_context_tokens=len(probe.prompts[3]) + 63)
+    assert (len(t.steps), t.finish_reason, len(engine.generated)) == (3, "length", 3)
+    assert t.later_segments == []
+    assert t.prompt_ids == probe.prompts[0] and t.completion_mask[-1] == 1
