@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from coevolve.config import SignalConfig
 from coevolve.errors import DataError
 from coevolve.records import Signal, Step, ToolCall, Trajectory
-from coevolve.signals.rare import patterns
+from coevolve.signals.rare import Rare, RareSettings, patterns
 from storage.warehouse import Warehouse
 from tasks.mine import count_by_kind, mine_signals, mine_warehouse, select_for_synthesis
 
@@ -272,3 +272,23 @@ def test_an_unknown_action_pattern_is_refused_with_the_known_ones():
         ValueError, match=r"unknown action pattern 'tool_set'; use one of \('tool_sequence', 'tool_bigrams'\)"
     ):
         _patterns("tool_set", [["ls"]])
+
+
+def test_rare_bigrams_count_earlier_trajectories_not_their_bigrams_in_the_total():
+    """19 earlier trajectories with two bigrams each and this round's one: N is 20 trajectories, not 39 bigrams."""
+    rows = [(0, "a", s, 1, ["ls", "cd", "mv"]) for s in range(19)] + [(1, "b", 0, 1, ["cd", "ls", "mv"])]
+    config = only("rare", rare_min_total=20, rare_theta=10, pattern="tool_bigrams")
+    signals = mine_signals(frame(rows), 1, "run", config)
+    assert [(s.trajectory_id, s.evidence) for s in signals] == [
+        ("run/r1/b/s0", {"pattern": "cd>ls", "count": 1, "total": 20})
+    ]
+    assert mine_signals(frame(rows), 1, "run", only("rare", rare_min_total=21, pattern="tool_bigrams")) == []
+
+
+def test_rare_refuses_an_unknown_action_pattern_in_its_settings_with_the_known_ones():
+    rare = Rare()
+    settings = RareSettings.model_construct(pattern="tool_set")
+    with pytest.raises(
+        ValueError, match=r"^unknown action pattern 'tool_set'; use one of \('tool_sequence', 'tool_bigrams'\)$"
+    ):
+        rare.history_plans(frame([(0, "a", 0, 1, ["ls"])]).lazy(), frame([(1, "a", 0, 1, ["ls"])]), settings)
