@@ -292,3 +292,24 @@ def test_rare_refuses_an_unknown_action_pattern_in_its_settings_with_the_known_o
         ValueError, match=r"^unknown action pattern 'tool_set'; use one of \('tool_sequence', 'tool_bigrams'\)$"
     ):
         rare.history_plans(frame([(0, "a", 0, 1, ["ls"])]).lazy(), frame([(1, "a", 0, 1, ["ls"])]), settings)
+
+
+def test_the_forgetting_window_follows_round_and_sample_whatever_the_row_order():
+    rows = [
+        (2, "a", 0, 0.0, []),
+        (0, "a", 1, 0.3, []),
+        (0, "a", 0, 1.0, []),
+        (1, "a", 0, 0.2, []),
+        (3, "a", 0, 0.0, []),
+    ]
+    assert mine_signals(frame(rows), 3, "run", only("forgetting", forgetting_window=3)) == []
+    [signal] = mine_signals(frame(rows), 3, "run", only("forgetting", forgetting_window=4))
+    assert signal.evidence == {"window": [1.0, 0.3, 0.2, 0.0], "score": 0.0}
+
+
+def test_a_trajectory_with_several_rare_bigrams_is_marked_once_with_the_first_by_text():
+    rows = [(0, "a", s, 1, ["ls"]) for s in range(30)] + [(0, "b", 0, 0, ["mv", "cd", "ls"])]
+    signals = mine_signals(frame(rows), 0, "run", only("rare", rare_min_total=1, pattern="tool_bigrams"))
+    assert [(s.trajectory_id, s.evidence) for s in signals] == [
+        ("run/r0/b/s0", {"pattern": "cd>ls", "count": 1, "total": 31})
+    ]
