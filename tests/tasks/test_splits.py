@@ -19,8 +19,10 @@ from tasks.splits import (
     build_final_heldout,
     build_initial_pools,
     dev_eval_tasks,
+    dev_split,
     heldout_split,
     sealed_splits,
+    sft_demonstrations,
     store_dev_split,
     store_final_heldout,
     taken,
@@ -175,3 +177,221 @@ def test_a_stored_held_out_split_is_read_as_stored_not_rebuilt_nor_mixed_with_ot
         wh.set_pool("another-run", HELDOUT_ROUND, rest)
         wh.set_pool(config.run_id, DEV_ROUND, rest)
         assert [t.task_id for t in heldout_split(config, wh)] == first_two
+
+
+# --- each split is its own explorer walk, named by its origin, and leaves out the splits built before it ---------
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """One run's configuration (with a final held-out split) and its splits, built once for the tests below."""
+    config = _config(tmp_path_factory.mktemp("small_run"), final_heldout_tasks=5)
+    seed_pool, heldout = build_initial_pools(config)
+    sft_ids, _ = sft_demonstrations(config, seed_pool, heldout)
+    return config, seed_pool, heldout, sft_ids, build_dev_split(config), build_final_heldout(config)
+
+
+def _walk(config, size, offset, origin, exclude):
+    """What the environment's unguided explorer builds from ``start_seed + offset``, leaving out ``exclude``."""
+    env = make_environment(config.environment)
+    return env.build_tasks(
+        size, config.start_seed + offset, origin=origin, exclude=exclude, calls_per_turn=config.pool.calls_per_turn
+    )
+
+
+def _ids_and_origins(tasks):
+    return [(t.task_id, t.provenance.origin) for t in tasks]
+
+
+def test_the_dev_split_is_the_explorers_walk_from_seed_plus_31337_of_dev_tasks_in_target_turns(small_run):
+    config, seed_pool, heldout, sft_ids, dev, _ = small_run
+    expected = _walk(config, 200, 31337, "dev", taken(seed_pool, heldout) | set(sft_ids))
+    assert len(dev) == 200 and _ids_and_origins(dev) == _ids_and_origins(expected)
+    assert {t.provenance.origin for t in dev} == {"dev"}
+    assert max(len(turn) for t in dev for turn in t.reference) == config.pool.calls_per_turn == 2
+
+
+def test_the_final_held_out_split_is_the_explorers_walk_from_seed_plus_65537_of_heldout_tasks(small_run):
+    config, seed_pool, heldout, sft_ids, dev, final = small_run
+    expected = _walk(config, 5, 65537, "heldout", taken(seed_pool, heldout, dev) | set(sft_ids))
+    assert len(final) == 5 and _ids_and_origins(final) == _ids_and_origins(expected)
+    assert {t.provenance.origin for t in final} == {"heldout"}
+    assert max(len(turn) for t in final for turn in t.reference) == config.pool.calls_per_turn == 2
+
+
+def test_no_final_held_out_split_is_built_or_stored_when_its_size_is_zero(tmp_path):
+    config = _config(tmp_path, final_heldout_tasks=0)
+    assert build_final_heldout(config) == []
+    with open_warehouse(config) as wh:
+        assert store_final_heldout(config, wh) == []
+        assert wh.pool(config.run_id, FINAL_HELDOUT_ROUND) == []
+
+
+def test_a_final_held_out_split_of_one_task_holds_the_first_task_of_its_walk(small_run, tmp_path):
+    config = _config(tmp_path, final_heldout_tasks=1)
+    [task] = build_final_heldout(config)
+    assert task.task_id == small_run[5][0].task_id
+
+
+# Python's random.Random(seed) draws the same stream for -seed as for seed, so a run seed s with
+# |s + a| == |s + b| makes the split walked from offset a repeat the one walked from offset b: there the walk
+# meets the earlier split's tasks and only the exclusion keeps them out. The offsets: held-out 7919, dev 31337,
+# final held-out 65537, demonstrations 104729 (the seed pool's 0 aliases none of dev's or final's).
+
+
+def _aliased_config(tmp_path, seed, **policy):
+    """A small run on ``seed``; with ``policy`` its demonstrations are walked like the splits (3-5 calls, one turn)."""
+    return load_config(
+        data={
+            "state_dir": str(tmp_path),
+            "pool": {"seed": seed, "seed_size": 10, **({"calls_per_turn": None} if policy else {})},
+            "policy": {"sft_tasks": 30, **policy},
+            "rollout": {"heldout_tasks": 10, "final_heldout_tasks": 10},
+        },
+        environ={},
+    )
+
+
+_DEMONSTRATIONS_LIKE_SPLITS = {"sft_min_calls": 3, "sft_max_calls": 5, "sft_joint_calls": 1.0}
+
+
+def test_a_dev_split_whose_walk_repeats_the_held_out_split_leaves_out_its_tasks(tmp_path):
+    config = _aliased_config(tmp_path, seed=-(31337 + 7919) // 2)
+    seed_pool, heldout = build_initial_pools(config)
+    assert taken(heldout) <= taken(_walk(config, 10, 31337, "dev", frozenset()))  # the walk repeats it
+    dev = build_dev_split(config, size=10)
+    assert len(dev) == 10 and not taken(dev) & taken(seed_pool, heldout)
+
+
+def test_a_dev_split_whose_walk_repeats_the_demonstrations_leaves_them_out(tmp_path):
+    config = _aliased_config(tmp_path, -(104729 + 31337) // 2, **_DEMONSTRATIONS_LIKE_SPLITS)
+    sft_ids, _ = sft_demonstrations(config, *build_initial_pools(config))
+    walked = {t.task_id for t in _walk(config, 10, 31337, "dev", frozenset())}
+    assert len(walked & set(sft_ids)) == 10  # the walk repeats them
+    dev = build_dev_split(config, size=10)
+    assert len(dev) == 10 and not {t.task_id for t in dev} & set(sft_ids)
+
+
+def test_a_final_held_out_split_whose_walk_repeats_the_held_out_split_leaves_out_its_tasks(tmp_path):
+    config = _aliased_config(tmp_path, -(65537 + 7919) // 2)
+    seed_pool, heldout = build_initial_pools(config)
+    assert taken(heldout) <= taken(_walk(config, 10, 65537, "heldout", frozenset()))
+    final = build_final_heldout(config)
+    assert len(final) == 10 and not taken(final) & taken(seed_pool, heldout, build_dev_split(config))
+
+
+def test_a_final_held_out_split_whose_walk_repeats_the_dev_split_leaves_out_its_tasks(tmp_path):
+    config = _aliased_config(tmp_path, -(65537 + 31337) // 2)
+    dev = build_dev_split(config)
+    assert taken(dev[:10]) <= taken(_walk(config, 10, 65537, "heldout", frozenset()))
+    final = build_final_heldout(config)
+    assert len(final) == 10 and not taken(final) & taken(*build_initial_pools(config), dev)
+
+
+def test_a_final_held_out_split_whose_walk_repeats_the_demonstrations_leaves_them_out(tmp_path):
+    config = _aliased_config(tmp_path, -(104729 + 65537) // 2, **_DEMONSTRATIONS_LIKE_SPLITS)
+    sft_ids, _ = sft_demonstrations(config, *build_initial_pools(config))
+    walked = {t.task_id for t in _walk(config, 10, 65537, "heldout", frozenset())}
+    assert len(walked & set(sft_ids)) == 10
+    final = build_final_heldout(config)
+    assert len(final) == 10 and not {t.task_id for t in final} & set(sft_ids)
+
+
+# --- two runs in one warehouse: each reads its own stored splits ---------------------------------------------
+
+
+def test_each_run_of_a_warehouse_reads_its_own_stored_dev_split(tmp_path):
+    """The stored pools are a few tasks each, not the 200 a rebuilt dev split holds."""
+    first, second = (_config(tmp_path).model_copy(update={"run_id": run}) for run in ("first", "second"))
+    dev = build_dev_split(first)
+    with open_warehouse(first) as wh:
+        wh.write_tasks(dev)
+        wh.set_pool("first", DEV_ROUND, [t.task_id for t in dev[:2]])
+        wh.set_pool("second", DEV_ROUND, [t.task_id for t in dev[2:5]])
+        assert [t.task_id for t in dev_split(first, wh)] == [t.task_id for t in dev[:2]]
+        assert [t.task_id for t in dev_split(second, wh)] == [t.task_id for t in dev[2:5]]
+
+
+def test_each_run_of_a_warehouse_seals_its_own_stored_held_out_and_final_held_out_splits(tmp_path):
+    first, second = (_config(tmp_path).model_copy(update={"run_id": run}) for run in ("first", "second"))
+    dev = build_dev_split(first)
+    ids = [t.task_id for t in dev]
+    pools = {
+        ("first", HELDOUT_ROUND): ids[:2],
+        ("first", FINAL_HELDOUT_ROUND): ids[2:4],
+        ("first", DEV_ROUND): ids[4:6],
+        ("second", HELDOUT_ROUND): ids[6:9],
+        ("second", FINAL_HELDOUT_ROUND): ids[9:12],
+        ("second", DEV_ROUND): ids[12:15],
+    }
+    with open_warehouse(first) as wh:
+        wh.write_tasks(dev)
+        for (run, round_), members in pools.items():
+            wh.set_pool(run, round_, members)
+        for config, run in ((first, "first"), (second, "second")):
+            heldout, sealed_dev = sealed_splits(config, wh)
+            assert [t.task_id for t in heldout] == pools[run, HELDOUT_ROUND] + pools[run, FINAL_HELDOUT_ROUND]
+            assert [t.task_id for t in sealed_dev] == pools[run, DEV_ROUND]
+
+
+# --- checkpoint 0's demonstrations --------------------------------------------------------------------------
+
+
+def test_the_demonstrations_are_the_explorers_walk_from_seed_plus_104729_of_short_tasks(tmp_path):
+    """With every demonstration asking for its calls in one request, none is re-cut into turns of one call."""
+    config = load_config(
+        data={
+            "state_dir": str(tmp_path),
+            "pool": {"seed_size": 10},
+            "policy": {"sft_tasks": 30, "sft_joint_calls": 1.0},
+            "rollout": {"heldout_tasks": 5},
+        },
+        environ={},
+    )
+    seed_pool, heldout = build_initial_pools(config)
+    sft_ids, conversations = sft_demonstrations(config, seed_pool, heldout)
+    walked = make_environment(config.environment).build_tasks(
+        30, config.start_seed + 104729, origin="sft", exclude=taken(seed_pool, heldout), min_steps=1, max_steps=2
+    )
+    assert (config.policy.sft_min_calls, config.policy.sft_max_calls) == (1, 2)
+    assert sft_ids == sorted(t.task_id for t in walked) and len(conversations) == 30
+
+
+def test_each_configuration_in_one_process_gets_its_own_demonstrations(tmp_path):
+    sizes = {}
+    for sft_tasks in (30, 12):
+        config = load_config(
+            data={"state_dir": str(tmp_path), "pool": {"seed_size": 10}, "policy": {"sft_tasks": sft_tasks}},
+            environ={},
+        )
+        sft_ids, conversations = sft_demonstrations(config, *build_initial_pools(config))
+        sizes[sft_tasks] = (len(sft_ids), len(conversations))
+    assert sizes == {30: (30, 30), 12: (12, 12)}
+
+
+def test_a_share_of_target_jobs_replaces_as_many_short_demonstrations(tmp_path):
+    """Workplace's sft_target_share 0.5 of 30: 15 short tasks, and 15 jobs walked from seed + 130363 like the splits."""
+    config = load_config(
+        data={
+            "state_dir": str(tmp_path),
+            "environment": {"name": "workplace", "sft_target_share": 0.5},
+            "pool": {"seed_size": 10},
+            "policy": {"sft_tasks": 30},
+            "rollout": {"heldout_tasks": 5},
+        },
+        environ={},
+    )
+    seed_pool, heldout = build_initial_pools(config)
+    sft_ids, conversations = sft_demonstrations(config, seed_pool, heldout)
+    jobs = _walk(config, 15, 130363, "sft", taken(seed_pool, heldout))
+    assert len(sft_ids) == len(set(sft_ids)) == len(conversations) == 30
+    assert {t.task_id for t in jobs} <= set(sft_ids)
+
+
+def test_demonstrations_whose_walk_repeats_the_held_out_split_leave_out_its_tasks(tmp_path):
+    config = _aliased_config(tmp_path, -(104729 + 7919) // 2, **_DEMONSTRATIONS_LIKE_SPLITS)
+    seed_pool, heldout = build_initial_pools(config)
+    walked = make_environment(config.environment).build_tasks(10, config.start_seed + 104729, origin="sft")
+    assert taken(heldout) <= taken(walked)  # the walk repeats it
+    sft_ids, _ = sft_demonstrations(config, seed_pool, heldout)
+    assert len(sft_ids) == 30 and not set(sft_ids) & taken(seed_pool, heldout)
