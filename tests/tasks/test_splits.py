@@ -184,11 +184,23 @@ def test_a_stored_held_out_split_is_read_as_stored_not_rebuilt_nor_mixed_with_ot
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
-    """One run's configuration (with a final held-out split) and its splits, built once for the tests below."""
-    config = _config(tmp_path_factory.mktemp("small_run"), final_heldout_tasks=5)
+    """One run with a final held-out split, and the splits built before its dev split, built once for the tests below.
+
+    Its seed is not 0: random.Random(-n) draws what random.Random(n) does, so at seed 0 an offset subtracted
+    would walk the same tasks as the offset added.
+    """
+    config = load_config(
+        data={
+            "state_dir": str(tmp_path_factory.mktemp("small_run")),
+            "pool": {"seed": 3, "seed_size": 10},
+            "policy": {"sft_tasks": 30},
+            "rollout": {"heldout_tasks": 5, "final_heldout_tasks": 5},
+        },
+        environ={},
+    )
     seed_pool, heldout = build_initial_pools(config)
     sft_ids, _ = sft_demonstrations(config, seed_pool, heldout)
-    return config, seed_pool, heldout, sft_ids, build_dev_split(config), build_final_heldout(config)
+    return config, seed_pool, heldout, sft_ids
 
 
 def _walk(config, size, offset, origin, exclude):
@@ -204,7 +216,8 @@ def _ids_and_origins(tasks):
 
 
 def test_the_dev_split_is_the_explorers_walk_from_seed_plus_31337_of_dev_tasks_in_target_turns(small_run):
-    config, seed_pool, heldout, sft_ids, dev, _ = small_run
+    config, seed_pool, heldout, sft_ids = small_run
+    dev = build_dev_split(config)
     expected = _walk(config, 200, 31337, "dev", taken(seed_pool, heldout) | set(sft_ids))
     assert len(dev) == 200 and _ids_and_origins(dev) == _ids_and_origins(expected)
     assert {t.provenance.origin for t in dev} == {"dev"}
@@ -212,7 +225,8 @@ def test_the_dev_split_is_the_explorers_walk_from_seed_plus_31337_of_dev_tasks_i
 
 
 def test_the_final_held_out_split_is_the_explorers_walk_from_seed_plus_65537_of_heldout_tasks(small_run):
-    config, seed_pool, heldout, sft_ids, dev, final = small_run
+    config, seed_pool, heldout, sft_ids = small_run
+    dev, final = build_dev_split(config), build_final_heldout(config)
     expected = _walk(config, 5, 65537, "heldout", taken(seed_pool, heldout, dev) | set(sft_ids))
     assert len(final) == 5 and _ids_and_origins(final) == _ids_and_origins(expected)
     assert {t.provenance.origin for t in final} == {"heldout"}
@@ -227,10 +241,12 @@ def test_no_final_held_out_split_is_built_or_stored_when_its_size_is_zero(tmp_pa
         assert wh.pool(config.run_id, FINAL_HELDOUT_ROUND) == []
 
 
-def test_a_final_held_out_split_of_one_task_holds_the_first_task_of_its_walk(small_run, tmp_path):
-    config = _config(tmp_path, final_heldout_tasks=1)
-    [task] = build_final_heldout(config)
-    assert task.task_id == small_run[5][0].task_id
+def test_a_final_held_out_split_of_one_task_holds_the_first_task_of_its_walk(small_run):
+    config, seed_pool, heldout, sft_ids = small_run
+    one = config.model_copy(update={"rollout": config.rollout.model_copy(update={"final_heldout_tasks": 1})})
+    [task] = build_final_heldout(one)
+    expected = _walk(config, 1, 65537, "heldout", taken(seed_pool, heldout, build_dev_split(config)) | set(sft_ids))
+    assert _ids_and_origins([task]) == _ids_and_origins(expected)
 
 
 # Python's random.Random(seed) draws the same stream for -seed as for seed, so a run seed s with
@@ -338,11 +354,12 @@ def test_each_run_of_a_warehouse_seals_its_own_stored_held_out_and_final_held_ou
 
 
 def test_the_demonstrations_are_the_explorers_walk_from_seed_plus_104729_of_short_tasks(tmp_path):
-    """With every demonstration asking for its calls in one request, none is re-cut into turns of one call."""
+    """With every demonstration asking for its calls in one request, none is re-cut into turns of one call (seed 3,
+    as seed 0 would walk the same tasks from the offset subtracted)."""
     config = load_config(
         data={
             "state_dir": str(tmp_path),
-            "pool": {"seed_size": 10},
+            "pool": {"seed": 3, "seed_size": 10},
             "policy": {"sft_tasks": 30, "sft_joint_calls": 1.0},
             "rollout": {"heldout_tasks": 5},
         },
