@@ -215,7 +215,7 @@ def _ids_and_origins(tasks):
     return [(t.task_id, t.provenance.origin) for t in tasks]
 
 
-def test_the_dev_split_is_the_explorers_walk_from_seed_plus_31337_of_dev_tasks_in_target_turns(small_run):
+def test_the_dev_split_is_walked_from_seed_plus_31337_as_dev_tasks_in_turns_of_the_pools_calls(small_run):
     config, seed_pool, heldout, sft_ids = small_run
     dev = build_dev_split(config)
     expected = _walk(config, 200, 31337, "dev", taken(seed_pool, heldout) | set(sft_ids))
