@@ -215,6 +215,13 @@ def _ids_and_origins(tasks):
     return [(t.task_id, t.provenance.origin) for t in tasks]
 
 
+def test_the_seed_pool_is_walked_from_the_run_seed_as_seed_tasks(small_run):
+    config = small_run[0]
+    seed_pool, _ = build_initial_pools(config)
+    assert _ids_and_origins(seed_pool) == _ids_and_origins(_walk(config, 10, 0, "seed", frozenset()))
+    assert {t.provenance.origin for t in seed_pool} == {"seed"}
+
+
 def test_the_dev_split_is_walked_from_seed_plus_31337_as_dev_tasks_in_turns_of_the_pools_calls(small_run):
     config, seed_pool, heldout, sft_ids = small_run
     dev = build_dev_split(config)
@@ -392,7 +399,7 @@ def test_a_share_of_target_jobs_replaces_as_many_short_demonstrations(tmp_path):
         data={
             "state_dir": str(tmp_path),
             "environment": {"name": "workplace", "sft_target_share": 0.5},
-            "pool": {"seed_size": 10},
+            "pool": {"seed": 3, "seed_size": 10},
             "policy": {"sft_tasks": 30},
             "rollout": {"heldout_tasks": 5},
         },
