@@ -222,6 +222,13 @@ def test_the_seed_pool_is_walked_from_the_run_seed_as_seed_tasks(small_run):
     assert {t.provenance.origin for t in seed_pool} == {"seed"}
 
 
+def test_the_held_out_split_is_walked_from_seed_plus_7919_as_heldout_tasks(small_run):
+    config = small_run[0]
+    seed_pool, heldout = build_initial_pools(config)
+    assert _ids_and_origins(heldout) == _ids_and_origins(_walk(config, 5, 7919, "heldout", taken(seed_pool)))
+    assert {t.provenance.origin for t in heldout} == {"heldout"}
+
+
 def test_the_dev_split_is_walked_from_seed_plus_31337_as_dev_tasks_in_turns_of_the_pools_calls(small_run):
     config, seed_pool, heldout, sft_ids = small_run
     dev = build_dev_split(config)
