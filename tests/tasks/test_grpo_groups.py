@@ -20,23 +20,29 @@ from tasks.training.grpo_groups import (
 GROUP_SIZE = 2
 
 
-def _trajectory(task_id: str, sample: int, reward: float, segments: int = 1) -> Trajectory:
-    later = [Segment([1, 2, 3], [4 + s, 5], [1, 1], [-0.5, -0.5]) for s in range(segments - 1)]
+def _episode(task_id: str, sample: int, reward: float, *segments: Segment) -> Trajectory:
+    """An episode whose first segment is ``segments[0]`` and whose later ones follow it."""
+    first, *later = segments
     return Trajectory(
         run_id="r",
         round=3,
         task_id=task_id,
         sample=sample,
         steps=[],
-        prompt_ids=[1, 2],
-        completion_ids=[7, 8, 9],
-        completion_mask=[1, 0, 1],
-        logprobs=[-1.0, 0.0, -1.0],
+        prompt_ids=first.prompt_ids,
+        completion_ids=first.completion_ids,
+        completion_mask=first.completion_mask,
+        logprobs=first.logprobs,
         reward=reward,
         success=reward > 0,
         finish_reason="done",
         later_segments=later,
     )
+
+
+def _trajectory(task_id: str, sample: int, reward: float, segments: int = 1) -> Trajectory:
+    later = [Segment([1, 2, 3], [4 + s, 5], [1, 1], [-0.5, -0.5]) for s in range(segments - 1)]
+    return _episode(task_id, sample, reward, Segment([1, 2], [7, 8, 9], [1, 0, 1], [-1.0, 0.0, -1.0]), *later)
 
 
 def _round(rewards: dict[str, list[float]], segments: dict[str, int] | None = None) -> list[Trajectory]:
@@ -83,26 +89,6 @@ def test_a_group_outside_the_ranks_share_is_refused_by_name():
     round_groups = group_round(_round({t: [1.0, 0.0] for t in ("t-a", "t-b")}), GROUP_SIZE)
     with pytest.raises(DataError, match="'t-a', which is not in its share"):
         replay_rows(["t-a"], {"t-b": round_groups.groups["t-b"]}, round_groups.slots, pad_token_id=0)
-
-
-def _episode(task_id: str, sample: int, reward: float, *segments: Segment) -> Trajectory:
-    """An episode whose first segment is ``segments[0]`` and whose later ones follow it."""
-    first, *later = segments
-    return Trajectory(
-        run_id="r",
-        round=3,
-        task_id=task_id,
-        sample=sample,
-        steps=[],
-        prompt_ids=first.prompt_ids,
-        completion_ids=first.completion_ids,
-        completion_mask=first.completion_mask,
-        logprobs=first.logprobs,
-        reward=reward,
-        success=reward > 0,
-        finish_reason="done",
-        later_segments=later,
-    )
 
 
 def test_replay_rows_hand_each_slots_requests_the_groups_episodes_in_sample_order_with_fillers_past_an_episodes_end():
