@@ -196,7 +196,7 @@ def run_call(table: dict[str, Callable[..., Any]], tool_classes: dict[str, str],
     # Deep copies: the API classes keep references to list/dict arguments inside their state.
     arguments = copy_value(call.arguments)
     for name, default in mutable_defaults(tool_classes[call.name], call.name):
-        arguments.setdefault(name, copy.deepcopy(default))
+        arguments.setdefault(name, copy_value(default))
     try:
         return format_result(method(**arguments))
     except Exception as exc:  # noqa: BLE001 - a model-chosen call may fail in any way; it is the call's result
