@@ -43,10 +43,12 @@ Run::
 from __future__ import annotations
 
 import copy
+import multiprocessing
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import TerminationSignal
 from prefect.task_runners import ProcessPoolTaskRunner
 
 from coevolve.config import PipelineConfig
@@ -65,6 +67,10 @@ from tasks.ablation.report_task import report_task
 from tasks.common import open_warehouse, round_lock
 from tasks.evaluate import evaluate_checkpoint
 from tasks.splits import FINAL_HELDOUT_ROUND, HELDOUT_ROUND
+
+# Seconds a seed's process has to end after SIGTERM (its Prefect task run is then recorded as crashed) before it is
+# killed.
+SEED_STOP_GRACE_S = 10.0
 
 
 def curriculum_batch(tasks_per_batch: int, max_rollout_factor: float) -> int:
@@ -294,10 +300,31 @@ def coevolve_ablation(
     Tracker(base.mlflow_tracking_uri, base.tracking.experiment, base.artifacts_dir)
     chains = {seed: [(arm, s, cfg.model_dump(mode="json")) for arm, s, cfg in runs if s == seed] for seed in seeds}
     with ProcessPoolTaskRunner(max_workers=min(base.ablation_workers, len(seeds))) as runner:
-        futures = [
-            runner.submit(seed_chain, {"base_config": base.model_dump(mode="json"), "runs": chain, "rounds": rounds,
-                                       "official_limit": official_limit, "name": name, "baseline": baseline})
-            for chain in chains.values()
-        ]  # fmt: skip
-        results = [row for future in futures for row in future.result()]
+        try:
+            futures = [
+                runner.submit(seed_chain, {"base_config": base.model_dump(mode="json"), "runs": chain,
+                                           "rounds": rounds, "official_limit": official_limit, "name": name,
+                                           "baseline": baseline})
+                for chain in chains.values()
+            ]  # fmt: skip
+            results = [row for future in futures for row in future.result()]
+        except (KeyboardInterrupt, TerminationSignal):
+            stop_seed_processes()
+            raise
     return report_task(base, name, results)
+
+
+def stop_seed_processes() -> None:
+    """End the processes playing seeds, on Ctrl-C or SIGTERM.
+
+    Leaving the pool otherwise waits for every seed it holds to finish, and starts the one it had already queued
+    (Python's process pool hands a worker its next call before the current one ends): an interrupted ablation
+    ran on for minutes. What the seeds recorded stays; the same command resumes their runs where they stopped.
+    """
+    seeds = multiprocessing.active_children()
+    for process in seeds:
+        process.terminate()
+    for process in seeds:
+        process.join(timeout=SEED_STOP_GRACE_S)
+        if process.is_alive():
+            process.kill()

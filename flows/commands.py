@@ -363,7 +363,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_ablation(args: argparse.Namespace) -> int:
-    config = _load(args)
+    config = _load(args, log_file=True)
     arms = args.arms.split(",") if args.arms else list(ablation_flow.ARMS)
     unknown = [a for a in arms if a not in ablation_flow.ARMS]
     if unknown:
@@ -372,15 +372,21 @@ def cmd_ablation(args: argparse.Namespace) -> int:
     if args.workers is not None:
         config = config.with_overrides({"ablation_workers": args.workers})
     t0 = time.perf_counter()
-    local_api.start()  # as `coevolve evolve`: the arms' pool processes report to it and it ends with the command
-    out = ablation_flow.coevolve_ablation(
-        arms=arms,
-        seeds=seeds,
-        rounds=args.rounds,
-        official_limit=args.official_limit,
-        name=args.name,
-        config=config.model_dump(mode="json"),
-    )
+    log = console.log_path(config.state_dir, "ablation")
+    print(f"log: {console.shown(log)}", flush=True)
+    console.exit_in_log(log)
+    # As `coevolve evolve`: the runs' output goes to the log, Ctrl-C or SIGTERM ends the command in one line
+    # (the seeds' processes too), and the same command resumes every run where it stopped.
+    with preflight.reported(config, None, log, where=f"ablation '{args.name}'"), console.log_to_file(log):
+        local_api.start()  # the arms' pool processes report to it and it ends with the command
+        out = ablation_flow.coevolve_ablation(
+            arms=arms,
+            seeds=seeds,
+            rounds=args.rounds,
+            official_limit=args.official_limit,
+            name=args.name,
+            config=config.model_dump(mode="json"),
+        )
     print(Path(out["report"]).read_text())
     print(f"report: {out['report']} ({time.perf_counter() - t0:.0f}s)")
     return 0

@@ -245,8 +245,9 @@ def _raise_dropped_again(previous: Callable[[Any], object]) -> Callable[[Any], o
 
 
 @contextlib.contextmanager
-def reported(config: PipelineConfig, round_: int | None, log: Path) -> Iterator[None]:
-    """Turn a command's end in round ``round_`` (else the run's first unfinished one) into its one console line.
+def reported(config: PipelineConfig, round_: int | None, log: Path, where: str | None = None) -> Iterator[None]:
+    """Turn a command's end in round ``round_`` (else the run's first unfinished one) into its one console line;
+    ``where``, when given, is named instead of the round (a command over many runs: an ablation).
 
     Ctrl-C and SIGTERM end it as `Interrupted`; a PipelineError keeps its message, after the round and stage; any
     other exception becomes a PipelineError naming its type and the log file, where its traceback goes. SIGTERM
@@ -261,24 +262,26 @@ def reported(config: PipelineConfig, round_: int | None, log: Path) -> Iterator[
     unraisable_hook = sys.unraisablehook
     sys.unraisablehook = _raise_dropped_again(unraisable_hook)
     _signals.clear()
+
+    def place() -> str:
+        return where or position(config, round_)
+
     try:
         yield
     except BaseException as exc:
         if _is_interrupt(exc) or (_signals and isinstance(exc, Exception)):
-            raise Interrupted(
-                f"interrupted in {position(config, round_)}; run the same command to resume", _signal_of(exc)
-            ) from None
+            raise Interrupted(f"interrupted in {place()}; run the same command to resume", _signal_of(exc)) from None
         if isinstance(exc, RoundLockedError):
             raise  # about the round another process runs, not this one's stage
         if isinstance(exc, PipelineError):
-            raise PipelineError(f"{position(config, round_)}: {exc}") from exc
+            raise PipelineError(f"{place()}: {exc}") from exc
         if not isinstance(exc, Exception):
             raise  # SystemExit and the like end the command as they are
         with log.open("a", encoding="utf-8") as out:
             traceback.print_exception(exc, file=out)
         first = (str(exc).strip().splitlines() or [""])[0]
         raise PipelineError(
-            f"{position(config, round_)} failed: {type(exc).__name__}: {first} (the traceback is in {shown(log)}); "
+            f"{place()} failed: {type(exc).__name__}: {first} (the traceback is in {shown(log)}); "
             "fix the cause and run the same command to resume"
         ) from exc
     finally:

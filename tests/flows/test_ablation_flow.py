@@ -1,15 +1,21 @@
 """The ablation flow end to end on a tiny config: every (arm, seed) is its own run, and a report comes out."""
 
 import dataclasses
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
 from agent.checkpoints import checkpoint_digest
+from coevolve.errors import PipelineError
 from coevolve.stages import PrepareInput
 from flows.ablation import ARMS, arm_config, coevolve_ablation
 from flows.ablation_round0 import copy_round0, round0_key
@@ -20,9 +26,14 @@ from tasks.ablation.report import FINAL_SPLIT, read_per_run_table
 from tasks.prepare import prepare_stage
 from tasks.splits import FINAL_HELDOUT_ROUND, build_final_heldout
 from tests.crash_at import CRASH_EXIT
-from tests.flows.conftest import REPO, cli_env
+from tests.flows.conftest import REPO, cli_env, kill_group, write_config_file
 
 pytestmark = pytest.mark.slow
+
+# After Ctrl-C: seconds the command may take to end (its seeds' processes get SIGTERM, then 10 s before SIGKILL),
+# and seconds after its end within which nothing it started may be left.
+STOPPED_WITHIN_S = 60.0
+GONE_WITHIN_S = 5.0
 
 
 def test_arms_share_checkpoint_zero_but_not_their_runs(tiny_config, tmp_path):
@@ -270,23 +281,93 @@ def test_round_0_is_shared_only_by_runs_whose_round_0_settings_and_inputs_match(
     assert round0_key(arm_config(config, "static", 9, "t")) is None  # no prepared round 0 to compare
 
 
-def test_the_reports_numbers_do_not_depend_on_how_many_seeds_run_at_once(ablation_run, tiny_config, tmp_path):
+def _ablation_command(config_file: Path, state_dir: Path, log: Path) -> subprocess.Popen:
+    """`coevolve ablation` as the sequential run's user types it, in its own process group, its console in ``log``."""
+    args = ["--arms", "static,random", "--seeds", "1,2", "--official-limit", "2", "--name", "t"]
+    with log.open("a") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "ablation", "--config", str(config_file), *args],
+            cwd=REPO, env=cli_env(state_dir), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
 
-    config, parallel = ablation_run
-    # The rounds from the configuration this time (ablation_rounds), as `coevolve ablation` without --rounds does.
-    one_at_a_time = tiny_config(
-        tmp_path, rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6}, ablation_workers=1, ablation_rounds=1
+
+def _group_members(group: int) -> list[int]:
+    members = []
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == group:
+                members.append(process.pid)
+        except (psutil.Error, ProcessLookupError):
+            pass
+    return members
+
+
+@pytest.fixture(scope="module")
+def interrupted_then_resumed(tiny_config, tmp_path_factory):
+    """The ablation of `ablation_run` one seed at a time, through the command: Ctrl-C (SIGINT to the command's
+    process group, as a terminal sends it) once the first run's round 0 is finished, then the same command again.
+    The rounds come from the configuration this time (ablation_rounds), as the command without --rounds takes them."""
+    folder = tmp_path_factory.mktemp("ablation-interrupted")
+    config = tiny_config(
+        folder / "state", rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6}, ablation_workers=1, ablation_rounds=1
     )
-    sequential = coevolve_ablation(
-        arms=["static", "random"],
-        seeds=[1, 2],
-        official_limit=2,
-        name="t",
-        config=one_at_a_time.model_dump(mode="json"),
-    )
-    tables = [read_per_run_table(Path(out["report"]).read_text()) for out in (parallel, sequential)]
+    config_file = write_config_file(config, folder / "config.yaml")
+    first_log, second_log = folder / "first.log", folder / "second.log"
+    first = _ablation_command(config_file, config.state_dir, first_log)
+    try:
+        deadline = time.monotonic() + 600
+        while first.poll() is None and time.monotonic() < deadline:
+            try:
+                with Warehouse(config.warehouse_path, read_only=True) as wh:
+                    if wh.round_status("t-static-s1", 0) == "finished":
+                        break
+            except PipelineError:
+                pass  # the warehouse is not made yet
+            time.sleep(0.2)
+        assert first.poll() is None, first_log.read_text()[-3000:]
+        os.killpg(first.pid, signal.SIGINT)
+        signalled = time.monotonic()
+        first_code = first.wait(timeout=120)
+        seconds_to_stop = time.monotonic() - signalled
+        time.sleep(GONE_WITHIN_S)
+        left = _group_members(first.pid)
+    finally:
+        kill_group(first)
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        queued_seed = wh.round_status("t-static-s2", 0)  # its chain was queued behind seed 1's when Ctrl-C came
+    second = _ablation_command(config_file, config.state_dir, second_log)
+    try:
+        second_code = second.wait(timeout=900)
+    finally:
+        kill_group(second)
+    return SimpleNamespace(
+        config=config, first_code=first_code, seconds_to_stop=seconds_to_stop, left=left, queued_seed=queued_seed,
+        first_console=first_log.read_text(), second_code=second_code, second_console=second_log.read_text(),
+    )  # fmt: skip
+
+
+def test_ctrl_c_stops_the_ablation_and_its_seeds_processes_in_one_line(interrupted_then_resumed):
+    run = interrupted_then_resumed
+    assert run.first_code == 128 + signal.SIGINT, run.first_console[-3000:]
+    assert run.seconds_to_stop < STOPPED_WITHIN_S and run.left == []
+    assert run.queued_seed != "finished"  # the seed the pool had queued was not played to its end first
+    assert run.first_console.splitlines()[-1] == "interrupted in ablation 't'; run the same command to resume"
+    assert len(run.first_console.splitlines()) == 2 and run.first_console.startswith("log: ")
+
+
+def test_the_same_command_resumes_the_interrupted_ablation_and_prints_its_report(interrupted_then_resumed):
+    run = interrupted_then_resumed
+    assert run.second_code == 0, run.second_console[-3000:]
+    lines = run.second_console.splitlines()
+    assert lines[0].startswith("log: ") and lines[1] == "# Ablation `t`" and lines[-1].startswith("report: ")
+
+
+def test_the_reports_numbers_do_not_depend_on_how_many_seeds_run_at_once(ablation_run, interrupted_then_resumed):
+    (config, parallel), sequential = ablation_run, interrupted_then_resumed
+    reports = [Path(parallel["report"]), sequential.config.state_dir / "reports" / "t" / "report.md"]
+    tables = [read_per_run_table(report.read_text()) for report in reports]
     outcomes = []
-    for cfg in (config, one_at_a_time):
+    for cfg in (config, sequential.config):
         with Warehouse(cfg.warehouse_path, read_only=True) as wh:
             rows = wh.sql(
                 f"SELECT run_id, round, task_id, success FROM evaluations WHERE split = '{FINAL_SPLIT}' ORDER BY ALL"
@@ -294,4 +375,3 @@ def test_the_reports_numbers_do_not_depend_on_how_many_seeds_run_at_once(ablatio
         outcomes.append(rows)
     assert tables[0] == tables[1] and len(tables[0]) == 4
     assert outcomes[0] == outcomes[1] and len(outcomes[0]) == 5 * 6  # checkpoint 0 and four final checkpoints
-    assert parallel["arms"] == sequential["arms"] and parallel["ckpt0_tests"] == sequential["ckpt0_tests"]
