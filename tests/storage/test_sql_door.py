@@ -21,7 +21,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from coevolve.errors import PipelineError
@@ -386,6 +386,14 @@ def test_the_time_limit_has_a_default_in_the_configuration(state: Path, capsys: 
     assert "time limit of 1 s" in capsys.readouterr().err
 
 
+def test_a_time_limit_of_0_lets_a_query_run_as_long_as_it_takes(
+    state: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    query = "SELECT count(DISTINCT (range * 7919) % 9999991) AS n FROM range(3000000)"  # about a second here
+    assert sql(state, query, "--timeout", "0", "--format", "csv") == 0
+    assert capsys.readouterr().out.splitlines() == ["n", "3000000"]
+
+
 def test_a_timeout_that_is_not_seconds_is_refused_by_the_parser(state: Path) -> None:
     for bad in ("-1", "soon", "inf", "nan"):
         with pytest.raises(SystemExit):
@@ -440,6 +448,22 @@ def test_a_query_past_its_memory_limit_spills_under_the_state_folder_and_answers
     assert not (state / "tmp").exists()
 
 
+@pytest.mark.parametrize("tmp_there", [False, True], ids=["no tmp folder", "a tmp folder with a file"])
+def test_a_query_spills_to_a_folder_of_its_own_under_the_state_folder_and_leaves_it_as_it_found_it(
+    state: Path, capsys: pytest.CaptureFixture[str], tmp_there: bool
+) -> None:
+    if tmp_there:
+        (state / "tmp").mkdir()
+        (state / "tmp" / "kept.txt").write_text("another process's file\n")
+    assert sql(state, "SELECT current_setting('temp_directory') AS spill", "--format", "json") == 0
+    (spill,) = [Path(row["spill"]) for row in json.loads(capsys.readouterr().out)]
+    assert spill.parent == state / "tmp" and not spill.exists()
+    if tmp_there:
+        assert [p.name for p in (state / "tmp").iterdir()] == ["kept.txt"]
+    else:
+        assert not (state / "tmp").exists()
+
+
 # -- generated statements -------------------------------------------------------------------------------------
 
 FRAGMENTS = [
@@ -472,12 +496,15 @@ statements = reads | st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=8), 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(query=statements)
+@example(query="--")
+@example(query="-x")
 def test_any_statement_answers_or_is_refused_in_one_line_and_nothing_changes(
     state: Path, capsys: pytest.CaptureFixture[str], query: str
 ) -> None:
     before = snapshot(state)
     cwd = sorted(os.listdir("."))
-    code = sql(state, query, "--timeout", "5")
+    # After `--`, as a shell user passes a query that could read as an option ("--", "-x").
+    code = main(["sql", "--set", f"state_dir={state}", "--timeout", "5", "--", query])
     captured = capsys.readouterr()
     assert code in (0, 2)
     if code == 2:
