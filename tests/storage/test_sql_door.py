@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 from coevolve.errors import PipelineError
 from coevolve.records import RoundSummary
 from flows.cli import main
-from storage.views import READ_FORMS, QueryRefused
+from storage.views import READ_FORMS, QueryLimits, QueryRefused, QueryStopped
 from storage.warehouse import Warehouse
 from tests.doc_blocks import REPO, command_block
 from tests.storage.conftest import build_task, build_trajectory
@@ -186,6 +187,27 @@ def test_the_python_door_refuses_the_same_and_its_session_stays_locked(state: Pa
         finally:
             con.close()
     assert not outside.exists()
+
+
+def test_the_python_door_stops_a_query_at_its_time_limit(state: Path) -> None:
+    query = "SELECT count(DISTINCT (range * 7919) % 99999989) AS n FROM range(20000000)"  # a few seconds here
+    with Warehouse(state / "warehouse", read_only=True) as wh:
+        with pytest.raises(QueryStopped, match="time limit of 0.5 s"):
+            wh.sql(query, limits=QueryLimits(timeout_s=0.5))
+
+
+def test_a_closed_warehouse_refuses_a_write_naming_itself(state: Path) -> None:
+    wh = Warehouse(state / "warehouse")
+    wh.close()
+    with pytest.raises(PipelineError, match=f"^Warehouse {re.escape(str(wh.root))} is closed.$"):
+        wh.write_tasks([build_task(9)])
+
+
+def test_a_state_folder_whose_path_holds_a_quote_answers_queries(state: Path, capsys) -> None:
+    quoted = state.parent / "it's here"
+    state.rename(quoted)
+    assert sql(quoted, "SELECT count(*) AS n FROM trajectories", "--format", "csv") == 0
+    assert capsys.readouterr().out.splitlines() == ["n", "23"]
 
 
 # Every refusal of a statement: the statement as the user wrote it (spaces folded), up to 60 characters.
