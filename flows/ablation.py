@@ -68,9 +68,10 @@ from tasks.common import open_warehouse, round_lock
 from tasks.evaluate import evaluate_checkpoint
 from tasks.splits import FINAL_HELDOUT_ROUND, HELDOUT_ROUND
 
-# Seconds a seed's process has to end after SIGTERM (its Prefect task run is then recorded as crashed) before it is
-# killed.
-SEED_STOP_GRACE_S = 10.0
+# Seconds a seed's process has to end after SIGTERM before it is killed: enough to record its Prefect task run as
+# crashed, too short for the seed the pool queued next, which the process starts once its own seed has stopped, to
+# finish a round (what the seeds record survives a kill, as any round's does).
+SEED_STOP_GRACE_S = 2.0
 
 
 def curriculum_batch(tasks_per_batch: int, max_rollout_factor: float) -> int:

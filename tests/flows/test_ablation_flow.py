@@ -30,7 +30,7 @@ from tests.flows.conftest import REPO, cli_env, kill_group, write_config_file
 
 pytestmark = pytest.mark.slow
 
-# After Ctrl-C: seconds the command may take to end (its seeds' processes get SIGTERM, then 10 s before SIGKILL),
+# After Ctrl-C: seconds the command may take to end (its seeds' processes get SIGTERM, then 2 s before SIGKILL),
 # and seconds after its end within which nothing it started may be left.
 STOPPED_WITHIN_S = 60.0
 GONE_WITHIN_S = 5.0
