@@ -310,12 +310,12 @@ def coevolve_ablation(
             ]  # fmt: skip
             results = [row for future in futures for row in future.result()]
         except (KeyboardInterrupt, TerminationSignal):
-            stop_seed_processes()
+            stop_seed_processes(runner)
             raise
     return report_task(base, name, results)
 
 
-def stop_seed_processes() -> None:
+def stop_seed_processes(runner: ProcessPoolTaskRunner) -> None:
     """End the processes playing seeds, on Ctrl-C or SIGTERM.
 
     Leaving the pool otherwise waits for every seed it holds to finish, and starts the one it had already queued
@@ -329,3 +329,8 @@ def stop_seed_processes() -> None:
         process.join(timeout=SEED_STOP_GRACE_S)
         if process.is_alive():
             process.kill()
+    # A process ended while it held the lock of the queue its Prefect logs travel by leaves that lock taken, and the
+    # message that stops the pool's forwarding thread would wait for it at this process's exit, for ever.
+    messages = getattr(runner, "_subprocess_message_queue", None)
+    if messages is not None:
+        messages.cancel_join_thread()
