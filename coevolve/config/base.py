@@ -43,20 +43,29 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def explain(exc: ValidationError) -> str:
     """The ConfigError message for invalid values: each field with what is wrong and the value given.
 
-    One invalid field is one line, as every error is; several are listed one a line.
+    One invalid field is one line, as every error is, the errors of its items (a list's) included; several fields
+    are listed one a line.
     """
-    problems = []
+    fields: dict[tuple[str | int, ...], list[str]] = {}
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
         if not where.isprintable() or where != where.strip():  # a name holding a line break or tab, shown escaped
             where = repr(where)
         if err["type"] == "extra_forbidden":
-            problems.append(f"{where}: unknown field; check its spelling against `coevolve config --show`.")
+            problem = f"{where}: unknown field; check its spelling against `coevolve config --show`"
         else:
             given = repr(err.get("input"))  # whole up to a long path's length; a megabyte of YAML is not echoed
             given = given if len(given) <= MAX_SHOWN_CHARS else f"{given[: MAX_SHOWN_CHARS - 1]}…"
             message = " ".join(str(err["msg"]).split())
-            problems.append(f"{where}: {message} (got {given}).")
+            problem = f"{where}: {message} (got {given})"
+        fields.setdefault(_field_of(err["loc"]), []).append(problem)
+    problems = ["; ".join(items) + "." for items in fields.values()]
     if len(problems) == 1:
         return f"The configuration is invalid: {problems[0]}"
     return "\n".join(["The configuration is invalid:", *(f"  - {problem}" for problem in problems)])
+
+
+def _field_of(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """The field an error is about: its location up to the first item index (`rollout.gates` of `rollout.gates.1`)."""
+    index = next((i for i, part in enumerate(loc) if isinstance(part, int)), len(loc))
+    return loc[:index]
