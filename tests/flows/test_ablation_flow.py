@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -25,6 +24,7 @@ from storage.warehouse import Warehouse
 from tasks.ablation.report import FINAL_SPLIT, read_per_run_table
 from tasks.prepare import prepare_stage
 from tasks.splits import FINAL_HELDOUT_ROUND, build_final_heldout
+from tests.conftest import live_server_processes
 from tests.crash_at import CRASH_EXIT
 from tests.flows.conftest import REPO, cli_env, kill_group, write_config_file
 
@@ -291,17 +291,6 @@ def _ablation_command(config_file: Path, state_dir: Path, log: Path) -> subproce
         )  # fmt: skip
 
 
-def _group_members(group: int) -> list[int]:
-    members = []
-    for process in psutil.process_iter():
-        try:
-            if os.getpgid(process.pid) == group:
-                members.append(process.pid)
-        except (psutil.Error, ProcessLookupError):
-            pass
-    return members
-
-
 @pytest.fixture(scope="module")
 def interrupted_then_resumed(tiny_config, tmp_path_factory):
     """The ablation of `ablation_run` one seed at a time, through the command: Ctrl-C (SIGINT to the command's
@@ -330,7 +319,7 @@ def interrupted_then_resumed(tiny_config, tmp_path_factory):
         first_code = first.wait(timeout=120)
         seconds_to_stop = time.monotonic() - signalled
         time.sleep(GONE_WITHIN_S)
-        left = _group_members(first.pid)
+        left = live_server_processes([first.pid], str(folder))  # its group, and any vLLM server it started
     finally:
         kill_group(first)
     with Warehouse(config.warehouse_path, read_only=True) as wh:
