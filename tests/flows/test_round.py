@@ -1,5 +1,7 @@
 """A whole round end to end: real Prefect flow run, DuckDB file, MLflow store, TRL trainer, bfcl-eval classes."""
 
+from pathlib import Path
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -15,7 +17,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def finished_round(prefect_api, tiny_config, tmp_path_factory):
-    config = tiny_config(tmp_path_factory.mktemp("state"))
+    # Checkpoints registered by URI (a folder on shared storage) instead of copied into the artifacts.
+    config = tiny_config(tmp_path_factory.mktemp("state"), tracking={"register_checkpoints": "uri"})
     summary = coevolve_round(round_=0, config=config.model_dump(mode="json"))
     return config, summary
 
@@ -55,6 +58,14 @@ def test_mlflow_links_checkpoint_pool_and_flow_run(finished_round):
     run = client.get_run(version.run_id)
     assert run.data.metrics["rollouts"] == summary["rollouts"]
     assert client.get_model_version_by_alias(config.registered_model_name, "current").version == version.version
+
+
+def test_register_uri_points_the_version_at_the_checkpoint_folder_and_copies_nothing(finished_round):
+    config, summary = finished_round
+    client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
+    version = client.get_model_version(config.registered_model_name, summary["model_version"])
+    assert version.source == Path(summary["checkpoint"]).resolve().as_uri()
+    assert {a.path for a in client.list_artifacts(version.run_id)} == {"figures", "pool"}
 
 
 def test_running_a_finished_round_again_changes_nothing(finished_round):

@@ -9,11 +9,11 @@ ends exactly like the same round run inline with `coevolve round`.
 
 One module-scoped setup runs, in order: the inline round (alongside the rest; it is the session's uninterrupted
 round of tests/flows/test_crash_resume.py, the same configuration and run id, run once for both modules, in its own
-process, state folder and MLflow store as `coevolve round` runs it); two deployment runs
-of the placed round at once with placement.round_concurrency=fail, then a third with 'wait'; the placed
-round of the same run in a second state folder (its own MLflow store, checkpoints registered by
-URI) whose GPU worker is killed with -9 during rollout, then run again after a new GPU worker
-starts. The nightly deployment stays deployed as prefect.yaml defines it: the server's scheduler
+process, state folder and MLflow store as `coevolve round` runs it); two deployment runs of the placed round at once
+with placement.round_concurrency=fail, one of which takes the run's slot while the other fails at once; the GPU
+worker killed with -9 during the slot holder's rollout, so that the holder fails after its stage timeout; and a
+third run with 'wait', started right after a new GPU worker, which waits for the slot and resumes the round there.
+The nightly deployment stays deployed as prefect.yaml defines it: the server's scheduler
 creates its runs, and the first one, given zero rounds in a state folder of its own and made due
 now before any worker starts, runs on the CPU worker. Everything binds 127.0.0.1 on free ports;
 every process is stopped by its process id.
@@ -297,45 +297,37 @@ def rounds(cluster, tiny_config, crash_round):
     # The same round inline, in its own process, state folder and MLflow store: the session's uninterrupted round
     # of the crash test (tests/flows/test_crash_resume.py), shared with it.
     crash_round.start()
-    # Two runs of the placed round at once with 'fail', then one with 'wait' while the first still runs.
+    # Two runs of the placed round at once with 'fail': one takes the run's slot, the other fails at once.
     placed = _placed_config(
-        tiny_config, root / "shared" / "placed", placement={"round_concurrency": "fail"},
+        tiny_config, root / "shared" / "placed",
+        placement={"round_concurrency": "fail", "stage_timeout_s": KILLED_STAGE_TIMEOUT_S},
         tracking={"mlflow_uri": cluster.mlflow_uri},
     )  # fmt: skip
     racing = [_start_round(cluster, placed), _start_round(cluster, placed)]
+    # The GPU worker dies with -9 during the winner's rollout, and a new one starts.
     deadline = time.monotonic() + 600
-    while not any(_flow_run_state(cluster.api_url, r) in TERMINAL for r in racing) and time.monotonic() < deadline:
-        time.sleep(2)
+    while not _trajectory_files(placed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _kill_tree(cluster.processes["gpu-worker"])
+    durable_at_kill = len(_trajectory_files(placed))
+    rollout_done_at_kill = _stage_done(placed, "rollout")
+    cluster.processes["gpu-worker"] = _start_worker("coevolve-gpu", "gpu-worker-2", root / "gpu-box-2", cluster.api_url)
+    # Started at once with 'wait': it waits for the run's slot until the winner gives up on its rollout, then
+    # resumes the round on the new worker.
     waiting = _start_round(
-        cluster, placed.with_overrides({"placement": {"round_concurrency": "wait", "round_wait_s": 900}})
+        cluster,
+        placed.with_overrides(
+            {"placement": {"round_concurrency": "wait", "round_wait_s": 900, "stage_timeout_s": 3600}}
+        ),
     )
     racing_states = {r: wait(r) for r in racing}
     waiting_state = wait(waiting)
-
-    # The same round in a second state folder: the GPU worker dies with -9 during rollout.
-    resumed = _placed_config(
-        tiny_config, root / "shared" / "resumed", placement={"stage_timeout_s": KILLED_STAGE_TIMEOUT_S},
-        tracking={"register_checkpoints": "uri"},
-    )  # fmt: skip
-    first = _start_round(cluster, resumed)
-    deadline = time.monotonic() + 600
-    while not _trajectory_files(resumed) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    _kill_tree(cluster.processes["gpu-worker"])
-    durable_at_kill = len(_trajectory_files(resumed))
-    rollout_done_at_kill = _stage_done(resumed, "rollout")
-    cluster.processes["gpu-worker"] = _start_worker("coevolve-gpu", "gpu-worker-2", root / "gpu-box-2", cluster.api_url)
-    # Started at once: it waits for the run's slot until the first attempt gives up on its rollout.
-    second = _start_round(
-        cluster, resumed.with_overrides({"placement": {"stage_timeout_s": 3600, "round_wait_s": 900}})
-    )
-    first_state = wait(first)
-    second_state = wait(second)
+    # The racer that fails at once ends first; the winner ends when it gives up on the dead worker's stage.
+    loser, winner = sorted(racing, key=lambda r: _flow_run(cluster.api_url, r)["end_time"])
     inline = crash_round.wait()
     return SimpleNamespace(
-        inline=inline, placed=placed, resumed=resumed, racing_states=racing_states, waiting=waiting,
-        waiting_state=waiting_state, first=first, first_state=first_state, second=second, second_state=second_state,
-        durable_at_kill=durable_at_kill, rollout_done_at_kill=rollout_done_at_kill,
+        inline=inline, placed=placed, racing_states=racing_states, loser=loser, winner=winner, waiting=waiting,
+        waiting_state=waiting_state, durable_at_kill=durable_at_kill, rollout_done_at_kill=rollout_done_at_kill,
     )  # fmt: skip
 
 
@@ -359,53 +351,54 @@ def _version_of(warehouse_path: str, run_id: str, tracking_uri: str, model_name:
 # --- placement ------------------------------------------------------------------------------------------
 
 
-def test_the_placed_round_completes(cluster, rounds) -> None:
-    assert sorted(rounds.racing_states.values()) == ["COMPLETED", "FAILED"]
+def test_the_racing_rounds_both_fail_and_the_waiting_round_completes(rounds) -> None:
+    assert list(rounds.racing_states.values()) == ["FAILED", "FAILED"]
+    assert rounds.waiting_state == "COMPLETED"
 
 
 @pytest.mark.parametrize("stage", GPU_STAGES + CPU_STAGES)
 def test_each_stage_runs_on_the_worker_of_its_pool(cluster, rounds, stage) -> None:
     pool = "coevolve-gpu" if stage in GPU_STAGES else "coevolve-cpu"
-    # Rollout and update run once per training step (CRASH_OVERRIDES: two), each named after its step.
+    # Rollout and update run once per training step (CRASH_OVERRIDES: two), each named after its step; every GPU
+    # stage that completed ran after the first GPU worker was killed.
     steps = rounds.placed.training.batches_per_round if stage in STEP_STAGES else 1
     placed = _stage_runs(cluster.api_url, rounds.placed)
     for k in range(steps):
-        (run,) = placed[record_name(stage, k)]
-        assert run["state"]["type"] == "COMPLETED"
+        (run,) = [r for r in placed[record_name(stage, k)] if r["state"]["type"] == "COMPLETED"]
         assert run["work_pool_name"] == pool
-        assert run["labels"]["prefect.worker.name"] == ("gpu-worker" if stage in GPU_STAGES else "cpu-worker")
+        assert run["labels"]["prefect.worker.name"] == ("gpu-worker-2" if stage in GPU_STAGES else "cpu-worker")
 
 
 @pytest.mark.parametrize("table", list(CONTENT))
 def test_the_placed_round_writes_the_inline_rounds_rows(rounds, table) -> None:
-    expected, actual = warehouse_content(rounds.inline)[table], warehouse_content(rounds.placed)[table]
-    assert actual == expected
+    # Episodes replayed after the kill are batched with fewer others (see test_crash_resume).
+    assert_same_rows(table, warehouse_content(rounds.placed)[table], warehouse_content(rounds.inline)[table])
 
 
-def test_the_placed_round_registers_the_inline_rounds_pool_and_checkpoint(rounds) -> None:
+def test_the_placed_round_registers_the_inline_rounds_pool_and_checkpoint_once(rounds) -> None:
     _, inline_record, inline_version = _version(rounds.inline)
-    _, placed_record, placed_version = _version(rounds.placed)
+    client, placed_record, placed_version = _version(rounds.placed)
     assert placed_record["pool_digest"] == inline_record["pool_digest"]
     for tag in ("pool_digest", "produced_pool_digest", "checkpoint_digest"):
         assert placed_version.tags[tag] == inline_version.tags[tag] != ""
+    names = client.search_model_versions(f"name = '{rounds.placed.registered_model_name}'")
+    assert [str(v.version) for v in names] == ["1"]
 
 
 # --- the run's slot -----------------------------------------------------------------------------------------
 
 
 def test_a_second_round_of_the_run_fails_at_once_naming_the_run(cluster, rounds) -> None:
-    (failed,) = [r for r, state in rounds.racing_states.items() if state == "FAILED"]
-    message = _flow_run(cluster.api_url, failed)["state"]["message"]
+    message = _flow_run(cluster.api_url, rounds.loser)["state"]["message"]
     assert f"Run '{RUN_ID}' is already running a round on another machine" in message
     assert f"coevolve-run-{RUN_ID}" in message
 
 
-def test_a_waiting_round_runs_after_the_first_and_finds_the_round_done(cluster, rounds) -> None:
-    assert rounds.waiting_state == "COMPLETED"
-    (completed,) = [r for r, state in rounds.racing_states.items() if state == "COMPLETED"]
-    first, waiting = _flow_run(cluster.api_url, completed), _flow_run(cluster.api_url, rounds.waiting)
-    assert waiting["start_time"] < first["end_time"] <= waiting["end_time"]
-    assert all(len(runs) == 1 for runs in _stage_runs(cluster.api_url, rounds.placed).values())
+def test_a_waiting_round_takes_the_slot_when_the_round_holding_it_ends(cluster, rounds) -> None:
+    holder, waiting = _flow_run(cluster.api_url, rounds.winner), _flow_run(cluster.api_url, rounds.waiting)
+    assert waiting["start_time"] < holder["end_time"] <= waiting["end_time"]
+    runs = _stage_runs(cluster.api_url, rounds.placed)
+    assert {name: len(r) for name, r in runs.items() if len(r) != 1} == {record_name("rollout", 0): 2}
 
 
 # --- a worker killed with -9 ------------------------------------------------------------------------------------
@@ -413,11 +406,10 @@ def test_a_waiting_round_runs_after_the_first_and_finds_the_round_done(cluster, 
 
 def test_the_gpu_worker_died_during_rollout(rounds) -> None:
     assert rounds.durable_at_kill >= 1 and not rounds.rollout_done_at_kill
-    assert rounds.first_state == "FAILED"
 
 
 def test_the_round_waiting_on_the_dead_worker_fails_after_the_stage_timeout(cluster, rounds) -> None:
-    message = _flow_run(cluster.api_url, rounds.first)["state"]["message"]
+    message = _flow_run(cluster.api_url, rounds.winner)["state"]["message"]
     assert "Stage rollout of round 0 ran as deployment coevolve-stage/rollout-gpu" in message
     assert f"was still Running after {KILLED_STAGE_TIMEOUT_S:.0f} s (placement.stage_timeout_s)" in message
 
@@ -425,31 +417,13 @@ def test_the_round_waiting_on_the_dead_worker_fails_after_the_stage_timeout(clus
 def test_the_round_cancels_the_stage_it_gave_up_on(cluster, rounds) -> None:
     """The given-up run is CANCELLING while no worker of its pool is alive; the new GPU worker's cancellation
     check may have finished it (CANCELLED) by the time it is read, depending on how loaded the machine is."""
-    states = sorted(r["state"]["type"] for r in _stage_runs(cluster.api_url, rounds.resumed)["rollout"])
+    states = sorted(r["state"]["type"] for r in _stage_runs(cluster.api_url, rounds.placed)["rollout"])
     assert states in (["CANCELLING", "COMPLETED"], ["CANCELLED", "COMPLETED"])
 
 
 def test_the_round_run_again_on_a_new_worker_completes(cluster, rounds) -> None:
-    assert rounds.second_state == "COMPLETED"
-    rollout = [r for r in _stage_runs(cluster.api_url, rounds.resumed)["rollout"] if r["state"]["type"] == "COMPLETED"]
+    rollout = [r for r in _stage_runs(cluster.api_url, rounds.placed)["rollout"] if r["state"]["type"] == "COMPLETED"]
     assert [r["labels"]["prefect.worker.name"] for r in rollout] == ["gpu-worker-2"]
-
-
-@pytest.mark.parametrize("table", list(CONTENT))
-def test_the_resumed_round_writes_the_uninterrupted_rounds_rows(rounds, table) -> None:
-    # Episodes replayed after the kill are batched with fewer others (see test_crash_resume).
-    assert_same_rows(table, warehouse_content(rounds.resumed)[table], warehouse_content(rounds.inline)[table])
-
-
-def test_the_resumed_round_registers_the_uninterrupted_rounds_pool_and_checkpoint(rounds) -> None:
-    _, inline_record, inline_version = _version(rounds.inline)
-    client, resumed_record, resumed_version = _version(rounds.resumed)
-    assert resumed_record["pool_digest"] == inline_record["pool_digest"]
-    for tag in ("pool_digest", "produced_pool_digest", "checkpoint_digest"):
-        assert resumed_version.tags[tag] == inline_version.tags[tag]
-    assert [
-        str(v.version) for v in client.search_model_versions(f"name = '{rounds.resumed.registered_model_name}'")
-    ] == ["1"]
 
 
 # --- MLflow ----------------------------------------------------------------------------------------------------
@@ -469,12 +443,6 @@ def test_the_tracking_server_stores_the_copied_checkpoint(cluster, rounds) -> No
     experiment = client.get_experiment_by_name(rounds.placed.tracking.experiment)
     stored = [p for p in (cluster.artifacts / experiment.experiment_id).rglob("*") if p.is_file()]
     assert [p for p in stored if "checkpoint" in p.parts and p.name == "model.safetensors"]
-
-
-def test_register_uri_points_the_version_at_the_checkpoint_folder_and_copies_nothing(rounds) -> None:
-    client, recorded, version = _version(rounds.resumed)
-    assert version.source == Path(recorded["checkpoint"]).resolve().as_uri()
-    assert {a.path for a in client.list_artifacts(version.run_id)} == {"figures", "pool"}
 
 
 # --- the nightly deployment ------------------------------------------------------------------------------------
