@@ -176,12 +176,21 @@ def exit_in_log(path: Path) -> None:
     _exit_log[:] = [path]
 
 
+def command_log(state_dir: Path, command: str) -> Path:
+    """A command's own log file (`log_path`), named on the console, and where the process's last output goes
+    (`exit_in_log`): the first lines of `coevolve evolve`, `round` and `ablation`."""
+    log = log_path(state_dir, command)
+    print(f"log: {shown(log)}", flush=True)
+    exit_in_log(log)
+    return log
+
+
 def exit_to_log() -> None:
     """After a command's last console line: what the process still prints until it exits goes to its log file.
 
     Exit handlers (Prefect's services, its temporary server) and native libraries' leak reports at interpreter
     shutdown write to the process's stdout and stderr; after an interrupt or an error they have plenty to say.
-    Does nothing unless the command named its log with `exit_in_log` (`coevolve evolve`, `coevolve round`).
+    Does nothing unless the command named its log with `exit_in_log` (`command_log`).
     """
     if not _exit_log or not _exit_log[0].exists():
         return

@@ -139,9 +139,7 @@ def cmd_evolve(args: argparse.Namespace) -> int:
             return 0
     with _store_errors(config, config.warehouse_path):
         resumed = preflight.check(config)  # the round lock and the round's inputs, refused before Prefect starts
-    log = console.log_path(config.state_dir, "evolve")
-    print(f"log: {console.shown(log)}", flush=True)
-    console.exit_in_log(log)
+    log = console.command_log(config.state_dir, "evolve")
     if resumed:
         print(resumed, flush=True)
     # The flow prints the table as each round finishes (the nightly deployment runs the same flow); the
@@ -166,9 +164,7 @@ def cmd_round(args: argparse.Namespace) -> int:
         return 0
     with _store_errors(config, config.warehouse_path):
         resumed = preflight.check(config, args.round)  # the round lock and its inputs, refused before Prefect starts
-    log = console.log_path(config.state_dir, "round")
-    print(f"log: {console.shown(log)}", flush=True)
-    console.exit_in_log(log)
+    log = console.command_log(config.state_dir, "round")
     if resumed:
         print(resumed, flush=True)
     t0 = time.perf_counter()
@@ -372,9 +368,7 @@ def cmd_ablation(args: argparse.Namespace) -> int:
     if args.workers is not None:
         config = config.with_overrides({"ablation_workers": args.workers})
     t0 = time.perf_counter()
-    log = console.log_path(config.state_dir, "ablation")
-    print(f"log: {console.shown(log)}", flush=True)
-    console.exit_in_log(log)
+    log = console.command_log(config.state_dir, "ablation")
     # As `coevolve evolve`: the runs' output goes to the log, Ctrl-C or SIGTERM ends the command in one line
     # (the seeds' processes too), and the same command resumes every run where it stopped.
     with preflight.reported(config, None, log, where=f"ablation '{args.name}'"), console.log_to_file(log):
