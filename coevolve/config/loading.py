@@ -157,6 +157,13 @@ def _read_file(file: Path) -> dict[str, Any]:
     loaded = _load_yaml(text, f"Config file {file}") or {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"Config file {file} must hold a mapping of sections, not {type(loaded).__name__}.")
+    unnamed = [key for key in loaded if not isinstance(key, str)]
+    if unnamed:
+        # YAML allows any value as a key (`?` alone is a null key, `1:` a number); sections are named.
+        raise ConfigError(
+            f"Config file {file} has a key that is not a section name ({unnamed[0]!r}); name each section, "
+            "e.g. rollout:."
+        )
     return loaded
 
 

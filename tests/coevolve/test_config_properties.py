@@ -101,6 +101,8 @@ def test_any_yaml_mapping_of_sections_loads_or_is_refused_one_line_each(document
 
 @settings(max_examples=80, deadline=None)
 @given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+@example(b"?")  # a mapping whose one key is null
+@example(b"1: 2")  # a number as a section's name
 def test_any_file_content_loads_or_is_one_line(content):
     with tempfile.TemporaryDirectory() as folder:
         file = Path(folder) / "config.yaml"
