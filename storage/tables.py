@@ -40,6 +40,10 @@ import pyarrow.parquet as pq
 from coevolve.errors import DataError, disk_full_as_error
 from coevolve.stages import record_name
 
+# The run id of the empty file every table holds from the start (`Warehouse._empty_file`) and of the catalog's
+# placeholder records: never a real run's id (coevolve/config: a run id starts with a letter or digit).
+PLACEHOLDER_RUN = "_empty"
+
 PARTIAL_SUFFIX = ".partial"
 # A partial file this old is abandoned whoever wrote it: a whole file is written in well under a minute.
 STALE_PARTIAL_S = 3600.0
@@ -87,6 +91,14 @@ class TableFiles:
         if self.is_local:
             return path
         return f"{_protocols(self.fs)[0]}://{path}"
+
+    def aside(self, path: str) -> str:
+        """How a user moves a damaged file out of the views' way (a name that no longer ends in .parquet)."""
+        if self.is_local:
+            return f"move it aside (mv {path} {path}.damaged)"
+        url = self.url(path)
+        example = f", e.g. `aws s3 mv {url} {url}.damaged`" if url.startswith("s3://") else ""
+        return f"move it aside (rename {url} to {url}.damaged with the object store's tools{example})"
 
     # -- naming ------------------------------------------------------------------------------------
 
@@ -185,8 +197,16 @@ class TableFiles:
         the training step whose episodes the file holds) when running the round again writes it anew; a round
         that is finished, or whose step was played by a policy that is gone, cannot write it again.
         """
-        detail = " ".join(detail.split())[:300]
+        # DuckDB's message goes on with the statement it failed in ("LINE 1: CREATE VIEW ..."): left out.
+        detail = " ".join(detail.split("\nLINE ")[0].split())[:300]
         message = f"Warehouse file {self.url(path)} is not a readable Parquet file ({detail}); "
+        if posixpath.basename(path) == f"{PLACEHOLDER_RUN}.parquet":
+            # The table's empty file: without it the views take the table's columns from SCHEMAS
+            # (`WarehouseViews.connect`), and a command that opens the warehouse for writing writes it anew.
+            return DataError(
+                message + f"it is the table's empty file and holds no rows: {self.aside(path)}, and the views take "
+                "the table's columns from the code until the next round writes the file anew."
+            )
         relative = posixpath.relpath(path, self.path).split("/")
         stage = _WRITTEN_BY.get(relative[1]) if len(relative) == 5 and relative[0] == "tables" else None
         run = relative[2].removeprefix("run_id=") if stage else ""
@@ -196,7 +216,7 @@ class TableFiles:
             if advice is not None:
                 return DataError(message + advice)
         return DataError(
-            message + f"restore it from a backup, or move it aside (mv {path} {path}.damaged) and run the stage "
+            message + f"restore it from a backup, or {self.aside(path)} and run the stage "
             "that wrote it again (its record under catalog/stage_runs/ deleted) or `coevolve round --round 0` "
             "in a new warehouse."
         )
@@ -204,7 +224,7 @@ class TableFiles:
     def _rewrite_advice(self, path: str, table: str, stage: str, run: str, round_: int) -> str | None:
         """How the rows of a damaged file of round ``round_`` come back, read off the round's records; None when
         the records do not tell which training step's rollout wrote it."""
-        aside = f"move it aside (mv {path} {path}.damaged)"
+        aside = self.aside(path)
         kept = "the round's other rows and records stay as they are, and this file's rows are left out of every query"
         round_record = self._record(f"{self.path}/catalog/rounds/run_id={run}/{round_}.json") or {}
         if round_record.get("status") == "finished":

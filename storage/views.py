@@ -13,6 +13,7 @@ import re
 import shutil
 import tempfile
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,8 @@ QUERY_SPILL_FACTOR = 4
 
 
 def _no_rows(table: str) -> str:
-    """A query with ``table``'s columns (and run_id, round) and no rows, in SQL alone: a script cannot register data."""
+    """A query with ``table``'s columns (and run_id, round for a partitioned table) and no rows, in SQL alone: a
+    script cannot register data."""
     con = duckdb.connect()
     try:
         con.register("empty", SCHEMAS[table].empty_table())
@@ -56,7 +58,8 @@ def _no_rows(table: str) -> str:
     finally:
         con.close()
     typed = ", ".join(f'CAST(NULL AS {kind}) AS "{name}"' for name, kind, *_ in columns)
-    return f"SELECT {typed}, NULL::VARCHAR AS run_id, NULL::INTEGER AS round WHERE false"
+    partition = "" if table == "tasks" else ", NULL::VARCHAR AS run_id, NULL::INTEGER AS round"
+    return f"SELECT {typed}{partition} WHERE false"
 
 
 def _frame(relation: duckdb.DuckDBPyRelation, printable: bool) -> pl.DataFrame:
@@ -136,8 +139,9 @@ class WarehouseViews:
             return self.files.url(f"{self.files.table_dir(table)}/*.parquet")
         return self.files.url(f"{self.files.table_dir(table)}/*/*/*.parquet")
 
-    def scan(self, table: str) -> str:
-        """The SQL that reads a table's files (what its view is defined as)."""
+    def scan(self, table: str, empty_file: bool = True) -> str:
+        """The SQL that reads a table's files (what its view is defined as). ``empty_file`` False: the table's
+        empty file is missing, so its files are read without it (there must be at least one)."""
         pattern = self.glob(table).replace("'", "''")
         # The table's empty file comes first: DuckDB takes the columns from it, so defining the view
         # reads one small file, not every file's footer, and a damaged file fails only the queries
@@ -145,25 +149,23 @@ class WarehouseViews:
         # added within the version (columns.conform): files written before it lack it, and DuckDB ignores
         # it in later files when the empty file (written with the warehouse) lacks it too.
         empty = self.files.url(self._empty_file(table)).replace("'", "''")
+        files = f"['{empty}', '{pattern}']" if empty_file else f"['{pattern}']"
         if table == "tasks":
             # Tasks are content-addressed: the same id always holds the same task, so keep one row of each.
-            return (
-                f"SELECT * FROM read_parquet(['{empty}', '{pattern}']) "
-                "QUALIFY row_number() OVER (PARTITION BY task_id) = 1"
-            )
+            return f"SELECT * FROM read_parquet({files}) QUALIFY row_number() OVER (PARTITION BY task_id) = 1"
         if table in BATCH_PARTS:
             # A batch's trajectories file is its commit record (write_batch writes it last): steps and
             # counts of a batch without one (a writer killed, or still writing, between the files) are not rows yet.
             heads = self.glob("trajectories").replace("'", "''")
             return (
-                f"SELECT * EXCLUDE (filename) FROM read_parquet(['{empty}', '{pattern}'], hive_partitioning = true, "
+                f"SELECT * EXCLUDE (filename) FROM read_parquet({files}, hive_partitioning = true, "
                 "hive_types = {'run_id': VARCHAR, 'round': INTEGER}, filename = true) "
                 f"WHERE run_id <> '{PLACEHOLDER_RUN}' "
                 "AND regexp_extract(filename, '[^/]+/[^/]+/[^/]+$') IN "
                 f"(SELECT regexp_extract(file, '[^/]+/[^/]+/[^/]+$') FROM glob('{heads}'))"
             )
         return (
-            f"SELECT * FROM read_parquet(['{empty}', '{pattern}'], hive_partitioning = true, "
+            f"SELECT * FROM read_parquet({files}, hive_partitioning = true, "
             f"hive_types = {{'run_id': VARCHAR, 'round': INTEGER}}) WHERE run_id <> '{PLACEHOLDER_RUN}'"
         )
 
@@ -174,6 +176,20 @@ class WarehouseViews:
             return f"{self.files.table_dir(table)}/{PLACEHOLDER_RUN}.parquet"
         return f"{self.files.partition_dir(table, PLACEHOLDER_RUN, 0)}/{PLACEHOLDER_RUN}.parquet"
 
+    def _scan_without_empty_file(self, table: str) -> str:
+        """A table whose empty file is missing (a warehouse made before the table, or the file moved aside when
+        damaged): its columns from SCHEMAS, its rows from the files it has when the session opens."""
+        if not self.files.files(table):
+            return _no_rows(table)
+        rows = self.scan(table, empty_file=False)
+        return f"SELECT * FROM ({_no_rows(table)}) UNION ALL BY NAME SELECT * FROM ({rows})"
+
+    def _session(self) -> duckdb.DuckDBPyConnection:
+        con = duckdb.connect()
+        if not self.files.is_local:
+            con.register_filesystem(self.files.fs)
+        return con
+
     def connect(self, locked: bool = False) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB session with a view per table and the analysis views (storage/VIEWS.md).
 
@@ -183,15 +199,30 @@ class WarehouseViews:
         """
         if self._closed:
             raise DataError(f"Warehouse {self.root} is closed.")
-        con = duckdb.connect()
-        if not self.files.is_local:
-            con.register_filesystem(self.files.fs)
-        con.execute(self.view_script())
+        con = self._session()
+        try:
+            try:
+                con.execute(self.view_script())
+            except duckdb.IOException:
+                # Defining a table's view reads its empty file (`scan`); one that is missing (moved aside when
+                # damaged) leaves the table's columns to SCHEMAS.
+                missing = [t for t in SCHEMAS if not self.files.exists(self._empty_file(t))]
+                if not missing:
+                    raise
+                con.close()
+                con = self._session()
+                con.execute(self.view_script(without_empty_file=missing))
+        except duckdb.Error as exc:
+            con.close()
+            damaged = self._damaged_table_file(exc, "")  # a damaged empty file fails every session
+            if damaged is None:
+                raise
+            raise damaged from None
         if locked:
             self._lock_down(con)
         return con
 
-    def view_script(self) -> str:
+    def view_script(self, without_empty_file: Collection[str] = ()) -> str:
         """The SQL that defines every view of a session: one per table, one per kind of record, the analysis views.
 
         What `connect` runs, and what storage/VIEWS.md writes to ``views.sql`` for the DuckDB CLI, so the two
@@ -199,9 +230,10 @@ class WarehouseViews:
         """
         statements = []
         for table in SCHEMAS:
-            if table in ADDED_TABLES and not self.files.exists(self._empty_file(table)):
-                # A warehouse made before the table, opened read-only: the table is empty there.
-                statements.append(f"CREATE VIEW {table} AS {_no_rows(table)}")
+            if table in without_empty_file or (
+                table in ADDED_TABLES and not self.files.exists(self._empty_file(table))
+            ):
+                statements.append(f"CREATE VIEW {table} AS {self._scan_without_empty_file(table)}")
             else:
                 statements.append(f"CREATE VIEW {table} AS {self.scan(table)}")
         statements += [f"CREATE VIEW {kind} AS {self._catalog_scan(kind)}" for kind in CATALOG_COLUMNS]

@@ -34,7 +34,7 @@ from typing import Any
 from coevolve.errors import DataError
 from coevolve.stages import CLEARING_ORDER
 from storage.catalog import PLACEHOLDER_RUN, Catalog, record_time
-from storage.columns import ADDED_TABLES, SCHEMAS
+from storage.columns import SCHEMAS
 from storage.layouts import LATEST_VERSION
 from storage.round_records import RoundRecords
 from storage.small_tables import SmallTables
@@ -100,7 +100,7 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables, TaskStats):
         else:
             self._check_version(int(layout.get("version", 0)))
             if not read_only:
-                self._add_new_tables()
+                self._write_missing_empty_files()
 
     # -- layout ----------------------------------------------------------------------------------
 
@@ -213,10 +213,11 @@ class Warehouse(RoundRecords, TrajectoryRows, SmallTables, TaskStats):
             self.catalog.put_placeholder(kind)
         self.catalog.put(self.catalog.layout_path(), {"version": LATEST_VERSION, "created_at": record_time()})
 
-    def _add_new_tables(self) -> None:
+    def _write_missing_empty_files(self) -> None:
         # A table added within the layout version (storage/columns.py) has no empty file in a warehouse
-        # made before it: writing it now lets every view match before the table's first row.
-        for table in ADDED_TABLES:
+        # made before it, and a damaged one moved aside as its error says leaves none either: writing it now lets
+        # every view match before the table's first row.
+        for table in SCHEMAS:
             target = self._empty_file(table)
             if not self.files.exists(target):
                 self.files.write(target, SCHEMAS[table].empty_table())

@@ -96,6 +96,37 @@ def test_the_other_tables_stay_readable_beside_a_damaged_file(healthy_warehouse,
     assert wh.sql("SELECT count(*) AS n FROM steps")["n"][0] == 80
 
 
+ROWS = (
+    "SELECT (SELECT count(*) FROM tasks) AS tasks, (SELECT count(*) FROM trajectories) AS trajectories, "
+    "(SELECT count(*) FROM steps) AS steps, (SELECT count(*) FROM signals) AS signals"
+)
+
+
+def empty_file(root: Path, table: str) -> Path:
+    """The file a table holds from the warehouse's start, which holds no rows (storage/views.py `_empty_file`)."""
+    if table == "tasks":
+        return root / "tables" / "tasks" / "_empty.parquet"
+    return root / "tables" / table / "run_id=_empty" / "round=0" / "_empty.parquet"
+
+
+@pytest.mark.parametrize("table", ["trajectories", "tasks", "signals"])
+def test_a_damaged_empty_file_is_one_line_and_moving_it_aside_keeps_every_row(healthy_warehouse, table):
+    before = Warehouse(healthy_warehouse, read_only=True).sql(ROWS).rows()
+    path = empty_file(healthy_warehouse, table)
+    path.write_bytes(noise(200))
+    with pytest.raises(DataError) as caught:
+        Warehouse(healthy_warehouse, read_only=True).sql("SELECT count(*) FROM v_success_by_round")
+    message = str(caught.value)
+    assert "\n" not in message and f"Warehouse file {path} is not a readable Parquet file" in message
+    assert "empty file and holds no rows" in message and "LINE 1" not in message
+    assert f"(mv {path} {path}.damaged)" in message
+    path.rename(f"{path}.damaged")  # the printed fix
+    assert Warehouse(healthy_warehouse, read_only=True).sql(ROWS).rows() == before
+    Warehouse(healthy_warehouse).close()  # opened for writing, as a round opens it: the file is written anew
+    assert path.is_file()
+    assert Warehouse(healthy_warehouse, read_only=True).sql(ROWS).rows() == before
+
+
 # -- the warehouse: its catalog and its root ------------------------------------------------------
 
 

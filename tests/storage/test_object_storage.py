@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from agent.serve import free_port
+from coevolve.errors import DataError
 from coevolve.records import RoundSummary, Signal
 from flows.cli import main
 from storage.single_file_conversion import compare, migrate
@@ -119,6 +120,27 @@ def test_rows_written_to_s3_read_back_through_files_and_views(s3: str, make_task
         config = wh.sql("SELECT config FROM runs").item()
         assert json.loads(config) == {"seed": 3}
         assert wh.sql("SELECT status FROM rounds").item() == "finished"
+
+
+def test_a_damaged_file_on_s3_names_its_url_and_a_move_aside_that_works_there(s3: str, make_task, make_trajectory):
+    tasks = [make_task(i) for i in range(3)]
+    with Warehouse(f"s3://{BUCKET}/damaged", storage_options={"endpoint_url": s3}) as wh:
+        wh.write_tasks(tasks)
+        wh.write_trajectories([make_trajectory(t.task_id, 0, True) for t in tasks])
+    (key,) = [k for k in keys(s3, "damaged/tables/trajectories/") if "run_id=_empty" not in k]
+    boto3.client("s3", endpoint_url=s3).put_object(Bucket=BUCKET, Key=key, Body=b"not parquet" * 20)
+    url = f"s3://{BUCKET}/{key}"
+    with Warehouse(f"s3://{BUCKET}/damaged", read_only=True, storage_options={"endpoint_url": s3}) as wh:
+        with pytest.raises(DataError) as caught:
+            wh.sql("SELECT count(*) FROM trajectories")
+    message = str(caught.value)
+    assert message.startswith(f"Warehouse file {url} is not a readable Parquet file") and "\n" not in message
+    assert f"`aws s3 mv {url} {url}.damaged`" in message and "(mv " not in message
+    client = boto3.client("s3", endpoint_url=s3)  # the printed fix, as the object store's own client does it
+    client.copy_object(Bucket=BUCKET, Key=f"{key}.damaged", CopySource={"Bucket": BUCKET, "Key": key})
+    client.delete_object(Bucket=BUCKET, Key=key)
+    with Warehouse(f"s3://{BUCKET}/damaged", read_only=True, storage_options={"endpoint_url": s3}) as wh:
+        assert wh.sql("SELECT count(*) FROM trajectories").item() == 0
 
 
 def test_an_open_session_sees_files_another_process_writes(s3: str, make_task, make_trajectory) -> None:

@@ -210,6 +210,15 @@ def test_a_state_folder_whose_path_holds_a_quote_answers_queries(state: Path, ca
     assert capsys.readouterr().out.splitlines() == ["n", "23"]
 
 
+def test_a_warehouse_whose_folder_name_ends_in_x_answers_queries(state: Path, capsys) -> None:
+    # The session may read only below the warehouse's root, which is named with its own last character.
+    moved = state.parent / "warehouse-X"
+    (state / "warehouse").rename(moved)
+    query = ["sql", "SELECT count(*) AS n FROM trajectories", "--format", "csv"]
+    assert main([*query, "--set", f"state_dir={state}", "--set", f"warehouse.uri={moved}"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["n", "23"]
+
+
 # Every refusal of a statement: the statement as the user wrote it (spaces folded), up to 60 characters.
 REFUSAL = (
     "query refused: {where} ({shown}) is {kind}; the warehouse's query door runs reads only ({forms}), and nothing "
