@@ -315,6 +315,11 @@ def coevolve_ablation(
     return report_task(base, name, results)
 
 
+# Where Prefect's process pool keeps the queue its processes' log messages travel by (a private attribute of
+# prefect.task_runners.ProcessPoolTaskRunner; tests/flows/test_ablation_flow.py fails if Prefect renames it).
+MESSAGE_QUEUE_ATTRIBUTE = "_subprocess_message_queue"
+
+
 def stop_seed_processes(runner: ProcessPoolTaskRunner) -> None:
     """End the processes playing seeds, on Ctrl-C or SIGTERM.
 
@@ -331,6 +336,6 @@ def stop_seed_processes(runner: ProcessPoolTaskRunner) -> None:
             process.kill()
     # A process ended while it held the lock of the queue its Prefect logs travel by leaves that lock taken, and the
     # message that stops the pool's forwarding thread would wait for it at this process's exit, for ever.
-    messages = getattr(runner, "_subprocess_message_queue", None)
+    messages = getattr(runner, MESSAGE_QUEUE_ATTRIBUTE, None)
     if messages is not None:
         messages.cancel_join_thread()

@@ -12,11 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 from mlflow.tracking import MlflowClient
+from prefect.task_runners import ProcessPoolTaskRunner
 
 from agent.checkpoints import checkpoint_digest
 from coevolve.errors import PipelineError
 from coevolve.stages import PrepareInput
-from flows.ablation import ARMS, arm_config, coevolve_ablation
+from flows.ablation import ARMS, MESSAGE_QUEUE_ATTRIBUTE, arm_config, coevolve_ablation
 from flows.ablation_round0 import copy_round0, round0_key
 from storage.pool import pool_digest
 from storage.tracking import Tracker
@@ -333,6 +334,14 @@ def interrupted_then_resumed(tiny_config, tmp_path_factory):
         config=config, first_code=first_code, seconds_to_stop=seconds_to_stop, left=left, queued_seed=queued_seed,
         first_console=first_log.read_text(), second_code=second_code, second_console=second_log.read_text(),
     )  # fmt: skip
+
+
+def test_the_process_pool_still_holds_the_log_queue_an_interrupted_ablation_releases():
+    """`stop_seed_processes` releases the queue Prefect's pool forwards its seeds' logs by, which Prefect keeps in a
+    private attribute: a Prefect that renames it would bring the hang at exit back without any error."""
+    with ProcessPoolTaskRunner(max_workers=1) as runner:
+        queue = getattr(runner, MESSAGE_QUEUE_ATTRIBUTE)
+        assert callable(queue.cancel_join_thread)
 
 
 def test_ctrl_c_stops_the_ablation_and_its_seeds_processes_in_one_line(interrupted_then_resumed):
