@@ -22,12 +22,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-# PLACEHOLDER_RUN is the run of the placeholder records: one per kind, so the glob a view reads always matches a
-# file (a DuckDB session opened on a new warehouse then sees records written after it opened). Never returned by
-# `Catalog.records`; the views leave it out.
 from storage.tables import PLACEHOLDER_RUN, TableFiles
-
-__all__ = ["PLACEHOLDER_RUN", "Catalog", "record_time"]
 
 
 def record_time() -> str:

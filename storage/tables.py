@@ -41,7 +41,9 @@ from coevolve.errors import DataError, disk_full_as_error
 from coevolve.stages import record_name
 
 # The run id of the empty file every table holds from the start (`Warehouse._empty_file`) and of the catalog's
-# placeholder records: never a real run's id (coevolve/config: a run id starts with a letter or digit).
+# placeholder records, one per kind, so the glob a view reads always matches a file (a DuckDB session opened on a
+# new warehouse then sees records written after it opened). Never a real run's id (coevolve/config: a run id starts
+# with a letter or digit), never returned by `Catalog.records`; the views leave it out.
 PLACEHOLDER_RUN = "_empty"
 
 PARTIAL_SUFFIX = ".partial"

@@ -22,10 +22,10 @@ import polars as pl
 import pyarrow as pa
 
 from coevolve.errors import DataError, PipelineError
-from storage.catalog import PLACEHOLDER_RUN, Catalog
+from storage.catalog import Catalog
 from storage.columns import ADDED_TABLES, SCHEMAS, conform
 from storage.layouts import VIEWS
-from storage.tables import TableFiles
+from storage.tables import PLACEHOLDER_RUN, TableFiles
 
 # The files of a trajectory batch besides its trajectories file, which write_batch writes last.
 BATCH_PARTS: tuple[str, ...] = ("steps", "tool_call_counts")

@@ -33,12 +33,12 @@ from typing import Any
 
 from coevolve.errors import DataError
 from coevolve.stages import CLEARING_ORDER
-from storage.catalog import PLACEHOLDER_RUN, Catalog, record_time
+from storage.catalog import Catalog, record_time
 from storage.columns import SCHEMAS
 from storage.layouts import LATEST_VERSION
 from storage.round_records import RoundRecords
 from storage.small_tables import SmallTables
-from storage.tables import TableFiles
+from storage.tables import PLACEHOLDER_RUN, TableFiles
 from storage.task_stats import TaskStats
 from storage.trajectory_rows import TrajectoryRows
 from storage.views import CATALOG_COLUMNS

@@ -16,7 +16,7 @@ import pytest
 
 from coevolve.config import PipelineConfig, load_config
 from coevolve.errors import ConfigError
-from storage.catalog import PLACEHOLDER_RUN
+from storage.tables import PLACEHOLDER_RUN
 
 REPO = Path(__file__).resolve().parents[2]
 REFUSED = [PLACEHOLDER_RUN, ".", "..", "_nightly", ".hidden", "a/b", "a b", "run=1", "", "x" * 101]
