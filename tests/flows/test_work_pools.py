@@ -381,8 +381,8 @@ def test_the_placed_round_registers_the_inline_rounds_pool_and_checkpoint_once(r
     assert placed_record["pool_digest"] == inline_record["pool_digest"]
     for tag in ("pool_digest", "produced_pool_digest", "checkpoint_digest"):
         assert placed_version.tags[tag] == inline_version.tags[tag] != ""
-    names = client.search_model_versions(f"name = '{rounds.placed.registered_model_name}'")
-    assert [str(v.version) for v in names] == ["1"]
+    versions = client.search_model_versions(f"name = '{rounds.placed.registered_model_name}'")
+    assert [str(v.version) for v in versions] == ["1"]
 
 
 # --- the run's slot -----------------------------------------------------------------------------------------
