@@ -165,9 +165,10 @@ class TransformersEngine(Engine):
                 done = done | (chosen == eos)
                 if bool(done.all()) or steps == max_new_tokens:
                     break
-                if uniforms is None and bool(done.any()):
-                    # Greedy batches (evaluation's, up to rollout.eval_generate_batch episodes) drop the rows that
-                    # stopped: their messages vary in length, and the loop runs until the longest one ends.
+                if bool(done.any()):
+                    # Rows whose message ended leave the batch (and their KV-cache rows): messages vary in length,
+                    # and the loop runs until the longest one ends. A row's uniforms and its scored logprobs do
+                    # not depend on its neighbours, so the episodes are the same either way.
                     keep = (~done).nonzero().squeeze(-1)
                     past.batch_select_indices(keep)
                     rows, chosen, done, attention, step_pos = (

@@ -72,6 +72,24 @@ def test_behaviour_logprobs_do_not_depend_on_the_batch_an_episode_was_sampled_in
         assert alone.logprobs == batched[i].logprobs
 
 
+def test_sampled_rows_leave_the_batch_once_their_message_ends(engine, prompts, monkeypatch):
+    """The loop runs until the longest message ends; a row that stopped is not computed meanwhile."""
+    decoded_rows = []
+    forward = engine.model.forward
+
+    def counting(*args, **kwargs):
+        if kwargs.get("attention_mask") is not None and kwargs["input_ids"].shape[-1] == 1:
+            decoded_rows.append(kwargs["input_ids"].shape[0])  # a step of the decoding loop
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", counting)
+    seeds = [31, 32, 33, 34][: len(prompts)]
+    lengths = [len(g.token_ids) for g in engine.generate(prompts, temperature=1.5, max_new_tokens=24, seeds=seeds)]
+    assert min(lengths) < max(lengths)
+    # After token p the rows still decoding are those whose message is longer than p + 1 tokens.
+    assert decoded_rows == [sum(n > p + 1 for n in lengths) for p in range(max(lengths) - 1)]
+
+
 def test_reload_switches_checkpoints(tmp_path, tiny_dir, prompts):
     engine = TransformersEngine(tiny_dir)
     perturbed = AutoModelForCausalLM.from_pretrained(tiny_dir)
