@@ -83,6 +83,17 @@ class TrainingConfig(Section):
             "keeps the round's input checkpoint as a separate reference model in memory (one more copy)."
         ),
     )
+    # Off, unlike TRL's default: the gradients are the same either way (the same bytes here), a policy small enough
+    # to train on a CPU has memory to spare, and recomputing every layer's forward in the backward pass cost about a
+    # tenth of an update here (benchmarks/STEP.md); off also lets the update run each prompt once for its samples.
+    gradient_checkpointing: bool = Field(
+        False,
+        description=(
+            "Recompute each layer's forward pass during the backward pass to hold fewer activations (TRL's default): "
+            "for models whose activations do not fit in memory, e.g. configs/paper.yaml's 4B model. Off, the update "
+            "also runs each distinct prompt of a micro-batch once for all its samples."
+        ),
+    )
     use_lora: bool = Field(False, description="Train a LoRA adapter (large models) instead of full weights.")
     lora_rank: int = Field(16, ge=1, description="LoRA rank when use_lora is on.")
     num_processes: int = Field(

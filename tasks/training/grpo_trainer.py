@@ -66,12 +66,14 @@ import warnings
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+import transformers
 import trl.trainer.utils as trl_utils
 from datasets import Dataset
 from peft import LoraConfig, get_peft_model
+from transformers.cache_utils import DynamicLayer
 from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
@@ -154,6 +156,63 @@ class TrainedPositionsOnly:
         return self.model(*args, labels=labels.masked_fill(~keep, -100), **kwargs)
 
 
+class SharedPrefix:
+    """A model call TRL makes with ``labels``: the leading columns no row scores are run once per distinct row.
+
+    Those columns are the batch's prompts, left-padded to one width, and a task's samples share their first prompt,
+    so a micro-batch holds only a few distinct ones (a chunk of the reference pass, one). Each distinct prompt goes
+    through the model once, and every row attends to its prompt's keys and values, so a prompt costs one row's
+    forward and backward pass instead of one per sample. The scored positions get the values of the full pass up
+    to float rounding (tests/tasks/test_update.py). Only in a single process (a DDP, FSDP or DeepSpeed wrapper
+    expects one forward call per backward pass) and without gradient checkpointing (which drops the layers' keys
+    and values).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        # Full attention only: a sliding-window or linear-attention layer keeps other state than all keys and values.
+        self.applies = all(
+            type(layer) is DynamicLayer for layer in transformers.DynamicCache(config=model.config).layers
+        )
+
+    def __call__(
+        self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, **kwargs: Any
+    ) -> Any:
+        shared = unscored_prefix_length(labels)
+        columns = torch.cat([input_ids[:, :shared], attention_mask[:, :shared]], dim=1)
+        distinct, row_prefix = torch.unique(columns, dim=0, return_inverse=True)
+        if not self.applies or shared < 1 or len(distinct) == input_ids.size(0):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+        first_rows = [int((row_prefix == index).nonzero()[0]) for index in range(len(distinct))]
+        # The prefix's keys and values land in the cache passed in, whatever the model's use_cache setting.
+        prefix = transformers.DynamicCache(config=self.model.config)
+        self.model(
+            input_ids=input_ids[first_rows, :shared],
+            attention_mask=attention_mask[first_rows, :shared],
+            past_key_values=prefix,
+            logits_to_keep=1,
+        )
+        cache = transformers.DynamicCache(config=self.model.config)
+        for index, layer in enumerate(prefix.layers):
+            keys, values = cast(DynamicLayer, layer).keys, cast(DynamicLayer, layer).values
+            cache.update(cast(torch.Tensor, keys)[row_prefix], cast(torch.Tensor, values)[row_prefix], index)
+        # Positions continue from the cache's length, as they would in the full pass; the output covers the columns
+        # after the prefix, and TRL keeps only the last completion-length ones.
+        return self.model(
+            input_ids=input_ids[:, shared:],
+            attention_mask=attention_mask,
+            past_key_values=cache,
+            labels=labels[:, shared:],
+            **kwargs,
+        )
+
+
+def unscored_prefix_length(labels: torch.Tensor) -> int:
+    """How many leading columns no row scores, less one: the label of the column after the prefix is predicted from
+    the prefix's last position, so that column must be unscored too."""
+    return max(0, int((labels == -100).all(0).long().cumprod(0).sum()) - 1)
+
+
 class ReplayGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose "old" logprobs are the behaviour logprobs stored with the rollouts, and whose loss scores
     only the trained tokens' positions."""
@@ -175,6 +234,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
             self._trained = None
 
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if world_size() == 1 and not self.args.gradient_checkpointing:
+            model = SharedPrefix(model)
         if self._trained is not None and self._trained.shape == input_ids.shape:
             model = TrainedPositionsOnly(model, self._trained)
         with project_scored_positions_only():
@@ -269,6 +330,7 @@ def grpo_arguments(
         mask_truncated_completions=False,
         shuffle_dataset=False,
         use_cpu=not torch.cuda.is_available(),
+        gradient_checkpointing=config.training.gradient_checkpointing,
         bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
         report_to="none",
         save_strategy="no",

@@ -13,6 +13,7 @@ import trl.trainer.utils as trl_utils
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
+from trl.trainer.utils import add_fused_lm_head
 
 import tasks.training.grpo_trainer
 from agent.chat import ChatFormat, render_tiny
@@ -25,7 +26,7 @@ from coevolve.records import Message, Segment, Trajectory
 from tasks.common import open_warehouse
 from tasks.training.finite_check import DivergedUpdateError
 from tasks.training.grpo_groups import group_trajectories, replay_rows, segment_groups
-from tasks.training.grpo_trainer import ReplayGRPOTrainer, use_behaviour_logprobs
+from tasks.training.grpo_trainer import ReplayGRPOTrainer, SharedPrefix, unscored_prefix_length, use_behaviour_logprobs
 from tasks.update import grpo_update, kl_reference_checkpoint
 
 GROUP_SIZE = 4
@@ -124,6 +125,52 @@ def test_updated_checkpoint_loads_with_from_pretrained(policy_dir, tmp_path):
     assert (out / "model.safetensors").is_file()
     AutoModelForCausalLM.from_pretrained(out)
     assert AutoTokenizer.from_pretrained(out).chat_template is not None
+
+
+def test_a_micro_batch_runs_each_distinct_prompt_once_and_scores_as_the_full_pass(policy_dir):
+    """Two tasks x two samples: the two prompts go through the model once each, not four times."""
+    model, _ = load_policy(policy_dir)
+    add_fused_lm_head(model, temperature=0.9)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 300, (n,), generator=generator) for n in (9, 12)]
+    completions = [torch.randint(3, 300, (n,), generator=generator) for n in (7, 5, 6, 7)]
+    width, length = 12, 7
+    input_ids = torch.zeros((4, width + length), dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, completion in enumerate(completions):
+        prompt = prompts[row // 2]
+        input_ids[row, width - len(prompt) : width] = prompt  # left-padded prompts, right-padded completions
+        input_ids[row, width : width + len(completion)] = completion
+        attention_mask[row, width - len(prompt) : width + len(completion)] = 1
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    labels[:, :width] = -100
+    assert unscored_prefix_length(labels) == width - 1
+    positions = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda _m, args, _o: positions.append(args[0].numel()))
+
+    def scored(call):
+        model.zero_grad()
+        out = call(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+        out.log_probs[:, -length:].sum().backward()
+        return out.log_probs[:, -length:].detach(), [p.grad.clone() for p in model.parameters()]
+
+    full, full_grads = scored(model)
+    shared, shared_grads = scored(SharedPrefix(model))
+    hook.remove()
+    assert positions == [4 * (width + length), 2 * (width - 1), 4 * (length + 1)]
+    assert torch.allclose(shared, full, atol=1e-5)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(shared_grads, full_grads, strict=True))
+
+
+def test_gradient_checkpointing_trains_the_same_update_up_to_float_rounding(policy_dir, tmp_path):
+    trajectories = _batch(policy_dir, 0.9, {"t-a": [1.0, 0.0, 1.0, 0.0], "t-b": [0.0, 1.0, 0.0, 0.0]})
+    weights = {}
+    for on in (False, True):
+        out = tmp_path / f"checkpointing-{on}"
+        grpo_update(policy_dir, trajectories, _config(tmp_path, gradient_checkpointing=on), out)
+        weights[on] = load_policy(out)[0].state_dict()
+    assert weights[True].keys() == weights[False].keys()
+    assert all(torch.allclose(weights[True][k], weights[False][k], atol=1e-6) for k in weights[True])
 
 
 def test_lora_update_saves_merged_weights_and_the_adapter(policy_dir, tmp_path):
