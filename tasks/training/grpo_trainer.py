@@ -157,7 +157,7 @@ class TrainedPositionsOnly:
 
 
 class SharedPrefix:
-    """A model call TRL makes with ``labels``: the leading columns no row scores are run once per distinct row.
+    """A model call TRL makes with ``labels``: the leading columns no row scores are run once per distinct prompt.
 
     Those columns are the batch's prompts, left-padded to one width, and a task's samples share their first prompt,
     so a micro-batch holds only a few distinct ones (a chunk of the reference pass, one). Each distinct prompt goes
