@@ -26,18 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from coevolve.settings import OFFLINE_ENV
+
 REPO = Path(__file__).resolve().parents[1]
-OFFLINE = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "DO_NOT_TRACK": "true",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "VLLM_NO_USAGE_STATS": "1",
-    "VLLM_HOST_IP": "127.0.0.1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
 BEGIN = re.compile(r"(\d\d:\d\d:\d\d,\d+) INFO\s+prefect\.flow_runs \[round-0\] - Beginning (?:sub)?flow run")
 END = re.compile(r"(\d\d:\d\d:\d\d,\d+) INFO\s+prefect\.flow_runs \[round-0\] - Finished in state Completed")
 ROUND_ROW = re.compile(r"^\s+0\s+\d+\s+\d+\s")
@@ -61,7 +52,7 @@ def round0(tree: Path, steps: int, scratch: Path) -> tuple[float, str]:
     command = [sys.executable, "-m", "flows.cli", "evolve", "--rounds", "1", "--set", f"state_dir={state}"]
     command += ["--set", f"training.batches_per_round={steps}"]
     try:
-        done = subprocess.run(command, cwd=tree, env={**os.environ, **OFFLINE}, capture_output=True, text=True)
+        done = subprocess.run(command, cwd=tree, env={**os.environ, **OFFLINE_ENV}, capture_output=True, text=True)
         logs = "".join(path.read_text() for path in sorted((state / "logs").glob("*.log")))
     finally:
         shutil.rmtree(state, ignore_errors=True)

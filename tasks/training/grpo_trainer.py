@@ -179,9 +179,11 @@ class SharedPrefix:
         self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, **kwargs: Any
     ) -> Any:
         shared = unscored_prefix_length(labels)
+        if not self.applies or shared < 1:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
         columns = torch.cat([input_ids[:, :shared], attention_mask[:, :shared]], dim=1)
         distinct, row_prefix = torch.unique(columns, dim=0, return_inverse=True)
-        if not self.applies or shared < 1 or len(distinct) == input_ids.size(0):
+        if len(distinct) == input_ids.size(0):
             return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
         first_rows = [int((row_prefix == index).nonzero()[0]) for index in range(len(distinct))]
         # The prefix's keys and values land in the cache passed in, whatever the model's use_cache setting.
