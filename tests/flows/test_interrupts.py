@@ -89,7 +89,11 @@ class Command:
                 break
             parents |= children
             for pid in children:
-                self.started.setdefault(pid, (processes[pid][2], processes[pid][3]))
+                start, cmdline = processes[pid][2], processes[pid][3]
+                # A child seen between fork and exec still shows its parent's command line: the same process
+                # (same start time) seen later is noted with the line it runs (a zombie's line is empty).
+                if pid not in self.started or (self.started[pid][0] == start and cmdline):
+                    self.started[pid] = (start, cmdline)
 
     def wait_until(self, condition: Callable[[], object], what: str, timeout_s: float = 600) -> None:
         deadline = time.monotonic() + timeout_s
