@@ -15,8 +15,8 @@ equal: such an arm's batch is the base batch divided by ``CURRICULUM_ROLLOUT_FAC
 max_rollout_factor, is what a base arm plays (configs/ablation.yaml: 4 x 6 x 2 = 8 x 6 = 48 a step), and the
 optimizer steps per round are the same. The report prints each arm's episodes played and optimizer steps,
 so a reader sees both. A curriculum arm plays another rollout in round 0 than its base arm, so it
-computes its own round 0 instead of copying it. Run ids spell ``+`` as ``_`` (``arm_run_label``): run ids,
-MLflow metric names and model names take letters, digits, ``_``, ``.`` and ``-`` only.
+computes its own round 0 instead of copying it. Run ids spell ``+`` as ``_`` (tasks/ablation/arms.arm_run_label):
+run ids, MLflow metric names and model names take letters, digits, ``_``, ``.`` and ``-`` only.
 
 With ``rollout.final_heldout_tasks`` > 0 (configs/ablation.yaml: 500), checkpoint 0 is scored on the
 final held-out split once per ablation (rows under run ``<name>-checkpoint-0``) and every run's final
@@ -61,7 +61,7 @@ from flows.evaluate import coevolve_evaluate
 from flows.round import coevolve_round
 from flows.stage import run_slot, run_stage
 from storage.tracking import Tracker
-from tasks.ablation.arms import ARMS
+from tasks.ablation.arms import ARMS, arm_run_label
 from tasks.ablation.report import FINAL_SPLIT
 from tasks.ablation.report_task import report_task
 from tasks.common import open_warehouse, round_lock
@@ -81,11 +81,6 @@ def curriculum_batch(tasks_per_batch: int, max_rollout_factor: float) -> int:
     tasks_per_batch x group_size. Rounded down (at least 1), so a curriculum arm never plays more.
     """
     return max(1, int(tasks_per_batch // max_rollout_factor))
-
-
-def arm_run_label(arm: str) -> str:
-    """An arm's name as it appears in run ids: ``+`` spelled ``_`` (run ids take letters, digits, _ . -)."""
-    return arm.replace("+", "_")
 
 
 def arm_config(

@@ -37,6 +37,7 @@ from flows.commands import (
     cmd_evaluate,
     cmd_evolve,
     cmd_lineage,
+    cmd_report,
     cmd_round,
     cmd_serve,
     cmd_sql,
@@ -224,6 +225,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="Seeds played at the same time, each in its own process (default: ablation_workers).",
     )
     p.set_defaults(func=cmd_ablation)
+
+    p = sub.add_parser(
+        "report",
+        help="Recompute an ablation's report (every table, test, p-value and Holm adjustment) from its outcome files.",
+        description=(
+            "Reads outcomes.csv, round_outcomes.csv and runs.jsonl, which `coevolve ablation` writes beside its "
+            "report.md (docs/ablation_data holds the committed ones), and writes the report again from them alone: "
+            "no warehouse, model or configuration is needed."
+        ),
+    )
+    p.add_argument("folder", help="The folder holding the files, e.g. docs/ablation_data or state_dir/reports/NAME.")
+    p.add_argument("--out", help="Folder to write the report and its figures to (default: a new temporary folder).")
+    p.add_argument(
+        "--power-draws",
+        type=int,
+        default=None,
+        metavar="N",
+        help=(
+            "Simulated experiments per effect size in the power search (default: as many as the ablation draws, "
+            "tasks/ablation/report.POWER_DRAWS); fewer is quicker and the power line coarser, every test the same."
+        ),
+    )
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("lineage", help="Walk a registered checkpoint version back to checkpoint 0 and D_0.")
     common(p)

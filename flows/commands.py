@@ -28,6 +28,7 @@ from coevolve.optional import optional_module, preload
 from coevolve.settings import OFFLINE_ENV, apply_settings
 from flows import preflight, query_output
 from flows.table import COLUMNS, WIDTHS, format_row, summary_row
+from tasks.ablation.arms import arm_run_label
 
 # Each command applies the configuration's settings (offline switches, CPU kernels, Prefect's home)
 # before Prefect, MLflow, torch or bfcl-eval load: Prefect reads its settings once, when it
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     import storage.tracking as tracking
     import storage.views as views
     import storage.warehouse as warehouse
+    import tasks.ablation.outcomes as ablation_outcomes
+    import tasks.ablation.report as ablation_report
     import tasks.evaluate as evaluate_stage
     import tasks.prepare as prepare_stage
 else:
@@ -68,6 +71,8 @@ else:
     views = optional_module("storage.views")
     warehouse = optional_module("storage.warehouse")
     view = optional_module("flows.view.serve")
+    ablation_outcomes = optional_module("tasks.ablation.outcomes")
+    ablation_report = optional_module("tasks.ablation.report")
 
 
 def prepare_environment(config: PipelineConfig, log_file: bool = False, create_state: bool = True) -> None:
@@ -383,6 +388,23 @@ def cmd_ablation(args: argparse.Namespace) -> int:
         )
     print(Path(out["report"]).read_text())
     print(f"report: {out['report']} ({time.perf_counter() - t0:.0f}s)")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Recompute an ablation's report from the outcome files written beside it (tasks/ablation/outcomes.py)."""
+    folder = Path(args.folder)
+    results = ablation_outcomes.read_results(folder)
+    if not results:
+        raise PipelineError(f"{folder / ablation_outcomes.RUNS_FILE} holds no runs.")
+    first = results[0]
+    suffix = f"-{arm_run_label(first['arm'])}-s{first['seed']}"
+    name = first["run_id"].removesuffix(suffix)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=f"report-{name}-"))
+    draws = args.power_draws or ablation_report.POWER_DRAWS
+    written = ablation_report.write_report(results, out, f"Ablation `{name}`", power_draws=draws)
+    print(Path(written["report"]).read_text())
+    print(f"report: {written['report']}")
     return 0
 
 

@@ -43,3 +43,8 @@ ARMS |= {
     for kind in SIGNAL_KINDS
 }
 ARMS |= {f"{arm}{CURRICULUM_SUFFIX}": _with_curriculum(ARMS[arm]) for arm in CURRICULUM_BASES}
+
+
+def arm_run_label(arm: str) -> str:
+    """An arm's name as it appears in run ids: ``+`` spelled ``_`` (run ids take letters, digits, _ . -)."""
+    return arm.replace("+", "_")

@@ -1,18 +1,19 @@
 """Ablation report: mean +- sd per arm, tested comparisons, learning curves, signal mix, pool growth.
 
-Up to four families of comparisons, each Holm-corrected on its own: `full` against every arm without
+Up to six families of comparisons, each Holm-corrected on its own: `full` against every arm without
 the curriculum, every arm against checkpoint 0 ("learning at all"), `full+learnability` against the
-other curriculum arms, and each curriculum arm against its base arm ("curriculum on vs off"); each
-tested with seed and held-out task as units (tasks/ablation/inference.py), with the held-out split's size and
-digest and the smallest effect the experiment detects with 80% power. Per arm, the episodes played and
-optimizer steps, so equal compute can be checked. Also the mechanism per arm and round, mean over
+other curriculum arms, each curriculum arm against its base arm ("curriculum on vs off"), `random` against
+`static` ("new tasks against replaying D_0"), and the arm-against-arm comparisons again at equal optimizer
+steps; each tested with seed and held-out task as units (tasks/ablation/inference.py), with the held-out split's
+size and digest and the smallest effect the experiment detects with 80% power. Per arm, the episodes played and
+optimizer steps, which differ where an arm skips flat groups. Also the mechanism per arm and round, mean over
 seeds: informative GRPO groups, episodes played per informative group, the curriculum's calibration,
 held-out tool-pattern coverage of the training pool, signals and accepted candidates by kind, dev and
 held-out success (table, mechanism.png, curriculum.png, acceptance_by_kind.png).
 
-Input is what the ablation flow collected: for every (arm, seed) run, its round summaries and the
-official-category accuracy of its final checkpoint. Output is a Markdown file with PNG figures
-beside it, also logged to MLflow as one run.
+Input is what the ablation flow collected: for every (arm, seed) run, its round summaries, the
+official-category accuracy of its final checkpoint and its per-task outcomes. Output is a Markdown file with PNG
+figures and the outcome files (tasks/ablation/outcomes.py) beside it, also logged to MLflow as one run.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 from coevolve.signals import SIGNAL_KINDS, letters
 from tasks.ablation.curves import ACCEPTED_KINDS
 from tasks.ablation.inference import detectable_effect, holm, seed_level_array_test
+from tasks.ablation.outcomes import write_results
 from tasks.ablation.plots import ablation_curves, curriculum_figure, mechanism_figures
 from tasks.ablation.report_summary import summarize
 
@@ -148,6 +150,27 @@ def _arm_family(
     return [*lines, "", _verdict(tests, label)]
 
 
+def _step_matched_lines(tests: dict[str, dict[str, Any]]) -> list[str]:
+    """The arm-against-arm comparisons at equal optimizer steps: an arm that skips flat groups takes fewer steps."""
+    lines = [
+        "",
+        f"### Family 6: at equal optimizer steps ({len(tests)} comparisons, Holm)",
+        "",
+        "Arms that skip flat GRPO groups end with different step counts. Here each seed's two runs are compared on "
+        "the per-round held-out split after the rounds by which both have taken the smaller of their two step "
+        "totals (steps: that count, mean over seeds), so neither has trained longer.",
+        "",
+        "| comparison | seeds | tasks | steps | mean difference | se | t | p | p (Holm) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, t in tests.items():
+        lines.append(
+            f"| {name} | {t['seeds']} | {t['tasks']} | {_cell(t['steps'], '.1f')} | {_cell(t['mean_diff'], '+.3f')} | "
+            f"{_cell(t['se'])} | {_cell(t['t'], '.2f')} | {_p_text(t)} | {_p_text(t, 'p_holm')} |"
+        )
+    return [*lines, "", _verdict(tests, lambda name: f"`{name.replace(' vs ', '` vs `')}` at equal steps")]
+
+
 def _difficulty_lines(mechanism: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The final round's pool by estimated success, per arm with estimates (none: no lines)."""
     final = {arm: rows[-1]["difficulty"] for arm, rows in mechanism.items() if rows and rows[-1]["difficulty"]}
@@ -224,6 +247,8 @@ def write_report(
             ("ckpt0_tests", "each arm against checkpoint 0"),
             ("curriculum_arm_tests", "`full+learnability` against the other curriculum arms"),
             ("curriculum_tests", "each curriculum arm against its base arm (curriculum on vs off)"),
+            ("new_task_tests", "`random` against `static` (new tasks against replaying D_0)"),
+            ("step_matched_tests", "the arm-against-arm comparisons again at equal optimizer steps"),
         )
         if summary[key]
     ]
@@ -270,6 +295,17 @@ def write_report(
             "Family 4: curriculum on vs off", "X+learnability vs X, X =", summary["curriculum_tests"], intro,
             lambda base: f"`{base}+learnability` vs `{base}`",
         )  # fmt: skip
+    if summary["new_task_tests"]:
+        intro = [
+            "Both arms replay their pool on the same schedule; only `random` adds tasks (unguided synthesis), so the "
+            "mean difference is what new tasks add over replaying D_0 (positive: better with them)."
+        ]
+        lines += _arm_family(
+            "Family 5: `random` against `static`", "random vs", summary["new_task_tests"], intro,
+            lambda other: f"`random` vs `{other}`",
+        )  # fmt: skip
+    if summary["step_matched_tests"]:
+        lines += _step_matched_lines(summary["step_matched_tests"])
     lines += [
         "",
         "## Mechanism per arm and round (mean over seeds)",
@@ -307,10 +343,16 @@ def write_report(
             *(f"{s['heldout_success']:.3f}" for s in r["rounds"]),
         ]
         lines.append(f"| {r['run_id']} | " + " | ".join(cells) + " |")
+    files = write_results(results, out_dir)
+    lines += [
+        "",
+        f"Per-task outcomes and per-round figures: {', '.join(f'`{p.name}`' for p in files)} beside this report; "
+        "`coevolve report <this folder>` recomputes every table, test and Holm adjustment above from them.",
+    ]
     lines += ["", *[f"![{p.stem}]({p.name})" for p in figures], ""]
     report = out_dir / "report.md"
     report.write_text("\n".join(lines))
-    return {**summary, "report": str(report), "figures": [str(p) for p in figures]}
+    return {**summary, "report": str(report), "figures": [str(p) for p in figures], "files": [str(p) for p in files]}
 
 
 # --- recheck of a report written before per-task outcomes were tested ------------------------------

@@ -88,6 +88,13 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         for base in CURRICULUM_BASES
         if base in arms and f"{base}{CURRICULUM_SUFFIX}" in arms
     }
+    # New tasks against replaying D_0 alone: both arms train on the same schedule, only `random` adds tasks.
+    new_task_tests = {"static": compare("random", "static")} if {"random", "static"} <= arms.keys() else {}
+    pairs = [("full", other) for other in tests] + [("random", "static") for _ in new_task_tests]
+    # Only where the runs carry per-round outcomes (reports of older runs have none).
+    step_matched_tests = {
+        f"{a} vs {b}": matched for a, b in pairs if (matched := step_matched(arms[a], arms[b]))["seeds"]
+    }
     ckpt0_tests = {}
     for arm, runs in arms.items():
         # Checkpoint 0 shared by every seed: one outcome per task; else each seed against its own.
@@ -102,7 +109,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             result["ckpt0"] = statistics.fmean(base_by_seed.values()) if base_by_seed else math.nan
             result["final"] = statistics.fmean(by_seed[arm][s] for s in base_by_seed) if base_by_seed else math.nan
         ckpt0_tests[arm] = result
-    for family in (tests, ckpt0_tests, curriculum_arm_tests, curriculum_tests):
+    for family in (tests, ckpt0_tests, curriculum_arm_tests, curriculum_tests, new_task_tests, step_matched_tests):
         for name, p_holm in holm({k: t["p"] for k, t in family.items()}).items():
             family[name]["p_holm"] = p_holm
     return {
@@ -112,7 +119,47 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "ckpt0_tests": ckpt0_tests,
         "curriculum_arm_tests": curriculum_arm_tests,
         "curriculum_tests": curriculum_tests,
+        "new_task_tests": new_task_tests,
+        "step_matched_tests": step_matched_tests,
     }
+
+
+def matched_rounds(a: dict[str, Any], b: dict[str, Any]) -> tuple[int, int, int] | None:
+    """The rounds after which runs ``a`` and ``b`` of one seed have trained equal optimizer steps, as nearly as whole
+    rounds allow: S, the smaller of the two runs' totals, and for each run the first round by which it has taken S
+    steps. (round of a, round of b, S); None when a round did not record its steps."""
+    totals = []
+    for run in (a, b):
+        steps = [s.get("optimizer_steps") for s in run["rounds"]]
+        if any(v is None for v in steps):
+            return None
+        totals.append([sum(steps[: i + 1]) for i in range(len(steps))])
+    matched = min(totals[0][-1], totals[1][-1])
+    first = [next(i for i, total in enumerate(run) if total >= matched) for run in totals]
+    return a["rounds"][first[0]]["round"], b["rounds"][first[1]]["round"], matched
+
+
+def step_matched(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]]) -> dict[str, Any]:
+    """``two_way_test`` of arm a against arm b on the per-round held-out split, each seed's pair of runs compared
+    after the rounds where they have trained equal optimizer steps (``matched_rounds``): what the arms' difference is
+    with the steps that skipped flat groups took out of it. ``steps``: the matched steps, mean over seeds."""
+    by_seed_b = {r["seed"]: r for r in runs_b}
+    left, right, steps = {}, {}, []
+    for run_a in runs_a:
+        run_b = by_seed_b.get(run_a["seed"])
+        if run_b is None or not run_a.get("round_heldout_outcomes") or not run_b.get("round_heldout_outcomes"):
+            continue
+        matched = matched_rounds(run_a, run_b)
+        if matched is None:
+            continue
+        round_a, round_b, step_count = matched
+        left[run_a["seed"]] = run_a["round_heldout_outcomes"][round_a]
+        right[run_a["seed"]] = run_b["round_heldout_outcomes"][round_b]
+        steps.append(step_count)
+    if not left:
+        return {"seeds": 0, "tasks": 0, "mean_diff": math.nan, "se": math.nan, "t": math.nan, "p": math.nan,
+                "steps": math.nan}  # fmt: skip
+    return {**two_way_test(left, right), "steps": statistics.fmean(steps)}
 
 
 def _comparison(a: dict[int, Any], b: Any, a_by_seed: dict[int, float], b_by_seed: dict[int, float]) -> dict[str, Any]:

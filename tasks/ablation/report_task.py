@@ -28,10 +28,18 @@ def metric_name(name: str) -> str:
 def _tested_outcomes(wh: Any, run: dict[str, Any]) -> dict[str, Any]:
     """A run with the per-task outcomes its tests use.
 
-    The final held-out split's outcomes when the ablation scored it, else the held-out split's.
+    The final held-out split's outcomes when the ablation scored it, else the held-out split's; and the
+    per-round held-out split's after each round and for checkpoint 0.
     """
     prepared = wh.stage_output(run["run_id"], 0, "prepare") or {}
-    tested = {"baseline_dev_success": prepared.get("baseline_dev_success")}
+    tested = {
+        "baseline_dev_success": prepared.get("baseline_dev_success"),
+        # The per-round held-out split's outcomes after each round: the step-matched comparison reads them.
+        "round_heldout_outcomes": {
+            s["round"]: wh.evaluation_outcomes(run["run_id"], s["round"], HELDOUT_SPLIT) for s in run["rounds"]
+        },
+        "baseline_round_outcomes": wh.evaluation_outcomes(run["run_id"], HELDOUT_ROUND, HELDOUT_SPLIT),
+    }
     if run.get("final_heldout_outcomes"):
         tested |= {
             "heldout_outcomes": run["final_heldout_outcomes"],
@@ -70,6 +78,8 @@ def report_task(config: PipelineConfig, name: str, results: list[dict[str, Any]]
         (out["ckpt0_tests"], "{}_vs_ckpt0"),
         (out["curriculum_arm_tests"], "full+learnability_vs_{}"),
         (out["curriculum_tests"], "{0}+learnability_vs_{0}"),
+        (out["new_task_tests"], "random_vs_{}"),
+        ({k.replace(" vs ", "_vs_"): t for k, t in out["step_matched_tests"].items()}, "step_matched.{}"),
     )
     for family, label in families:
         for name_, t in family.items():

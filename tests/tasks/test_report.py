@@ -287,7 +287,9 @@ def test_families_whose_arms_are_absent_are_left_out(tmp_path):
     assert summary["tests"] == {} and summary["curriculum_tests"] == {}
     write_report(SCORED, tmp_path, "No curriculum", power_draws=20)
     text = (tmp_path / "report.md").read_text()
-    assert "2 families of comparisons" in text and "Family 3" not in text and "Family 4" not in text
+    # Families 1, 2 and 5 (random against static); no per-round outcomes, so no step-matched family 6.
+    assert "3 families of comparisons" in text and "Family 5" in text
+    assert not any(f"Family {n}" in text for n in (3, 4, 6))
 
 
 def test_the_report_states_which_comparisons_are_significant_after_holm(tmp_path):
