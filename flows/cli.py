@@ -231,11 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="Recompute an ablation's report (every table, test, p-value and Holm adjustment) from its outcome files.",
         description=(
             "Reads outcomes.csv, round_outcomes.csv and runs.jsonl, which `coevolve ablation` writes beside its "
-            "report.md (docs/ablation_data holds the committed ones), and writes the report again from them alone: "
-            "no warehouse, model or configuration is needed."
+            "report.md, and writes the report again from them alone: no warehouse, model or configuration is needed."
         ),
     )
-    p.add_argument("folder", help="The folder holding the files, e.g. docs/ablation_data or state_dir/reports/NAME.")
+    p.add_argument("folder", help="The folder holding the files: state_dir/reports/NAME, or a copy of them.")
     p.add_argument("--out", help="Folder to write the report and its figures to (default: a new temporary folder).")
     p.add_argument(
         "--power-draws",

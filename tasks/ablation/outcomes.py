@@ -93,7 +93,7 @@ def read_results(folder: Path) -> list[dict[str, Any]]:
     if not runs_file.is_file():
         raise DataError(
             f"No {RUNS_FILE} in {folder}: give the folder an ablation's report was written to "
-            "(state_dir/reports/<name>, or docs/ablation_data)."
+            "(state_dir/reports/<name>), or a copy of its files."
         )
     try:
         runs = [json.loads(line) for line in runs_file.read_text().splitlines() if line.strip()]

@@ -120,7 +120,7 @@ def test_new_tasks_against_replaying_d0_is_tested_as_random_against_static(repor
 
 
 def test_a_folder_without_the_runs_file_is_refused_naming_what_to_give(tmp_path):
-    with pytest.raises(DataError, match="No runs.jsonl in .*docs/ablation_data"):
+    with pytest.raises(DataError, match=r"No runs.jsonl in .*state_dir/reports/<name>"):
         read_results(tmp_path)
     (tmp_path / RUNS_FILE).write_text('{"arm": "full"\n')
     with pytest.raises(DataError, match="runs.jsonl line 1 is not JSON"):
