@@ -14,10 +14,13 @@ the same number the report prints; the standard error counts both sources of var
 checkpoint 0 (one outcome per task, repeated for every seed) the repetition adds nothing.
 
 ``simulate_experiment`` draws outcomes with the structure the ablation has (per-task difficulty, what
-training does to each task, per-arm task affinities, per-seed and per-run shifts, 0/1 outcomes),
-calibrated to the 30-run ablation in docs/history/ablation_report_6arms_5seeds.md; the suite checks every
-test the report uses against it under the null, and ``detectable_effect`` finds the smallest effect the experiment's
-size detects with 80% power.
+training does to each task, per-arm task affinities, per-seed and per-run shifts, 0/1 outcomes), and
+``detectable_effect`` finds the smallest effect the experiment's size detects with 80% power under a given
+``Structure``. The report estimates that structure from the outcomes it reports (``estimate_structure``:
+simulated moments, so the power line fits the experiment at hand, another environment's base rate
+included); ``Structure``'s defaults, calibrated by hand to the 30-run ablation in
+docs/history/ablation_report_6arms_5seeds.md, are a fallback, and the suite checks every test the report
+uses against them (and against an estimated structure) under the null.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import cast
 
 import numpy as np
 import statsmodels.api as sm
-from scipy import stats
+from scipy import optimize, special, stats
 from statsmodels.stats.multitest import multipletests
 
 Outcomes = Mapping[int, Mapping[str, bool]]  # seed -> task id -> success of that run's checkpoint
@@ -143,10 +146,14 @@ class Structure:
     A task's difficulty sets checkpoint 0's outcome; training moves each task's latent score by a
     task effect shared by every trained run (``training_by_task``), an arm's own affinity for the
     task shared by its seeds (``arm_by_task``), a seed's shift shared by every arm of that seed (they
-    play the same round 0), a run's own shift, and per-(run, task) noise. Calibrated to the 30-run
-    ablation of docs/history/ablation_report_6arms_5seeds.md: checkpoint 0 solves 19% of tasks; a final
-    checkpoint differs from checkpoint 0 on about 10% of the 100 tasks and from another arm's of the same seed on about
-    10%; final success varies by about 0.03 between seeds of one arm.
+    play the same round 0), a run's own shift, and per-(run, task) noise.
+
+    The defaults are a fallback, calibrated by hand to the 30-run ablation of
+    docs/history/ablation_report_6arms_5seeds.md: checkpoint 0 solves 19% of tasks; a final checkpoint differs
+    from checkpoint 0 on about 10% of the 100 tasks and from another arm's of the same seed on about 10%;
+    final success varies by about 0.03 between seeds of one arm. They need not fit another experiment (another
+    environment, a 0.4% base rate): the report estimates the structure from its own outcomes with
+    ``estimate_structure``.
     """
 
     ckpt0_success: float = 0.19
@@ -190,6 +197,26 @@ def simulate_experiment(
     per task. Arm B and checkpoint 0 have the same expected success; arm A's is ``effect`` higher, so
     ``effect = 0`` is the null for both comparisons (A vs B, A vs checkpoint 0).
     """
+    null = _latent_offset(structure, structure.ckpt0_success)
+    shifted = _latent_offset(structure, structure.ckpt0_success + effect) if effect else null
+    finals, ckpt0 = _draw_arms(rng, seeds, tasks, [shifted, null], structure)
+    return finals[0], finals[1], ckpt0
+
+
+def simulate_arms(
+    rng: np.random.Generator, arms: int, seeds: int, tasks: int, structure: Structure = Structure()
+) -> tuple[np.ndarray, np.ndarray]:
+    """``arms`` trained arms under the null, all as good as checkpoint 0: ((arms x seeds x tasks) 0/1 final
+    checkpoints, checkpoint 0's 0/1 outcome per task); ``simulate_experiment``'s structure with any number of arms."""
+    if arms < 1:
+        raise ValueError(f"simulate_arms needs at least one arm, got {arms}")
+    return _draw_arms(rng, seeds, tasks, [_latent_offset(structure, structure.ckpt0_success)] * arms, structure)
+
+
+def _draw_arms(
+    rng: np.random.Generator, seeds: int, tasks: int, offsets: list[float], structure: Structure
+) -> tuple[np.ndarray, np.ndarray]:
+    """One draw of checkpoint 0 and of one arm per latent offset: ((arms x seeds x tasks) 0/1, (tasks,) 0/1)."""
     difficulty = rng.normal(stats.norm.ppf(structure.ckpt0_success), 1.0, tasks)
     ckpt0 = (difficulty > 0).astype(float)
     trained = difficulty + rng.normal(0.0, structure.training_by_task, tasks)
@@ -200,9 +227,7 @@ def simulate_experiment(
         latent = trained + affinity + seed_shift + rng.normal(0.0, structure.run_shift, (seeds, 1))
         return (latent + offset + rng.normal(0.0, structure.noise, (seeds, tasks)) > 0).astype(float)
 
-    null = _latent_offset(structure, structure.ckpt0_success)
-    shifted = _latent_offset(structure, structure.ckpt0_success + effect) if effect else null
-    return arm(shifted), arm(null), ckpt0
+    return np.stack([arm(offset) for offset in offsets]), ckpt0
 
 
 ArrayTest = Callable[[np.ndarray, np.ndarray], dict[str, float]]
@@ -259,3 +284,208 @@ def detectable_effect(
                 found[comparison] = round(effect, 4)
         effect += step
     return {k: found.get(k, largest) for k in ("arm", "ckpt0")}
+
+
+# --- the structure from an experiment's own outcomes -------------------------------------------------
+
+_SPREADS = ("training_by_task", "arm_by_task", "seed_shift", "run_shift", "noise")
+STATISTICS = ("differs_from_ckpt0", "arms_differ", "seeds_differ", "seed_var", "run_var")
+_SPREAD_LOW, _SPREAD_HIGH = 1e-3, 10.0  # the fit's bounds on a spread (probit units, on a log scale)
+_SPREAD_ZERO = 0.01  # a fitted spread under this (a hundredth of the tasks' difficulty spread) is returned as 0
+_FIT_TASKS, _FIT_SEEDS, _FIT_RNG_SEED = 2000, 20, 20260102  # the fit's simulated experiment and its fixed draws
+_FIT_MAX_STEPS = 40  # least_squares steps (not counting its Jacobians): data that no spreads fit would wander on
+
+
+def structure_statistics(finals: np.ndarray, ckpt0: np.ndarray) -> dict[str, float]:
+    """The observable statistics ``estimate_structure`` matches, of (arms x seeds x tasks) final outcomes and
+    checkpoint 0's (tasks,) outcomes.
+
+    ckpt0_success: checkpoint 0's success rate. differs_from_ckpt0: share of (run, task) cells where a final
+    checkpoint differs from checkpoint 0. arms_differ: share of cells where two arms of the same seed differ
+    (over pairs of arms). seeds_differ: share of cells where two seeds of the same arm differ (over pairs of
+    seeds). seed_var: variance over seeds of a seed's success rate averaged over arms, each arm's mean removed;
+    run_var: what remains of a run's success rate once its arm's and its seed's are removed (the interaction
+    mean square). With one arm, arms_differ and run_var are nan and seed_var is the arm's variance over seeds.
+    seed_sd (the SD over seeds of a run's success rate within an arm) and shared_seed_sd (the part of it that
+    every arm of a seed shares) are the two variances read as spreads.
+    """
+    arms, tasks = finals.shape[0], finals.shape[2]
+    values = dict(zip(STATISTICS, _moments(finals.astype(float), ckpt0.astype(bool), tasks), strict=True))
+    seed_var, run_var = values["seed_var"], values["run_var"]
+    within = seed_var if arms < 2 else seed_var + run_var * (arms - 1) / arms
+    return {
+        "ckpt0_success": float(ckpt0.mean()),
+        **values,
+        "seed_sd": math.sqrt(max(within, 0.0)),
+        "shared_seed_sd": math.nan if arms < 2 else math.sqrt(max(seed_var - run_var / arms, 0.0)),
+    }
+
+
+def _moments(p: np.ndarray, ckpt0: np.ndarray, tasks: int) -> np.ndarray:
+    """``STATISTICS`` of (arms x seeds x tasks) success probabilities ``p`` (0/1 for observed outcomes).
+
+    The shares are expected shares, and a run's observed success rate over ``tasks`` tasks adds binomial
+    variance to the expected rate's: a mean of p(1 - p) / tasks (0 for observed outcomes). So outcomes and
+    the fit's probabilities give the same statistics in expectation whatever the fit's numbers of seeds and tasks.
+    """
+    arms, seeds = p.shape[:2]
+    squares = p * p
+    by_task = p.sum(axis=(0, 1))
+    differs_from_ckpt0 = float(by_task.sum() + (arms * seeds - 2 * by_task)[ckpt0].sum()) / p.size
+    arms_differ = _pair_disagreement(p.sum(axis=0), squares.sum(axis=0), arms) if arms > 1 else math.nan
+    seeds_differ = _pair_disagreement(p.sum(axis=1), squares.sum(axis=1), seeds)
+    binomial = float(by_task.sum() - squares.sum()) / p.size / tasks
+    rates = p.mean(axis=2)
+    residual = rates - rates.mean(axis=1, keepdims=True)
+    seed_effect = residual.mean(axis=0)
+    seed_var = float(seed_effect.var(ddof=1)) + binomial / arms
+    run_var = (
+        float(((residual - seed_effect) ** 2).sum()) / ((arms - 1) * (seeds - 1)) + binomial if arms > 1 else math.nan
+    )
+    return np.array([differs_from_ckpt0, arms_differ, seeds_differ, seed_var, run_var])
+
+
+def _pair_disagreement(total: np.ndarray, squares: np.ndarray, n: int) -> float:
+    """Mean over unordered pairs of n draws (and over the other cells) of the chance that the pair differs, from
+    the draws' sums ``total`` and sums of squares ``squares`` per cell: the sum over pairs of p(1 - q) + q(1 - p)
+    is (n - 1) total - total^2 + squares."""
+    return float(((n - 1) * total - total**2 + squares).mean()) / (n * (n - 1) / 2)
+
+
+def estimate_structure(arms: Mapping[str, Outcomes], ckpt0: Mapping[str, bool]) -> Structure:
+    """The ``Structure`` of an experiment, estimated from its own outcomes by the method of simulated moments.
+
+    ``arms``: arm name -> that arm's outcomes (seed -> task id -> success of the run's final checkpoint);
+    ``ckpt0``: checkpoint 0's one outcome per task, shared by every seed. Only the seeds every arm has and
+    the tasks every run and checkpoint 0 have count. Raises ValueError with fewer than 2 such seeds (nothing
+    varies between seeds to measure) or no such task.
+
+    Checkpoint 0's success rate is ``ckpt0_success`` directly, clamped into [0.5 / tasks, 1 - 0.5 / tasks] so
+    that a 0% or 100% rate stays a probability. The spreads are fitted (on a log scale, between 0.001 and
+    10; one under 0.01 is returned as 0) so that the expected ``structure_statistics`` of ``simulate_arms``'s
+    model, with as many arms as observed, equal the observed ones. Each statistic identifies mainly one spread:
+
+    - run_var (runs' success rates, arm and seed effects removed): ``run_shift``;
+    - seed_var (seeds' success rates averaged over arms): ``seed_shift``, the part every arm of a seed shares;
+    - seeds_differ (two seeds of one arm differ on a task): ``noise``, given the two shifts;
+    - arms_differ (two arms of one seed differ on a task): ``arm_by_task``, given run_shift and noise;
+    - differs_from_ckpt0 (a final checkpoint differs from checkpoint 0 on a task): ``training_by_task``,
+      given the rest.
+
+    With a single arm, arm_by_task cannot be identified (no two arms of a seed) and is 0, and a seed's shift
+    cannot be told from its run's: all of the variation between seeds goes to run_shift and seed_shift is 0,
+    which for a comparison of two arms of a seed is the conservative reading (a seed's shift cancels there).
+
+    In the fit every arm keeps its own observed success rate (a trained arm that is better than checkpoint 0
+    is not read as spread), the cell noise is integrated out (probabilities instead of 0/1 draws, so the
+    objective is smooth), and the standard normal draws (Latin hypercube, moment-matched, from one fixed seed)
+    are the same at every evaluation: the estimate is deterministic. The expected statistics do not depend on
+    the numbers of seeds and tasks except through the binomial variance of a run's rate, which is added for
+    the observed number of tasks, so the fit simulates a fixed 20 seeds x 2000 tasks per arm.
+    """
+    finals, base = _outcome_arrays(arms, ckpt0)
+    return _fit_structure(finals, base)
+
+
+def _outcome_arrays(arms: Mapping[str, Outcomes], ckpt0: Mapping[str, bool]) -> tuple[np.ndarray, np.ndarray]:
+    """(arms x seeds x tasks) 0/1 final outcomes and (tasks,) checkpoint 0 outcomes on the seeds every arm has
+    and the tasks every run and checkpoint 0 have, in sorted order."""
+    if not arms:
+        raise ValueError("estimate_structure needs at least one arm")
+    seeds = sorted(set.intersection(*(set(outcomes) for outcomes in arms.values())))
+    if len(seeds) < 2:
+        raise ValueError(f"estimate_structure needs at least 2 seeds that every arm has, got {len(seeds)}")
+    tasks = sorted(set(ckpt0).intersection(*(set(o[s]) for o in arms.values() for s in seeds)))
+    if not tasks:
+        raise ValueError("estimate_structure needs at least one task that every run and checkpoint 0 have")
+    finals = np.array([[[float(o[s][t]) for t in tasks] for s in seeds] for o in arms.values()])
+    return finals, np.array([float(ckpt0[t]) for t in tasks])
+
+
+@dataclass(frozen=True)
+class _FitDraws:
+    """The fit's common random numbers: standard normal draws, each set with mean 0 and variance 1."""
+
+    difficulty: np.ndarray  # (tasks,)
+    training: np.ndarray  # (tasks,)
+    affinity: np.ndarray  # (arms, tasks)
+    seed: np.ndarray  # (seeds,)
+    run: np.ndarray  # (arms, seeds): the seed means' variance exactly 1 / arms, the interaction's mean square 1
+
+
+def _fit_draws(arms: int) -> _FitDraws:
+    rng = np.random.default_rng(_FIT_RNG_SEED)
+
+    def latin(n: int) -> np.ndarray:
+        draw = stats.norm.ppf((rng.permutation(n) + 0.5) / n)
+        return draw / draw.std()
+
+    seed = latin(_FIT_SEEDS)
+    raw = rng.normal(size=(arms, _FIT_SEEDS))
+    seed_part = raw.mean(axis=0) - raw.mean()
+    seed_part -= (seed_part @ seed) / (seed @ seed) * seed  # uncorrelated with the seed shifts
+    seed_part *= math.sqrt(1.0 / arms / seed_part.var(ddof=1))
+    interaction = raw - raw.mean(axis=0) - raw.mean(axis=1, keepdims=True) + raw.mean()
+    if arms > 1:
+        interaction *= math.sqrt((arms - 1) * (_FIT_SEEDS - 1) / float((interaction**2).sum()))
+    return _FitDraws(
+        difficulty=latin(_FIT_TASKS),
+        training=latin(_FIT_TASKS),
+        affinity=np.stack([latin(_FIT_TASKS) for _ in range(arms)]),
+        seed=seed,
+        run=seed_part + interaction,
+    )
+
+
+def _expected_moments(
+    draws: _FitDraws, ckpt0_success: float, levels: np.ndarray, tasks: int, spreads: Mapping[str, float]
+) -> np.ndarray:
+    """``_moments`` of the model with ``spreads``, checkpoint 0 at ``ckpt0_success`` and each arm at its ``levels``."""
+    base = float(stats.norm.ppf(ckpt0_success))
+    difficulty = base + draws.difficulty
+    training, affinity = spreads.get("training_by_task", 0.0), spreads.get("arm_by_task", 0.0)
+    seed_shift, run_shift, noise = (spreads.get(k, 0.0) for k in ("seed_shift", "run_shift", "noise"))
+    latent = (
+        (difficulty + training * draws.training)[None, None, :]
+        + affinity * draws.affinity[:, None, :]
+        + (seed_shift * draws.seed)[None, :, None]
+        + (run_shift * draws.run)[:, :, None]
+    )
+    # Each arm's offset: exact for normal latent scores, then two Newton steps on the draws themselves.
+    spread = math.sqrt(1.0 + training**2 + affinity**2 + seed_shift**2 + run_shift**2 + noise**2)
+    offset = stats.norm.ppf(levels) * spread - base
+    for _ in range(2):
+        scaled = (latent + offset[:, None, None]) / noise
+        gap = special.ndtr(scaled).mean(axis=(1, 2)) - levels
+        slope = np.exp(-0.5 * scaled**2).mean(axis=(1, 2)) / (math.sqrt(2 * math.pi) * noise)
+        offset -= np.where(slope > 1e-9, gap / np.maximum(slope, 1e-9), 0.0)
+    p = special.ndtr((latent + offset[:, None, None]) / noise)
+    return _moments(p, difficulty > 0, tasks)
+
+
+def _fit_structure(finals: np.ndarray, ckpt0: np.ndarray) -> Structure:
+    arms, seeds, tasks = finals.shape
+    ckpt0_success = float(np.clip(ckpt0.mean(), 0.5 / tasks, 1 - 0.5 / tasks))
+    cells = seeds * tasks
+    levels = np.clip(finals.mean(axis=(1, 2)), 0.5 / cells, 1 - 0.5 / cells)
+    if arms > 1:
+        free, used = list(_SPREADS), [0, 1, 2, 3, 4]
+    else:
+        free, used = ["training_by_task", "run_shift", "noise"], [0, 2, 3]
+    observed = _moments(finals, ckpt0.astype(bool), tasks)[used]
+    # Floors keep the log ratios finite when a statistic is 0: a share of one cell, a rate's binomial variance.
+    level = float(levels.mean())
+    floor = np.array([1.0 / (arms * cells)] * 3 + [level * (1 - level) / tasks] * 2)[used]
+    draws = _fit_draws(arms)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        spreads = dict(zip(free, np.exp(x), strict=True))
+        simulated = _expected_moments(draws, ckpt0_success, levels, tasks, spreads)[used]
+        return np.log((simulated + floor) / (observed + floor))
+
+    default = Structure()
+    start = np.log([max(getattr(default, name), 2 * _SPREAD_LOW) for name in free])
+    bounds = (math.log(_SPREAD_LOW), math.log(_SPREAD_HIGH))
+    fit = optimize.least_squares(residuals, start, bounds=bounds, xtol=1e-4, ftol=1e-6, max_nfev=_FIT_MAX_STEPS)
+    spreads = {name: float(v) if v >= _SPREAD_ZERO else 0.0 for name, v in zip(free, np.exp(fit.x), strict=True)}
+    return Structure(ckpt0_success=ckpt0_success, **{name: spreads.get(name, 0.0) for name in _SPREADS})

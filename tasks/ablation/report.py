@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from coevolve.signals import SIGNAL_KINDS, letters
 from tasks.ablation.curves import ACCEPTED_KINDS
-from tasks.ablation.inference import detectable_effect, holm, seed_level_array_test
+from tasks.ablation.inference import Structure, detectable_effect, estimate_structure, holm, seed_level_array_test
 from tasks.ablation.outcomes import write_results
 from tasks.ablation.plots import ablation_curves, curriculum_figure, mechanism_figures
 from tasks.ablation.report_summary import summarize
@@ -75,8 +76,42 @@ def _p_text(t: dict[str, Any], key: str = "p") -> str:
     return "n/a (same gap everywhere)" if t["seeds"] >= 2 else "n/a (one seed)"
 
 
+def experiment_structure(results: list[dict[str, Any]]) -> Structure | None:
+    """The power simulation's structure estimated from the runs' own tested outcomes (``estimate_structure``);
+    None where they cannot give one (no per-task outcomes, or fewer than two seeds every arm has)."""
+    arms: dict[str, dict[int, Any]] = {}
+    for run in results:
+        if run.get("heldout_outcomes"):
+            arms.setdefault(run["arm"], {})[run["seed"]] = run["heldout_outcomes"]
+    baseline = next((r["baseline_outcomes"] for r in results if r.get("baseline_outcomes")), None)
+    if not arms or not baseline:
+        return None
+    try:
+        return estimate_structure(arms, baseline)
+    except ValueError:
+        return None
+
+
+def _structure_text(structure: Structure | None) -> str:
+    if structure is None:
+        return (
+            "with the default structure of tasks/ablation/inference.py (these runs' outcomes cannot give their own: "
+            "fewer than two seeds or no per-task outcomes)"
+        )
+    spreads = ", ".join(f"{f.name} {getattr(structure, f.name):.2f}" for f in fields(structure)[1:])
+    return (
+        f"with the structure estimated from these runs' own outcomes (checkpoint 0 solves "
+        f"{structure.ckpt0_success:.3f}; spreads in probit units: {spreads})"
+    )
+
+
 def _design_lines(
-    heldout: dict[str, Any], power: dict[str, float], seeds: int, draws: int, families: list[str]
+    heldout: dict[str, Any],
+    power: dict[str, float],
+    seeds: int,
+    draws: int,
+    families: list[str],
+    structure: Structure | None,
 ) -> list[str]:
     """The held-out split, the tests, the families and the detectable effect, as the report states them."""
     size, split_digest = heldout.get("size"), heldout.get("digest")
@@ -104,7 +139,7 @@ def _design_lines(
         f"(significant: p (Holm) < {ALPHA}).",
         "",
         f"Power at this size ({seeds} seeds x {size if size is not None else 'n/a'} held-out tasks), "
-        f"simulated with the same structure ({draws} experiments per effect, alpha 0.05 before correction): "
+        f"simulated {_structure_text(structure)} ({draws} experiments per effect, alpha 0.05 before correction): "
         "the smallest difference in held-out "
         f"success the two-way test detects with 80% power is {_cell(power['arm'], '.2f')} between two arms and "
         f"{_cell(power['ckpt0'], '.2f')} between an arm and checkpoint 0 (n/a: not even "
@@ -234,12 +269,14 @@ def write_report(
         "split": results[0].get("tested_split"),
     }
     tasks = heldout["size"] or 0
+    structure = experiment_structure(results)
     power = (
-        detectable_effect(seeds, tasks, draws=power_draws, largest=POWER_LARGEST)
+        detectable_effect(seeds, tasks, draws=power_draws, largest=POWER_LARGEST, structure=structure or Structure())
         if seeds >= 2 and tasks >= 2
         else {"arm": math.nan, "ckpt0": math.nan}
     )
     summary["heldout_split"], summary["detectable_effect"] = heldout, power
+    summary["structure"] = structure
     families = [
         text
         for key, text in (
@@ -252,7 +289,7 @@ def write_report(
         )
         if summary[key]
     ]
-    lines += _design_lines(heldout, power, seeds, power_draws, families)
+    lines += _design_lines(heldout, power, seeds, power_draws, families, structure)
     if summary["tests"]:
         intro = []
         if any(arm.startswith("no-") for arm in summary["arms"]):

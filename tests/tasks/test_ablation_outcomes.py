@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from coevolve.errors import DataError
-from tasks.ablation.inference import two_way_test
+from tasks.ablation.inference import estimate_structure, two_way_test
 from tasks.ablation.outcomes import OUTCOMES_FILE, ROUND_OUTCOMES_FILE, RUNS_FILE, read_results
 from tasks.ablation.report import write_report
 from tasks.ablation.report_summary import matched_rounds, summarize
@@ -137,3 +137,21 @@ def test_coevolve_report_writes_and_prints_the_same_report_from_the_files_alone(
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "again" / "report.md").read_text() == (folder / "report.md").read_text()
     assert done.stdout.startswith("# Ablation `abl`") and f"report: {tmp_path / 'again' / 'report.md'}" in done.stdout
+
+
+def test_the_power_line_is_simulated_with_the_structure_of_the_runs_own_outcomes(report):
+    folder, out = report
+    arms = {}
+    for r in RESULTS:
+        arms.setdefault(r["arm"], {})[r["seed"]] = r["heldout_outcomes"]
+    assert out["structure"] == estimate_structure(arms, RESULTS[0]["baseline_outcomes"])
+    assert (
+        f"estimated from these runs' own outcomes (checkpoint 0 solves {2 / 12:.3f};"
+        in (folder / "report.md").read_text()
+    )
+
+
+def test_runs_without_per_task_outcomes_are_simulated_with_the_default_structure_and_say_so(tmp_path):
+    bare = [{k: v for k, v in r.items() if "outcomes" not in k} for r in RESULTS]
+    out = write_report(bare, tmp_path, "Ablation `abl`", power_draws=DRAWS)
+    assert out["structure"] is None and "with the default structure" in (tmp_path / "report.md").read_text()
