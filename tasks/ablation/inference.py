@@ -292,7 +292,7 @@ _SPREADS = ("training_by_task", "arm_by_task", "seed_shift", "run_shift", "noise
 STATISTICS = ("differs_from_ckpt0", "arms_differ", "seeds_differ", "seed_var", "run_var")
 _SPREAD_LOW, _SPREAD_HIGH = 1e-3, 10.0  # the fit's bounds on a spread (probit units, on a log scale)
 _SPREAD_ZERO = 0.01  # a fitted spread under this (a hundredth of the tasks' difficulty spread) is returned as 0
-_FIT_TASKS, _FIT_SEEDS, _FIT_RNG_SEED = 2000, 20, 20260102  # the fit's simulated experiment and its fixed draws
+_FIT_TASKS, _FIT_SEEDS, _FIT_RNG_SEED = 1000, 20, 20260102  # the fit's simulated experiment and its fixed draws
 _FIT_MAX_STEPS = 40  # least_squares steps (not counting its Jacobians): data that no spreads fit would wander on
 
 
@@ -381,7 +381,7 @@ def estimate_structure(arms: Mapping[str, Outcomes], ckpt0: Mapping[str, bool]) 
     objective is smooth), and the standard normal draws (Latin hypercube, moment-matched, from one fixed seed)
     are the same at every evaluation: the estimate is deterministic. The expected statistics do not depend on
     the numbers of seeds and tasks except through the binomial variance of a run's rate, which is added for
-    the observed number of tasks, so the fit simulates a fixed 20 seeds x 2000 tasks per arm.
+    the observed number of tasks, so the fit simulates a fixed 20 seeds x 1000 tasks per arm.
     """
     finals, base = _outcome_arrays(arms, ckpt0)
     return _fit_structure(finals, base)
