@@ -202,7 +202,7 @@ class WarehouseViews:
         con = self._session()
         try:
             try:
-                con.execute(self.view_script())
+                con.execute(self.view_script(without_empty_file=()))  # the usual case, without a look per table
             except duckdb.IOException:
                 # Defining a table's view reads its empty file (`scan`); one that is missing (moved aside when
                 # damaged) leaves the table's columns to SCHEMAS.
@@ -222,12 +222,16 @@ class WarehouseViews:
             self._lock_down(con)
         return con
 
-    def view_script(self, without_empty_file: Collection[str] = ()) -> str:
+    def view_script(self, without_empty_file: Collection[str] | None = None) -> str:
         """The SQL that defines every view of a session: one per table, one per kind of record, the analysis views.
 
         What `connect` runs, and what storage/VIEWS.md writes to ``views.sql`` for the DuckDB CLI, so the two
         cannot differ. The files are named by absolute path (or URL), so the script runs from any folder.
+        ``without_empty_file``: the tables whose empty file is missing (moved aside when damaged), whose views
+        take their columns from SCHEMAS; None looks for them.
         """
+        if without_empty_file is None:
+            without_empty_file = [t for t in SCHEMAS if not self.files.exists(self._empty_file(t))]
         statements = []
         for table in SCHEMAS:
             if table in without_empty_file or (
