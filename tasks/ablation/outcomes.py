@@ -67,6 +67,7 @@ def write_results(results: list[dict[str, Any]], folder: Path) -> list[Path]:
         f"{run_column(r)}/r{round_}": outcomes
         for r in results
         for round_, outcomes in sorted((r.get("round_heldout_outcomes") or {}).items())
+        if outcomes  # a round the schedule did not score on the held-out split
     }
     if per_round:
         baseline = next(r["baseline_round_outcomes"] for r in results if r.get("round_heldout_outcomes"))

@@ -10,7 +10,7 @@ import pytest
 
 from coevolve.errors import DataError
 from tasks.ablation.inference import estimate_structure, two_way_test
-from tasks.ablation.outcomes import OUTCOMES_FILE, ROUND_OUTCOMES_FILE, RUNS_FILE, read_results
+from tasks.ablation.outcomes import OUTCOMES_FILE, ROUND_OUTCOMES_FILE, RUNS_FILE, read_results, write_results
 from tasks.ablation.report import write_report
 from tasks.ablation.report_summary import matched_rounds, summarize
 from tests.flows.conftest import REPO, cli_env
@@ -155,3 +155,11 @@ def test_runs_without_per_task_outcomes_are_simulated_with_the_default_structure
     bare = [{k: v for k, v in r.items() if "outcomes" not in k} for r in RESULTS]
     out = write_report(bare, tmp_path, "Ablation `abl`", power_draws=DRAWS)
     assert out["structure"] is None and "with the default structure" in (tmp_path / "report.md").read_text()
+
+
+def test_a_round_without_held_out_outcomes_leaves_the_other_rounds_in_the_file(tmp_path):
+    unscored = [{**r, "round_heldout_outcomes": {**r["round_heldout_outcomes"], 0: {}}} for r in RESULTS]
+    write_results(unscored, tmp_path)
+    per_round = pl.read_csv(tmp_path / ROUND_OUTCOMES_FILE)
+    assert per_round.height == len(TASKS) and "full/s1/r1" in per_round.columns
+    assert "full/s1/r0" not in per_round.columns
