@@ -83,9 +83,21 @@ def write_results(results: list[dict[str, Any]], folder: Path) -> list[Path]:
 
 
 def _columns(path: Path) -> dict[str, dict[str, bool]]:
-    frame = pl.read_csv(path, schema_overrides={"task_id": pl.String})
+    """Column name -> task id -> outcome, from one of the wide files; a file that is not one is a DataError."""
+    try:
+        frame = pl.read_csv(path, schema_overrides={"task_id": pl.String})
+        if frame.columns[:2] != ["task_id", CHECKPOINT0]:
+            raise ValueError("its first columns are not task_id and checkpoint0")
+        outcomes = frame.drop("task_id")
+        if any(outcomes.select(~pl.all().is_in([0, 1]).fill_null(False).all()).row(0)):
+            raise ValueError("a cell is neither 0 nor 1")
+    except (pl.exceptions.PolarsError, ValueError) as exc:
+        raise DataError(
+            f"{path} is not an outcomes file as `coevolve ablation` writes it ({exc}); run the `coevolve ablation` "
+            "command that wrote it again, which writes its report and these files anew from the state folder."
+        ) from None
     tasks = frame["task_id"].to_list()
-    return {name: dict(zip(tasks, map(bool, frame[name].to_list()), strict=True)) for name in frame.columns[1:]}
+    return {name: dict(zip(tasks, map(bool, outcomes[name].to_list()), strict=True)) for name in outcomes.columns}
 
 
 def read_results(folder: Path) -> list[dict[str, Any]]:

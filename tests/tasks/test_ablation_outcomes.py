@@ -163,3 +163,17 @@ def test_a_round_without_held_out_outcomes_leaves_the_other_rounds_in_the_file(t
     per_round = pl.read_csv(tmp_path / ROUND_OUTCOMES_FILE)
     assert per_round.height == len(TASKS) and "full/s1/r1" in per_round.columns
     assert "full/s1/r0" not in per_round.columns
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["task_id,checkpoint0,full/s1\nt00,1,2\n", "task_id,full/s1\nt00,1\n", "task_id,checkpoint0\nt00,\n", "\x00\x01"],
+)
+def test_an_outcomes_file_that_is_not_one_is_refused_naming_the_file_and_the_command_that_writes_it(
+    report, tmp_path, content
+):
+    for name in (RUNS_FILE, ROUND_OUTCOMES_FILE):
+        (tmp_path / name).write_bytes((report[0] / name).read_bytes())
+    (tmp_path / OUTCOMES_FILE).write_text(content)
+    with pytest.raises(DataError, match=rf"{OUTCOMES_FILE} is not an outcomes file .* run the `coevolve ablation`"):
+        read_results(tmp_path)
