@@ -25,7 +25,7 @@ from agent.shipped_policy import check_shipped, copy_shipped, ship
 from agent.tiny import build_digest, build_tiny_policy, is_built
 from agent.warmup import warm_up
 from coevolve.config import PipelineConfig
-from coevolve.config.policy import WARMUP_SETTINGS
+from coevolve.config.policy import WARMUP_SETTINGS, PolicyConfig
 from coevolve.errors import PipelineError
 from coevolve.optional import optional_module
 from coevolve.records import Task, digest
@@ -85,6 +85,12 @@ def copied_baseline(
     return {split: (sum(r[1] for r in rows[split]) / len(rows[split]) if split in rows else 0.0) for split in splits}
 
 
+def tiny_policy(config: PipelineConfig) -> PolicyConfig:
+    """The settings checkpoint 0 of the builtin tiny model is built with: the policy section, with what the
+    environment sets for its own demonstrations (`EnvironmentSettings.tiny_policy`: the workplace's SFT steps)."""
+    return config.environment.settings().tiny_policy(config.policy)
+
+
 def tiny_policy_inputs(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> tuple[str, list]:
     """The builtin tiny policy's run key (its folder name under state_dir/models) and demonstrations."""
     task_ids, conversations = sft_demonstrations(config, seed_pool, heldout)
@@ -111,22 +117,23 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
     if config.policy.model != BUILTIN_TINY:
         return warmed_up_checkpoint(config, seed_pool, heldout)
     key, conversations = tiny_policy_inputs(config, seed_pool, heldout)
+    policy = tiny_policy(config)
     out_dir = config.state_dir / "models" / f"tiny-{key[:12]}"
     # Named by the recipe's digest too, so a build of an older recipe is never taken for today's.
-    recipe = build_digest(conversations, config.policy, config.start_seed)
+    recipe = build_digest(conversations, policy, config.start_seed)
     cached = config.policy_cache_dir / f"tiny-{key[:16]}-{recipe[:16]}" if config.policy_cache_dir else None
-    if not is_built(out_dir, conversations, config.policy, config.start_seed):
-        shipped = check_shipped(key, conversations, config.policy, config.start_seed, shipped_folder(config))
+    if not is_built(out_dir, conversations, policy, config.start_seed):
+        shipped = check_shipped(key, conversations, policy, config.start_seed, shipped_folder(config))
         if shipped.folder is not None:
             log.info("checkpoint 0: the shipped build %s, copied to %s", shipped.folder, out_dir)
             copy_shipped(shipped.folder, out_dir)
-        elif cached is not None and is_built(cached, conversations, config.policy, config.start_seed):
+        elif cached is not None and is_built(cached, conversations, policy, config.start_seed):
             log.info("checkpoint 0: the build in policy_cache_dir %s, copied to %s", cached, out_dir)
             copy_shipped(cached, out_dir)
         else:
             log.info("checkpoint 0: building from the recipe into %s (%s)", out_dir, shipped.reason)
-    built = build_tiny_policy(out_dir, conversations, config.policy, config.start_seed)
-    if cached is not None and not is_built(cached, conversations, config.policy, config.start_seed):
+    built = build_tiny_policy(out_dir, conversations, policy, config.start_seed)
+    if cached is not None and not is_built(cached, conversations, policy, config.start_seed):
         _add_to_cache(built, cached)
     return str(built)
 
@@ -176,7 +183,8 @@ def rebuild_shipped_policy(config: PipelineConfig, scratch: Path, folder: Path) 
         raise PipelineError(f"policy.model is {config.policy.model!r}: only {BUILTIN_TINY!r} is built and shipped.")
     seed_pool, heldout = build_initial_pools(config)
     key, conversations = tiny_policy_inputs(config, seed_pool, heldout)
-    built = build_tiny_policy(scratch / f"tiny-{key[:12]}", conversations, config.policy, config.start_seed)
+    policy = tiny_policy(config)
+    built = build_tiny_policy(scratch / f"tiny-{key[:12]}", conversations, policy, config.start_seed)
     return ship(built, key, folder)
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from coevolve.config.base import Section
+from coevolve.config.policy import PolicyConfig
 from coevolve.plugins import declared_names, declared_points, load_declared
 
 # The environments envs/registry.py builds in (tests/envs/test_environment_registry.py checks the two lists agree),
@@ -61,6 +62,11 @@ class EnvironmentSettings(BaseModel):
         """Share of the builtin tiny policy's demonstrations that are jobs of the target's shape
         (tasks/splits.sft_demonstrations); none by default, so checkpoint 0 has never seen one."""
         return 0.0
+
+    def tiny_policy(self, policy: PolicyConfig) -> PolicyConfig:
+        """The builtin tiny model's settings for this environment (what tasks/prepare.py builds checkpoint 0
+        with): the policy section as given by default; an environment may set its own SFT length."""
+        return policy
 
 
 class NoSettings(EnvironmentSettings):

@@ -55,7 +55,10 @@ class PolicyConfig(Section):
     sft_steps: int = Field(
         800,
         ge=0,
-        description="SFT steps for 'builtin:tiny': about 6 minutes here, partial skill so rounds have signal.",
+        description=(
+            "SFT steps for 'builtin:tiny': about 6 minutes here, partial skill so rounds have signal. An environment "
+            "may set its own (the workplace: environment.sft_steps)."
+        ),
     )
     sft_learning_rate: float = Field(
         6e-3, gt=0, description="Tiny random-init models need a large rate (6e-3 beat 3e-3 at equal steps)."

@@ -25,7 +25,7 @@ from agent.shipped_policy import REBUILD_COMMAND, check_shipped, read_record, re
 from agent.tiny import MARKER, code_digest
 from coevolve.config import load_config
 from envs.registry import BUILT_IN
-from tasks.prepare import initial_checkpoint, shipped_folder, tiny_policy_inputs
+from tasks.prepare import initial_checkpoint, shipped_folder, tiny_policy, tiny_policy_inputs
 from tasks.splits import build_initial_pools
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ def test_every_built_in_environment_ships_a_checkpoint_0():
 def test_the_shipped_checkpoint_0_is_what_todays_recipe_builds_for_the_default_configuration(environment):
     config, _, _, key, conversations = inputs_of(default_config(environment))
     folder = shipped_folder(config)
-    check = check_shipped(key, conversations, config.policy, config.start_seed, folder)
+    check = check_shipped(key, conversations, tiny_policy(config), config.start_seed, folder)
     rebuild = REBUILD_COMMAND + ("" if environment == "bfcl" else f' ARGS="--set environment.name={environment}"')
     assert check.usable, (
         f"{check.reason}. Rebuild it with `{rebuild}` (about 7-12 minutes) and commit "

@@ -2,7 +2,8 @@
 the ``environment`` section where environment.name names it, validated when the configuration loads.
 
 BFCL's (``prompt_style``, ``bfcl_handler``) are declared in envs/bfcl/settings.py, the workplace's
-(``sft_target_share``) in envs/workplace/settings.py, and nothing under coevolve/config names them. Configurations
+(``sft_target_share``, and ``sft_steps``, which it builds checkpoint 0 with in place of policy.sft_steps) in
+envs/workplace/settings.py, and no section under coevolve/config declares them. Configurations
 written before keep loading: BFCL's keep their names, and the ones recorded for another environment, which carry
 BFCL's settings at their defaults, load without them; a BFCL setting given another value for another environment is
 refused with one line naming whose setting it is.
@@ -27,6 +28,7 @@ from envs.bfcl.environment import BfclEnvironment
 from envs.bfcl.settings import BfclSettings
 from envs.registry import make_environment
 from envs.workplace.settings import WorkplaceSettings
+from tasks.prepare import tiny_policy
 from tasks.splits import build_initial_pools, sft_demonstrations, taken
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,10 +55,14 @@ def test_the_environment_section_holds_the_environment_s_own_settings_at_their_d
     }  # fmt: skip
     assert EnvironmentConfig(name="workplace").model_dump() == {
         "name": "workplace", "max_steps": 30, "max_steps_per_turn": 4, "max_observation_chars": 80,
-        "tool_list": "names", "sft_target_share": 0.0,
+        "tool_list": "names", "sft_target_share": 0.5, "sft_steps": 2400,
     }  # fmt: skip
     assert EnvironmentConfig(name="workplace", sft_target_share=0.5).settings().target_demonstrations() == 0.5
     assert EnvironmentConfig().settings().target_demonstrations() == 0.0
+    # The workplace builds its checkpoint 0 with its own SFT length; BFCL with policy.sft_steps.
+    workplace = load_config(overrides=["environment.name=workplace", "policy.sft_steps=5"], environ={})
+    assert tiny_policy(workplace).sft_steps == 2400 and tiny_policy(workplace).sft_learning_rate == 6e-3
+    assert tiny_policy(load_config(overrides=["policy.sft_steps=5"], environ={})).sft_steps == 5
     config = load_config(overrides=["environment.prompt_style=bfcl", "policy.model=/m/Llama-3.1-8B"], environ={})
     assert config.environment.settings() == BfclSettings(prompt_style="bfcl", bfcl_handler="llama_3_1")
     env = make_environment(config.environment)
@@ -71,9 +77,9 @@ def test_a_recorded_configuration_and_existing_yaml_keep_loading(tmp_path):
     # A workplace run recorded while they were fields of the section holds them at their defaults: they say nothing.
     workplace = {**recorded, "name": "workplace", "prompt_style": "compact", "bfcl_handler": None}
     loaded = load_config(data={"environment": workplace}, environ={}).environment
-    # Its own setting, which it did not have then, takes its default.
+    # Its own settings, which it did not have then, take their defaults.
     own = {k: v for k, v in workplace.items() if k not in ("prompt_style", "bfcl_handler")}
-    assert loaded.model_dump() == {**own, "sft_target_share": 0.0}
+    assert loaded.model_dump() == {**own, "sft_target_share": 0.5, "sft_steps": 2400}
     # The shipped YAML that sets them reads them as before.
     paper = load_config(REPO / "configs" / "paper.yaml", environ={})
     assert paper.environment.settings() == BfclSettings(prompt_style="bfcl", bfcl_handler="qwen_fc")
