@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from itertools import accumulate
 from typing import Any
 
 from coevolve.signals import SIGNAL_KINDS
@@ -133,7 +134,7 @@ def matched_rounds(a: dict[str, Any], b: dict[str, Any]) -> tuple[int, int, int]
         steps = [s.get("optimizer_steps") for s in run["rounds"]]
         if any(v is None for v in steps):
             return None
-        totals.append([sum(steps[: i + 1]) for i in range(len(steps))])
+        totals.append(list(accumulate(steps)))
     matched = min(totals[0][-1], totals[1][-1])
     first = [next(i for i, total in enumerate(run) if total >= matched) for run in totals]
     return a["rounds"][first[0]]["round"], b["rounds"][first[1]]["round"], matched
