@@ -192,12 +192,17 @@ class TransformersEngine(Engine):
         all_tokens = chosen_tokens[:, :steps].tolist()
         all_greedy = greedy_logprobs[:, :steps].tolist() if uniforms is None else None
         generations = []
+        # Samples of one prompt often draw the same message; its logprobs, a function of prompt and tokens, once.
+        scored: dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]] = {}
         for row, (prompt, row_tokens) in enumerate(zip(prompts, all_tokens, strict=True)):
             length = row_tokens.index(eos) + 1 if eos in row_tokens else len(row_tokens)
             tokens = row_tokens[:length]
             if prompt_pass is not None:
-                with torch.inference_mode():
-                    logprobs = self._behaviour_logprobs(prompt_pass[tuple(prompt)], tokens, temperature)
+                key = (tuple(prompt), tuple(tokens))
+                if key not in scored:
+                    with torch.inference_mode():
+                        scored[key] = self._behaviour_logprobs(prompt_pass[key[0]], tokens, temperature)
+                logprobs = list(scored[key])
             else:
                 logprobs = all_greedy[row][:length] if all_greedy is not None else []
             generations.append(

@@ -22,6 +22,7 @@ import atexit
 import contextlib
 import gc
 import importlib
+import sys
 from collections.abc import Iterable, Iterator
 from types import ModuleType
 from typing import Any
@@ -76,6 +77,39 @@ def freeze_long_lived() -> None:
         _UNFREEZE_AT_EXIT.append(True)
 
 
+# The optional modules whose import imports transformers' generation code.
+_IMPORT_TRANSFORMERS = ("transformers", "trl", "peft", "vllm", "tasks.training.")
+
+# Whether transformers has been told that scikit-learn is absent yet (`hide_scikit_learn_from_transformers`).
+_SCIKIT_LEARN_HIDDEN: list[bool] = []
+
+
+def hide_scikit_learn_from_transformers() -> None:
+    """Have transformers treat scikit-learn as not installed, before its generation code is first imported.
+
+    That code imports scikit-learn's metrics, and SciPy with them, whenever scikit-learn is installed (MLflow installs
+    it), for a confidence threshold of assisted decoding that nothing here uses: about a CPU-second at the start of
+    every process that generates or trains (benchmarks/HISTORY.md). transformers caches the answer of its check
+    (`transformers.utils.is_sklearn_available`), so it is asked once while scikit-learn is hidden, and scikit-learn
+    stays importable for everything else in the process. Too late, and a no-op, once the generation code is loaded.
+    """
+    if _SCIKIT_LEARN_HIDDEN or "transformers.generation.candidate_generator" in sys.modules:
+        return
+    _SCIKIT_LEARN_HIDDEN.append(True)
+    try:
+        import_utils = importlib.import_module("transformers.utils.import_utils")
+    except ImportError:
+        return  # not installed: its users raise MissingDependencyError themselves
+    if "sklearn" in sys.modules:
+        return  # imported already: transformers may use it at no further cost
+    sys.modules["sklearn"] = None  # type: ignore[assignment]  # an import of it now fails, so a spec search finds none
+    try:
+        import_utils.is_sklearn_available.cache_clear()
+        import_utils.is_sklearn_available()
+    finally:
+        del sys.modules["sklearn"]
+
+
 class OptionalModule:
     """A stand-in for a module that imports it when one of its attributes is first read."""
 
@@ -87,6 +121,8 @@ class OptionalModule:
         if self._module is None:
             try:
                 with collector_paused():
+                    if self._name.startswith(_IMPORT_TRANSFORMERS):
+                        hide_scikit_learn_from_transformers()
                     self._module = importlib.import_module(self._name)
             except ImportError as exc:
                 top = self._name.split(".")[0]

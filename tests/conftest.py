@@ -352,6 +352,37 @@ def _migrated_prefect_db() -> Path:
     return single_file
 
 
+# The MLflow CLI of this environment.
+MLFLOW = Path(sys.executable).parent / "mlflow"
+
+
+@functools.cache
+def _migrated_mlflow_store() -> Path:
+    """An MLflow store (SQLite) with the tables of the installed MLflow and no rows, made once per test process by
+    ``mlflow db upgrade`` on a new file: what MLflow itself makes of a new store before anything is written to it.
+    In a process of its own: alembic, which runs the migrations, cannot run two of them at once in one process."""
+    folder = Path(tempfile.mkdtemp(prefix="mlflow-store-template-"))
+    atexit.register(shutil.rmtree, folder, True)
+    store = folder / "mlflow.db"
+    done = subprocess.run(
+        [str(MLFLOW), "db", "upgrade", f"sqlite:///{store}"], cwd=folder, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, f"mlflow db upgrade:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return store
+
+
+def migrated_mlflow_store(state_dir: Path) -> None:
+    """A copy of `_migrated_mlflow_store` as the state folder's MLflow store, unless it has one already.
+
+    A round on a new state folder first makes its store (about a CPU-second here: MLflow's migrations, and importing
+    alembic to run them); the commands the tests start do so in new state folders dozens of times. MLflow opens the
+    copy as the store it would have made, and adds its default experiment as it would.
+    """
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if not (state_dir / "mlflow.db").exists():
+        shutil.copyfile(_migrated_mlflow_store(), state_dir / "mlflow.db")
+
+
 def migrated_prefect_home(home: Path) -> Path:
     """``home`` as a Prefect home whose database is already migrated, unless it has a database already.
 

@@ -120,3 +120,23 @@ def test_a_closed_engine_frees_its_model_and_the_first_close_freezes_what_surviv
         freed.append(model() is None)
     assert freed == [True, True]
     assert not any(candidate is alive_before for candidate in gc.get_objects())
+
+
+def test_samples_that_draw_the_same_message_are_scored_once_with_its_logprobs_alone(engine, prompts, monkeypatch):
+    scored = []
+    score = engine._behaviour_logprobs
+
+    def counted(prompt, tokens, temperature):
+        scored.append(tuple(tokens))
+        return score(prompt, tokens, temperature)
+
+    # Two samples with one seed draw one message; the third, its own.
+    twins = engine.generate([prompts[0]] * 3, temperature=0.9, max_new_tokens=16, seeds=[7, 7, 8])
+    monkeypatch.setattr(engine, "_behaviour_logprobs", counted)
+    again = engine.generate([prompts[0]] * 3, temperature=0.9, max_new_tokens=16, seeds=[7, 7, 8])
+    alone = engine.generate([prompts[0]], temperature=0.9, max_new_tokens=16, seeds=[7])
+    assert twins[0].token_ids == twins[1].token_ids != twins[2].token_ids
+    assert sorted(scored) == sorted([tuple(twins[0].token_ids), tuple(twins[2].token_ids), tuple(alone[0].token_ids)])
+    assert [g.logprobs for g in again] == [g.logprobs for g in twins] and twins[0].logprobs == alone[0].logprobs
+    again[0].logprobs.append(0.0)
+    assert again[1].logprobs == twins[1].logprobs  # each generation owns its list

@@ -102,3 +102,18 @@ def test_a_garbage_cycle_frozen_at_the_start_is_freed_at_exit():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["running", "freed"]
+
+
+def test_transformers_generation_loads_without_scikit_learn_which_stays_importable():
+    code = (
+        "import sys\n"
+        "from coevolve.optional import optional_module\n"
+        "transformers = optional_module('transformers')\n"
+        "transformers.GenerationMixin\n"
+        "import transformers.generation.candidate_generator\n"
+        "print('sklearn' in sys.modules, 'scipy.stats' in sys.modules)\n"
+        "import sklearn.metrics\n"
+        "print(sklearn.metrics.roc_curve([0, 1], [0.2, 0.8])[0].tolist())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["False False", "[0.0, 0.0, 1.0]"]

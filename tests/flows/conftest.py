@@ -24,7 +24,7 @@ from coevolve.errors import PipelineError
 from storage.warehouse import Warehouse
 from tasks.prepare import initial_checkpoint
 from tasks.splits import build_initial_pools
-from tests.conftest import make_tiny_config, migrated_prefect_home, session_folder
+from tests.conftest import make_tiny_config, migrated_mlflow_store, migrated_prefect_home, session_folder
 
 
 @pytest.fixture(scope="session")
@@ -45,9 +45,12 @@ def write_config_file(config, path: Path) -> Path:
 
 def cli_env(state_dir: Path, prefect_home: Path | None = None, *, migrated: bool = True) -> dict[str, str]:
     """Offline switches plus a Prefect home of its own (default: the state folder's), for a temporary API per
-    process. The home's database comes migrated (`tests.conftest.migrated_prefect_home`) unless ``migrated`` is
-    False: a test that tells from the home whether Prefect started leaves it as a user's new home is."""
+    process. The home's database and the state folder's MLflow store come migrated
+    (`tests.conftest.migrated_prefect_home`, `tests.conftest.migrated_mlflow_store`) unless ``migrated`` is False: a
+    test that tells from the folders what a command made leaves them as a user's new folders are."""
     home = prefect_home or state_dir / "prefect"
+    if migrated:
+        migrated_mlflow_store(state_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
         HF_HUB_OFFLINE="1",

@@ -28,7 +28,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -57,6 +56,7 @@ from coevolve.config import PipelineConfig
 from coevolve.errors import PipelineError
 from coevolve.stages import STEP_STAGES, record_name
 from storage.warehouse import Warehouse
+from tests.conftest import MLFLOW
 from tests.flows.conftest import CONTENT, CRASH_OVERRIDES, warehouse_content
 
 pytestmark = pytest.mark.slow
@@ -72,7 +72,6 @@ PLACEMENT = {
     "validate": "coevolve-stage/validate-cpu",
 }
 GPU_STAGES, CPU_STAGES = ("rollout", "update", "evaluate"), ("mine", "synthesize", "validate")
-MLFLOW = Path(sys.executable).parent / "mlflow"
 # The tracking server without MLflow's job runner (seven huey consumer processes polling a queue), which serves
 # its GenAI jobs; registering runs, models and artifacts does not use it.
 MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
