@@ -65,7 +65,8 @@ class EnvironmentSettings(BaseModel):
 
     def tiny_policy(self, policy: PolicyConfig) -> PolicyConfig:
         """The builtin tiny model's settings for this environment (what tasks/prepare.py builds checkpoint 0
-        with): the policy section as given by default; an environment may set its own SFT length."""
+        with): the policy section as given by default. An environment may replace a field with a setting of its own
+        of the same name (the workplace: environment.sft_steps); a policy value given for that field is refused."""
         return policy
 
 

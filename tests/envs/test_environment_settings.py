@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
+import re
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,7 @@ def test_the_environment_section_holds_the_environment_s_own_settings_at_their_d
     assert EnvironmentConfig(name="workplace", sft_target_share=0.5).settings().target_demonstrations() == 0.5
     assert EnvironmentConfig().settings().target_demonstrations() == 0.0
     # The workplace builds its checkpoint 0 with its own SFT length; BFCL with policy.sft_steps.
-    workplace = load_config(overrides=["environment.name=workplace", "policy.sft_steps=5"], environ={})
+    workplace = load_config(overrides=["environment.name=workplace"], environ={})
     assert tiny_policy(workplace).sft_steps == 2400 and tiny_policy(workplace).sft_learning_rate == 6e-3
     assert tiny_policy(load_config(overrides=["policy.sft_steps=5"], environ={})).sft_steps == 5
     config = load_config(overrides=["environment.prompt_style=bfcl", "policy.model=/m/Llama-3.1-8B"], environ={})
@@ -103,6 +104,22 @@ def test_a_setting_that_is_not_the_environment_s_is_refused_with_one_line_naming
         with pytest.raises(ConfigError) as refused:
             load_config(path, overrides, environ={})
         assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_policy_setting_the_environment_replaces_is_refused_naming_the_environment_s_own_and_that_one_works():
+    with pytest.raises(ConfigError) as refused:
+        load_config(overrides=["environment.name=workplace", "policy.sft_steps=1000"], environ={})
+    message = str(refused.value)
+    assert "policy.sft_steps=1000 is not used with environment.name='workplace'" in message and "\n" not in message
+    advised = re.search(r"set (environment\.sft_steps=\d+) instead", message).group(1)
+    config = load_config(overrides=["environment.name=workplace", advised], environ={})
+    assert tiny_policy(config).sft_steps == 1000
+    # Its default, as every recorded configuration names it, and BFCL, which replaces nothing, load as given.
+    assert (
+        tiny_policy(load_config(overrides=["environment.name=workplace", "policy.sft_steps=800"], environ={})).sft_steps
+        == 2400
+    )
+    assert tiny_policy(load_config(overrides=["policy.sft_steps=1000"], environ={})).sft_steps == 1000
 
 
 def test_the_workplace_teaches_checkpoint_0_on_jobs_of_the_target_s_shape_as_its_settings_ask():
