@@ -167,43 +167,44 @@ def _verdict(tests: dict[str, dict[str, Any]], label: Callable[[str], str]) -> s
 
 
 def _arm_family(
-    title: str, header: str, tests: dict[str, dict[str, Any]], intro: list[str], label: Callable[[str], str]
+    title: str,
+    header: str,
+    tests: dict[str, dict[str, Any]],
+    intro: list[str],
+    label: Callable[[str], str],
+    steps: bool = False,
 ) -> list[str]:
-    """One family of arm-against-arm comparisons: heading, table and what is significant."""
+    """One family of arm-against-arm comparisons: heading, table and what is significant; ``steps`` adds the optimizer
+    steps each comparison was made at."""
     lines = ["", f"### {title} ({len(tests)} comparisons, Holm)", ""]
     if intro:
         lines += [*intro, ""]
+    step_header, step_rule = (" steps |", "---|") if steps else ("", "")
     lines += [
-        f"| {header} | seeds | tasks | mean difference | se | t | p | p (Holm) |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| {header} | seeds | tasks |{step_header} mean difference | se | t | p | p (Holm) |",
+        f"|---|---|---|{step_rule}---|---|---|---|---|",
     ]
     for other, t in tests.items():
+        step_cell = f" {_cell(t['steps'], '.1f')} |" if steps else ""
         lines.append(
-            f"| {other} | {t['seeds']} | {t['tasks']} | {_cell(t['mean_diff'], '+.3f')} | {_cell(t['se'])} | "
-            f"{_cell(t['t'], '.2f')} | {_p_text(t)} | {_p_text(t, 'p_holm')} |"
+            f"| {other} | {t['seeds']} | {t['tasks']} |{step_cell} {_cell(t['mean_diff'], '+.3f')} | "
+            f"{_cell(t['se'])} | {_cell(t['t'], '.2f')} | {_p_text(t)} | {_p_text(t, 'p_holm')} |"
         )
     return [*lines, "", _verdict(tests, label)]
 
 
 def _step_matched_lines(tests: dict[str, dict[str, Any]]) -> list[str]:
     """The arm-against-arm comparisons at equal optimizer steps: an arm that skips flat groups takes fewer steps."""
-    lines = [
-        "",
-        f"### Family 6: at equal optimizer steps ({len(tests)} comparisons, Holm)",
-        "",
+    intro = (
         "Arms that skip flat GRPO groups end with different step counts. Here each seed's two runs are compared on "
         "the per-round held-out split after the rounds by which both have taken the smaller of their two step "
-        "totals (steps: that count, mean over seeds), so neither has trained longer.",
-        "",
-        "| comparison | seeds | tasks | steps | mean difference | se | t | p | p (Holm) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, t in tests.items():
-        lines.append(
-            f"| {name} | {t['seeds']} | {t['tasks']} | {_cell(t['steps'], '.1f')} | {_cell(t['mean_diff'], '+.3f')} | "
-            f"{_cell(t['se'])} | {_cell(t['t'], '.2f')} | {_p_text(t)} | {_p_text(t, 'p_holm')} |"
-        )
-    return [*lines, "", _verdict(tests, lambda name: f"`{name.replace(' vs ', '` vs `')}` at equal steps")]
+        "totals (steps: that count, mean over seeds), so neither has trained longer."
+    )
+
+    def label(name: str) -> str:
+        return f"`{name.replace(' vs ', '` vs `')}` at equal steps"
+
+    return _arm_family("Family 6: at equal optimizer steps", "comparison", tests, [intro], label, steps=True)
 
 
 def _difficulty_lines(mechanism: dict[str, list[dict[str, Any]]]) -> list[str]:
