@@ -26,7 +26,7 @@ from agent.tiny import build_digest, build_tiny_policy, is_built
 from agent.warmup import warm_up
 from coevolve.config import PipelineConfig
 from coevolve.config.policy import WARMUP_SETTINGS, PolicyConfig
-from coevolve.errors import PipelineError
+from coevolve.errors import ConfigError, PipelineError
 from coevolve.optional import optional_module
 from coevolve.records import Task, digest
 from coevolve.stages import PrepareInput, PrepareOutput, VersionOutput
@@ -87,8 +87,20 @@ def copied_baseline(
 
 def tiny_policy(config: PipelineConfig) -> PolicyConfig:
     """The settings checkpoint 0 of the builtin tiny model is built with: the policy section, with what the
-    environment sets for its own demonstrations (`EnvironmentSettings.tiny_policy`: the workplace's SFT steps)."""
-    return config.environment.settings().tiny_policy(config.policy)
+    environment sets for its own demonstrations (`EnvironmentSettings.tiny_policy`: the workplace's SFT steps).
+
+    A policy value given for a field the environment replaces is refused (ConfigError, naming the environment's own
+    setting): the build would ignore it. Its default passes, as every recorded configuration names it.
+    """
+    built = config.environment.settings().tiny_policy(config.policy)
+    for field in sorted(config.policy.model_fields_set):
+        given, used = getattr(config.policy, field), getattr(built, field)
+        if given != used and given != PolicyConfig.model_fields[field].default:
+            raise ConfigError(
+                f"policy.{field}={given} is not used with environment.name={config.environment.name!r}, which builds "
+                f"checkpoint 0 with its own environment.{field} ({used}); set environment.{field}={given} instead."
+            )
+    return built
 
 
 def tiny_policy_inputs(config: PipelineConfig, seed_pool: list[Task], heldout: list[Task]) -> tuple[str, list]:

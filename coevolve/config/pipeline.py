@@ -119,7 +119,6 @@ class PipelineConfig(Section):
         if completed != settings:
             # Filled in once so every stage (rollout, evaluation, synthesis) reads the same values.
             self.__dict__["environment"] = env.model_copy(update=completed.model_dump())
-        self._check_tiny_policy_settings()
         if self.synthesis.max_task_steps < self.synthesis.min_task_steps:
             raise ValueError(
                 f"synthesis.max_task_steps ({self.synthesis.max_task_steps}) is below synthesis.min_task_steps "
@@ -145,19 +144,6 @@ class PipelineConfig(Section):
                 "set synthesis.llm_model to the endpoint's model name (and synthesis.llm_base_url to its /v1 root)."
             )
         return self
-
-    def _check_tiny_policy_settings(self) -> None:
-        """Refuse a policy setting the environment replaces for the builtin tiny model's build (the workplace's
-        sft_steps): the build would ignore it. Its default passes, so a recorded configuration, which names every
-        field, still loads."""
-        built = self.environment.settings().tiny_policy(self.policy)
-        for field in sorted(self.policy.model_fields_set):
-            given, used = getattr(self.policy, field), getattr(built, field)
-            if given != used and given != PolicyConfig.model_fields[field].default:
-                raise ValueError(
-                    f"policy.{field}={given} is not used with environment.name={self.environment.name!r}, which builds "
-                    f"checkpoint 0 with its own environment.{field} ({used}); set environment.{field}={given} instead."
-                )
 
     @property
     def start_seed(self) -> int:

@@ -57,7 +57,8 @@ class PolicyConfig(Section):
         ge=0,
         description=(
             "SFT steps for 'builtin:tiny': about 6 minutes here, partial skill so rounds have signal. An environment "
-            "may set its own (the workplace: environment.sft_steps)."
+            "may set its own (the workplace: environment.sft_steps), and then a value given here is refused when "
+            "checkpoint 0 is built, naming that setting."
         ),
     )
     sft_learning_rate: float = Field(

@@ -106,19 +106,20 @@ def test_a_setting_that_is_not_the_environment_s_is_refused_with_one_line_naming
         assert message in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_a_policy_setting_the_environment_replaces_is_refused_naming_the_environment_s_own_and_that_one_works():
+def test_a_policy_setting_the_environment_replaces_is_refused_at_the_build_naming_the_environment_s_own_that_works():
+    given = load_config(overrides=["environment.name=workplace", "policy.sft_steps=1000"], environ={})
     with pytest.raises(ConfigError) as refused:
-        load_config(overrides=["environment.name=workplace", "policy.sft_steps=1000"], environ={})
+        tiny_policy(given)
     message = str(refused.value)
-    assert "policy.sft_steps=1000 is not used with environment.name='workplace'" in message and "\n" not in message
-    advised = re.search(r"set (environment\.sft_steps=\d+) instead", message).group(1)
-    config = load_config(overrides=["environment.name=workplace", advised], environ={})
-    assert tiny_policy(config).sft_steps == 1000
-    # Its default, as every recorded configuration names it, and BFCL, which replaces nothing, load as given.
     assert (
-        tiny_policy(load_config(overrides=["environment.name=workplace", "policy.sft_steps=800"], environ={})).sft_steps
-        == 2400
+        message.startswith("policy.sft_steps=1000 is not used with environment.name='workplace'")
+        and "\n" not in message
     )
+    advised = re.search(r"set (environment\.sft_steps=\d+) instead", message).group(1)
+    assert tiny_policy(load_config(overrides=["environment.name=workplace", advised], environ={})).sft_steps == 1000
+    # Its default, as every recorded configuration names it, and BFCL, which replaces nothing, build as given.
+    default = load_config(overrides=["environment.name=workplace", "policy.sft_steps=800"], environ={})
+    assert tiny_policy(default).sft_steps == 2400
     assert tiny_policy(load_config(overrides=["policy.sft_steps=1000"], environ={})).sft_steps == 1000
 
 
