@@ -128,8 +128,8 @@ def initial_checkpoint(config: PipelineConfig, seed_pool: list[Task], heldout: l
     """
     if config.policy.model != BUILTIN_TINY:
         return warmed_up_checkpoint(config, seed_pool, heldout)
+    policy = tiny_policy(config)  # a policy setting the environment replaces is refused before any demonstration
     key, conversations = tiny_policy_inputs(config, seed_pool, heldout)
-    policy = tiny_policy(config)
     out_dir = config.state_dir / "models" / f"tiny-{key[:12]}"
     # Named by the recipe's digest too, so a build of an older recipe is never taken for today's.
     recipe = build_digest(conversations, policy, config.start_seed)
@@ -193,9 +193,9 @@ def rebuild_shipped_policy(config: PipelineConfig, scratch: Path, folder: Path) 
     """
     if config.policy.model != BUILTIN_TINY:
         raise PipelineError(f"policy.model is {config.policy.model!r}: only {BUILTIN_TINY!r} is built and shipped.")
+    policy = tiny_policy(config)  # refused before the pools and demonstrations are made
     seed_pool, heldout = build_initial_pools(config)
     key, conversations = tiny_policy_inputs(config, seed_pool, heldout)
-    policy = tiny_policy(config)
     built = build_tiny_policy(scratch / f"tiny-{key[:12]}", conversations, policy, config.start_seed)
     return ship(built, key, folder)
 
