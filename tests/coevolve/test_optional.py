@@ -13,13 +13,17 @@ import pytest
 from coevolve.optional import MissingDependencyError, optional_module, preload
 
 
+def _stdout_of(code: str) -> str:
+    """What ``code`` prints, run in a new Python process (this one has imported its libraries already)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+
 def test_naming_a_package_does_not_import_it():
     code = (
         "import sys; from coevolve.optional import optional_module; "
         "t = optional_module('torch'); print('torch' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert _stdout_of(code).strip() == "False"
 
 
 def test_reading_an_attribute_imports_the_package():
@@ -100,8 +104,7 @@ def test_a_garbage_cycle_frozen_at_the_start_is_freed_at_exit():
         "preload([])\n"
         "gc.enable(); gc.collect(); print('running', flush=True)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["running", "freed"]
+    assert _stdout_of(code).split() == ["running", "freed"]
 
 
 def test_transformers_generation_loads_without_scikit_learn_which_stays_importable():
@@ -115,5 +118,4 @@ def test_transformers_generation_loads_without_scikit_learn_which_stays_importab
         "import sklearn.metrics\n"
         "print(sklearn.metrics.roc_curve([0, 1], [0.2, 0.8])[0].tolist())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines() == ["False False", "[0.0, 0.0, 1.0]"]
+    assert _stdout_of(code).splitlines() == ["False False", "[0.0, 0.0, 1.0]"]
