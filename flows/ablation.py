@@ -65,7 +65,7 @@ from tasks.ablation.arms import ARMS, arm_run_label
 from tasks.ablation.report import FINAL_SPLIT
 from tasks.ablation.report_task import report_task
 from tasks.common import open_warehouse, round_lock
-from tasks.evaluate import evaluate_checkpoint
+from tasks.evaluate import category_name, default_categories, evaluate_checkpoint, evaluation_round, split_tasks
 from tasks.splits import FINAL_HELDOUT_ROUND, HELDOUT_ROUND
 
 # Seconds a seed's process has to end after SIGTERM before it is killed: enough to record its Prefect task run as
@@ -162,6 +162,30 @@ def score_once(config: PipelineConfig, checkpoint: str, tasks: list[Task], round
     return stored
 
 
+def official_scores(config: PipelineConfig, checkpoint: str, limit: int | None) -> dict[str, float]:
+    """A run's final checkpoint's accuracy on each official split of its environment (BFCL: multi_turn_base).
+
+    Read back where an earlier attempt stored every task of each split (a resumed ablation walks its finished
+    runs again), played with ``coevolve_evaluate`` otherwise: a resume neither plays them again nor logs another
+    MLflow evaluation run.
+    """
+    splits = [category_name(config.environment, c) for c in default_categories(config.environment)]
+    with open_warehouse(config) as wh:
+        round_ = evaluation_round(config, wh, checkpoint)
+        stored = {split: wh.evaluation_outcomes(config.run_id, round_, split) for split in splits}
+        complete = all(len(stored[split]) == len(split_tasks(config, wh, split, limit)) for split in splits)
+    if complete:
+        return {split: sum(scored.values()) / len(scored) if scored else 0.0 for split, scored in stored.items()}
+    return coevolve_evaluate(
+        checkpoint=checkpoint,
+        categories=None,  # the environment's default official splits (BFCL: multi_turn_base; none elsewhere)
+        heldout=False,
+        config=config.model_dump(mode="json"),
+        limit=limit,
+        round_=round_,
+    )
+
+
 def final_heldout_of(config: PipelineConfig) -> tuple[list[Task], dict]:
     """A run's stored final held-out split and its round-0 prepare output.
 
@@ -254,13 +278,7 @@ def seed_chain(
             get_run_logger().info("%s: round 0's rollout, update and evaluation %s", cfg.run_id, shared)
         source = source or cfg
         summaries = [coevolve_round(round_=r, config=cfg.model_dump(mode="json")) for r in range(rounds)]
-        official = coevolve_evaluate(
-            checkpoint=summaries[-1]["checkpoint"],
-            categories=None,  # the environment's default official splits (BFCL: multi_turn_base; none elsewhere)
-            heldout=False,
-            config=cfg.model_dump(mode="json"),
-            limit=official_limit,
-        )
+        official = official_scores(cfg, summaries[-1]["checkpoint"], official_limit)
         final = score_final_heldout(base, name, cfg, summaries, baseline)
         results.append(
             {"arm": arm, "seed": seed, "run_id": cfg.run_id, "rounds": summaries, "official": official, **final}

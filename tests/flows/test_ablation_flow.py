@@ -17,7 +17,7 @@ from prefect.task_runners import ProcessPoolTaskRunner
 from agent.checkpoints import checkpoint_digest
 from coevolve.errors import PipelineError
 from coevolve.stages import PrepareInput
-from flows.ablation import ARMS, MESSAGE_QUEUE_ATTRIBUTE, arm_config, coevolve_ablation
+from flows.ablation import ARMS, MESSAGE_QUEUE_ATTRIBUTE, arm_config, coevolve_ablation, official_scores
 from flows.ablation_round0 import copy_round0, round0_key
 from storage.pool import pool_digest
 from storage.tracking import Tracker
@@ -187,6 +187,21 @@ def test_accepted_candidates_by_kind_add_up_to_the_accepted_count(ablation_run):
     assert all(
         sum(s.accepted_by_kind.values()) == s.accepted and set(s.accepted_by_kind) <= {"random"} for s in summaries
     )
+
+
+def test_a_finished_runs_official_scores_are_read_back_and_not_played_again(ablation_run):
+    """What a resumed ablation asks of each finished run: its final checkpoint's official scores, read from the rows
+    the first attempt stored, with no new MLflow evaluation run."""
+    config, _ = ablation_run
+    run = config.with_overrides({"run_id": "t-random-s2"})
+    with Warehouse(config.warehouse_path, read_only=True) as wh:
+        (last,) = wh.rounds("t-random-s2")
+        stored = wh.evaluation_outcomes("t-random-s2", last.round, "multi_turn_base")
+    client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
+    experiment = client.get_experiment_by_name(config.tracking.experiment).experiment_id
+    logged = len(client.search_runs([experiment]))
+    assert official_scores(run, last.checkpoint, 2) == {"multi_turn_base": sum(stored.values()) / 2}
+    assert len(stored) == 2 and len(client.search_runs([experiment])) == logged
 
 
 def test_later_arms_of_a_seed_copy_round_0s_rollout_update_and_evaluation_from_the_first(ablation_run):
