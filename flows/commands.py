@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import flows.evaluate as evaluate_flow
     import flows.evolve as evolve_flow
     import flows.local_api as local_api
+    import flows.progress as progress
     import flows.round as round_flow
     import flows.rounds_target as rounds_target
     import flows.view.serve as view
@@ -59,6 +60,7 @@ else:
     evaluate_flow = optional_module("flows.evaluate")
     evolve_flow = optional_module("flows.evolve")
     local_api = optional_module("flows.local_api")
+    progress = optional_module("flows.progress")
     round_flow = optional_module("flows.round")
     rounds_target = optional_module("flows.rounds_target")
     serve = optional_module("agent.serve")
@@ -372,20 +374,24 @@ def cmd_ablation(args: argparse.Namespace) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.workers is not None:
         config = config.with_overrides({"ablation_workers": args.workers})
+    run_ids = [cfg.run_id for _, _, cfg in ablation_flow.arm_configs(config, arms, seeds, args.name)]
     t0 = time.perf_counter()
     log = console.command_log(config.state_dir, "ablation")
     # As `coevolve evolve`: the runs' output goes to the log, Ctrl-C or SIGTERM ends the command in one line
-    # (the seeds' processes too), and the same command resumes every run where it stopped.
+    # (the seeds' processes too), and the same command resumes every run where it stopped. On a terminal, a bar
+    # counts the runs' finished rounds.
     with preflight.reported(config, None, log, where=f"ablation '{args.name}'"), console.log_to_file(log):
         local_api.start()  # the arms' pool processes report to it and it ends with the command
-        out = ablation_flow.coevolve_ablation(
-            arms=arms,
-            seeds=seeds,
-            rounds=args.rounds,
-            official_limit=args.official_limit,
-            name=args.name,
-            config=config.model_dump(mode="json"),
-        )
+        rounds = config.ablation_rounds if args.rounds is None else args.rounds
+        with progress.rounds_bar(config, run_ids, rounds, f"ablation '{args.name}'"):
+            out = ablation_flow.coevolve_ablation(
+                arms=arms,
+                seeds=seeds,
+                rounds=args.rounds,
+                official_limit=args.official_limit,
+                name=args.name,
+                config=config.model_dump(mode="json"),
+            )
     print(Path(out["report"]).read_text())
     print(f"report: {out['report']} ({time.perf_counter() - t0:.0f}s)")
     return 0

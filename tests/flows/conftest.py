@@ -3,13 +3,18 @@ Prefect API of flows run in the test process, `prefect_api`, is in tests/conftes
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
+import pty
+import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import textwrap
 import threading
 import time
@@ -108,6 +113,39 @@ def kill_group(process: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     process.wait(timeout=60)
+
+
+def run_on_terminal(command: list[str], env: dict[str, str], timeout_s: float = 900) -> tuple[int, str]:
+    """Run ``command`` on a pseudo-terminal of 40 x 120 (where progress bars draw), in a process group of its own
+    from the repository; its exit status and everything it wrote to the terminal."""
+    master, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, start_new_session=True
+    )
+    os.close(terminal)
+    received = bytearray()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([master], [], [], 1.0)[0]:
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal closed: every process holding it has exited
+                break
+            if not chunk:
+                break
+            received += chunk
+        return process.wait(timeout=60), received.decode(errors="replace")
+    finally:
+        os.close(master)
+        kill_group(process)
+
+
+def screen_lines(screen: str) -> list[str]:
+    """What stays on a terminal's screen: each line as its last carriage return left it."""
+    return [line.split("\r")[-1] for line in screen.split("\r\n")]
 
 
 def wait_for_stage(config, round_: int, stage: str, process: subprocess.Popen, timeout_s: float = 600) -> None:

@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,7 +28,7 @@ from tasks.prepare import prepare_stage
 from tasks.splits import FINAL_HELDOUT_ROUND, build_final_heldout
 from tests.conftest import live_server_processes
 from tests.crash_at import CRASH_EXIT
-from tests.flows.conftest import REPO, cli_env, kill_group, write_config_file
+from tests.flows.conftest import REPO, cli_env, kill_group, run_on_terminal, screen_lines, write_config_file
 
 pytestmark = pytest.mark.slow
 
@@ -297,27 +298,33 @@ def test_round_0_is_shared_only_by_runs_whose_round_0_settings_and_inputs_match(
     assert round0_key(arm_config(config, "static", 9, "t")) is None  # no prepared round 0 to compare
 
 
-def _ablation_command(config_file: Path, state_dir: Path, log: Path) -> subprocess.Popen:
-    """`coevolve ablation` as the sequential run's user types it, in its own process group, its console in ``log``."""
+def _ablation_args(config_file: Path) -> list[str]:
+    """`coevolve ablation` as the sequential run's user types it."""
     args = ["--arms", "static,random", "--seeds", "1,2", "--official-limit", "2", "--name", "t"]
+    return [sys.executable, "-m", "flows.cli", "ablation", "--config", str(config_file), *args]
+
+
+def _ablation_command(config_file: Path, state_dir: Path, log: Path) -> subprocess.Popen:
+    """`_ablation_args` in its own process group, its console in ``log``."""
     with log.open("a") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "ablation", "--config", str(config_file), *args],
-            cwd=REPO, env=cli_env(state_dir), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            _ablation_args(config_file), cwd=REPO, env=cli_env(state_dir), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def interrupted_then_resumed(tiny_config, tmp_path_factory):
     """The ablation of `ablation_run` one seed at a time, through the command: Ctrl-C (SIGINT to the command's
-    process group, as a terminal sends it) once the first run's round 0 is finished, then the same command again.
-    The rounds come from the configuration this time (ablation_rounds), as the command without --rounds takes them."""
+    process group, as a terminal sends it) once the first run's round 0 is finished, then the same command again,
+    on a terminal. The rounds come from the configuration this time (ablation_rounds), as the command without
+    --rounds takes them."""
     folder = tmp_path_factory.mktemp("ablation-interrupted")
     config = tiny_config(
         folder / "state", rollout={"dev_eval_tasks": 2, "final_heldout_tasks": 6}, ablation_workers=1, ablation_rounds=1
     )
     config_file = write_config_file(config, folder / "config.yaml")
-    first_log, second_log = folder / "first.log", folder / "second.log"
+    first_log = folder / "first.log"
     first = _ablation_command(config_file, config.state_dir, first_log)
     try:
         deadline = time.monotonic() + 600
@@ -340,14 +347,11 @@ def interrupted_then_resumed(tiny_config, tmp_path_factory):
         kill_group(first)
     with Warehouse(config.warehouse_path, read_only=True) as wh:
         queued_seed = wh.round_status("t-static-s2", 0)  # its chain was queued behind seed 1's when Ctrl-C came
-    second = _ablation_command(config_file, config.state_dir, second_log)
-    try:
-        second_code = second.wait(timeout=900)
-    finally:
-        kill_group(second)
+    second_code, second_screen = run_on_terminal(_ablation_args(config_file), cli_env(config.state_dir))
     return SimpleNamespace(
         config=config, first_code=first_code, seconds_to_stop=seconds_to_stop, left=left, queued_seed=queued_seed,
-        first_console=first_log.read_text(), second_code=second_code, second_console=second_log.read_text(),
+        first_console=first_log.read_text(), second_code=second_code, second_screen=second_screen,
+        second_console="\n".join(screen_lines(second_screen)).rstrip("\n"),
     )  # fmt: skip
 
 
@@ -373,6 +377,14 @@ def test_the_same_command_resumes_the_interrupted_ablation_and_prints_its_report
     assert run.second_code == 0, run.second_console[-3000:]
     lines = run.second_console.splitlines()
     assert lines[0].startswith("log: ") and lines[1] == "# Ablation `t`" and lines[-1].startswith("report: ")
+
+
+def test_on_a_terminal_the_command_draws_a_bar_of_the_rounds_its_seeds_processes_finish(interrupted_then_resumed):
+    """Two arms x two seeds x one round: four rounds, the first finished before Ctrl-C. The bar clears itself: the
+    screen keeps the log line and the report only (the test above)."""
+    screen = interrupted_then_resumed.second_screen
+    assert re.search(r"ablation 't': +\d+%\|[^|]*\| [1-4]/4 \[", screen), screen[-3000:]
+    assert "%|" not in interrupted_then_resumed.second_console
 
 
 def test_the_reports_numbers_do_not_depend_on_how_many_seeds_run_at_once(ablation_run, interrupted_then_resumed):

@@ -6,24 +6,17 @@ then a second round runs on a pseudo-terminal, where progress bars may draw but 
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
 import re
-import select
 import shlex
-import struct
 import subprocess
 import sys
-import termios
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from flows.table import COLUMNS, format_row
-from tests.flows.conftest import REPO, cli_env, write_config_file
+from tests.flows.conftest import REPO, cli_env, run_on_terminal, screen_lines, write_config_file
 
 pytestmark = pytest.mark.slow
 
@@ -119,34 +112,9 @@ def test_the_log_file_holds_prefects_lines_and_the_sft_losses(piped_run):
 def test_on_a_terminal_only_progress_bars_join_the_table(piped_run):
     """Round 1 on a pseudo-terminal: bars may draw and clear themselves, nothing else reaches the screen."""
     assert piped_run.done.returncode == 0
-    master, terminal = pty.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a terminal's size: bars draw
-    process = subprocess.Popen(
-        _command(piped_run.config_file, rounds=2),
-        cwd=REPO,
-        env=cli_env(piped_run.state_dir),
-        stdin=subprocess.DEVNULL,
-        stdout=terminal,
-        stderr=terminal,
-    )
-    os.close(terminal)
-    received = bytearray()
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if not select.select([master], [], [], 1.0)[0]:
-            continue
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # the terminal closed: every process holding it has exited
-            break
-        if not chunk:
-            break
-        received += chunk
-    os.close(master)
-    assert process.wait(timeout=60) == 0, received.decode(errors="replace")
-    screen = received.decode()
-    # What stays on screen: each line as its last carriage return left it.
-    lines = [line.split("\r")[-1] for line in screen.split("\r\n")]
+    code, screen = run_on_terminal(_command(piped_run.config_file, rounds=2), cli_env(piped_run.state_dir))
+    assert code == 0, screen
+    lines = screen_lines(screen)
     assert lines[-1] == ""
     log = _check_table([line.rstrip() for line in lines[:-1]], piped_run.state_dir, 1)
     assert "rollout" in screen and "%|" in screen  # the round's rollout bar drew on the terminal
