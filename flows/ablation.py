@@ -1,20 +1,21 @@
 """The built-in ablation: does signal-guided co-evolution beat a static pool and random synthesis?
 
-Every arm runs the same rounds with the same group size and update steps, from the same seed pool and
-checkpoint 0 (``pool.seed``); the random arm explores as many targets as the signal arms select (equal
-task volume). Each (arm, seed) pair is its own run in the warehouse, so everything is queryable
-afterwards; the report compares arms paired by seed and task. The arms and their overrides are
-registered in tasks/ablation/arms.py (``ARMS``).
+Every arm is offered the same rounds, group size and update steps, from the same seed pool and checkpoint 0
+(``pool.seed``); the random arm explores as many targets as the signal arms select (equal task volume). An
+update skips a step whose groups all have equal rewards, so arms end with different optimizer-step counts: the
+report prints them and tests the arms again at equal steps. Each (arm, seed) pair is its own run in the
+warehouse, so everything is queryable afterwards; the report compares arms paired by seed and task. The arms
+and their overrides are registered in tasks/ablation/arms.py (``ARMS``).
 
 The ``+learnability`` arms (``static+learnability``, ``random+learnability``, ``full+learnability``)
 are their base arm with the curriculum on: the batch is drawn by estimated learnability
 (``pool.sampler: learnability``) and groups whose rewards are all equal are replaced by new tasks until
-the step has ``rollout.tasks_per_batch`` informative groups (``rollout.dynamic_sampling``). Compute stays
-equal: such an arm's batch is the base batch divided by ``CURRICULUM_ROLLOUT_FACTOR``
+the step has ``rollout.tasks_per_batch`` informative groups (``rollout.dynamic_sampling``). Its episode
+budget is a base arm's: such an arm's batch is the base batch divided by ``CURRICULUM_ROLLOUT_FACTOR``
 (``curriculum_batch``), so the most episodes it may play per step, tasks_per_batch x group_size x
-max_rollout_factor, is what a base arm plays (configs/ablation.yaml: 4 x 6 x 2 = 8 x 6 = 48 a step), and the
-optimizer steps per round are the same. The report prints each arm's episodes played and optimizer steps,
-so a reader sees both. A curriculum arm plays another rollout in round 0 than its base arm, so it
+max_rollout_factor, is what a base arm plays (configs/ablation.yaml: 4 x 6 x 2 = 8 x 6 = 48 a step), and it is
+offered as many optimizer steps per round. The report prints each arm's episodes played and optimizer steps,
+so a reader sees what each arm spent. A curriculum arm plays another rollout in round 0 than its base arm, so it
 computes its own round 0 instead of copying it. Run ids spell ``+`` as ``_`` (tasks/ablation/arms.arm_run_label):
 run ids, MLflow metric names and model names take letters, digits, ``_``, ``.`` and ``-`` only.
 
