@@ -61,12 +61,14 @@ from flows.ablation_round0 import copy_round0
 from flows.evaluate import coevolve_evaluate
 from flows.round import coevolve_round
 from flows.stage import run_slot, run_stage
+from storage.state_version import check_state
 from storage.tracking import Tracker
 from tasks.ablation.arms import ARMS, arm_run_label
 from tasks.ablation.report import FINAL_SPLIT
 from tasks.ablation.report_task import report_task
 from tasks.common import open_warehouse, round_lock
 from tasks.evaluate import category_name, default_categories, evaluate_checkpoint, evaluation_round, split_tasks
+from tasks.prepare import finished_round_result
 from tasks.splits import FINAL_HELDOUT_ROUND, HELDOUT_ROUND
 
 # Seconds a seed's process has to end after SIGTERM before it is killed: enough to record its Prefect task run as
@@ -251,6 +253,14 @@ def score_checkpoint0(base: PipelineConfig, name: str, first: PipelineConfig) ->
     }
 
 
+def round_result(config: PipelineConfig, round_: int) -> dict[str, Any]:
+    """What ``coevolve_round`` returns for the run's round ``round_``: a finished round's recorded result read directly,
+    any other round run as a subflow. A resumed ablation walks every finished run again, and a subflow run for each
+    of their rounds would cost it about a second a round."""
+    recorded = finished_round_result(config, round_)
+    return recorded if recorded is not None else coevolve_round(round_=round_, config=config.model_dump(mode="json"))
+
+
 @task(name="ablation-seed", cache_policy=NO_CACHE)
 def seed_chain(
     base_config: dict[str, Any],
@@ -278,7 +288,8 @@ def seed_chain(
             shared = f"copied from {copied}" if copied else "computed here"
             get_run_logger().info("%s: round 0's rollout, update and evaluation %s", cfg.run_id, shared)
         source = source or cfg
-        summaries = [coevolve_round(round_=r, config=cfg.model_dump(mode="json")) for r in range(rounds)]
+        check_state(cfg)  # a state folder of another schedule or record version: refused before its records are read
+        summaries = [round_result(cfg, r) for r in range(rounds)]
         official = official_scores(cfg, summaries[-1]["checkpoint"], official_limit)
         final = score_final_heldout(base, name, cfg, summaries, baseline)
         results.append(

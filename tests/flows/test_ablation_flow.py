@@ -377,6 +377,9 @@ def test_the_same_command_resumes_the_interrupted_ablation_and_prints_its_report
     assert run.second_code == 0, run.second_console[-3000:]
     lines = run.second_console.splitlines()
     assert lines[0].startswith("log: ") and lines[1] == "# Ablation `t`" and lines[-1].startswith("report: ")
+    # The round finished before Ctrl-C is read back, not asked of a round flow again (its log would say so).
+    second_log = sorted((run.config.state_dir / "logs").glob("ablation-*.log"))[-1]
+    assert "round 0 of run 't-static-s1' was already finished" not in second_log.read_text()
 
 
 def test_on_a_terminal_the_command_draws_a_bar_of_the_rounds_its_seeds_processes_finish(interrupted_then_resumed):
