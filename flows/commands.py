@@ -375,6 +375,7 @@ def cmd_ablation(args: argparse.Namespace) -> int:
     if args.workers is not None:
         config = config.with_overrides({"ablation_workers": args.workers})
     run_ids = [cfg.run_id for _, _, cfg in ablation_flow.arm_configs(config, arms, seeds, args.name)]
+    rounds = config.ablation_rounds if args.rounds is None else args.rounds
     t0 = time.perf_counter()
     log = console.command_log(config.state_dir, "ablation")
     # As `coevolve evolve`: the runs' output goes to the log, Ctrl-C or SIGTERM ends the command in one line
@@ -382,12 +383,11 @@ def cmd_ablation(args: argparse.Namespace) -> int:
     # counts the runs' finished rounds.
     with preflight.reported(config, None, log, where=f"ablation '{args.name}'"), console.log_to_file(log):
         local_api.start()  # the arms' pool processes report to it and it ends with the command
-        rounds = config.ablation_rounds if args.rounds is None else args.rounds
         with progress.rounds_bar(config, run_ids, rounds, f"ablation '{args.name}'"):
             out = ablation_flow.coevolve_ablation(
                 arms=arms,
                 seeds=seeds,
-                rounds=args.rounds,
+                rounds=rounds,
                 official_limit=args.official_limit,
                 name=args.name,
                 config=config.model_dump(mode="json"),
