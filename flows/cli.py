@@ -234,7 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
             "report.md, and writes the report again from them alone: no warehouse, model or configuration is needed."
         ),
     )
-    p.add_argument("folder", help="The folder holding the files: state_dir/reports/NAME, or a copy of them.")
+    p.add_argument(
+        "folders",
+        nargs="+",
+        metavar="folder",
+        help=(
+            "The folder holding the files: state_dir/reports/NAME, or a copy of them. Several folders are parts of "
+            "one ablation (the same command with other seeds): one report of all their runs, whose files hold them all."
+        ),
+    )
     p.add_argument("--out", help="Folder to write the report and its figures to (default: a new temporary folder).")
     p.add_argument(
         "--power-draws",

@@ -398,11 +398,14 @@ def cmd_ablation(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Recompute an ablation's report from the outcome files written beside it (tasks/ablation/outcomes.py)."""
-    folder = Path(args.folder)
-    results = ablation_outcomes.read_results(folder)
+    """Recompute an ablation's report from the outcome files written beside it (tasks/ablation/outcomes.py).
+
+    Several folders are the parts of one ablation (other seeds, played elsewhere): one report tests them together.
+    """
+    parts = {folder: ablation_outcomes.read_results(Path(folder)) for folder in args.folders}
+    results = ablation_outcomes.merge_results(parts)
     if not results:
-        raise PipelineError(f"{folder / ablation_outcomes.RUNS_FILE} holds no runs.")
+        raise PipelineError(f"{' and '.join(f'{f}/{ablation_outcomes.RUNS_FILE}' for f in parts)}: no runs.")
     first = results[0]
     suffix = f"-{arm_run_label(first['arm'])}-s{first['seed']}"
     name = first["run_id"].removesuffix(suffix)

@@ -10,7 +10,9 @@
   name files of the machine it ran on).
 
 ``read_results`` gives back the runs as ``write_report`` takes them, so every table, test, Holm adjustment and
-power figure of a report can be recomputed from the committed files alone.
+power figure of a report can be recomputed from the committed files alone. ``merge_results`` joins the runs of an
+ablation played in parts (seeds on different machines or days) into one, refusing parts that did not test the
+same split with the same checkpoint 0.
 """
 
 from __future__ import annotations
@@ -123,3 +125,37 @@ def read_results(folder: Path) -> list[dict[str, Any]]:
         if rounds:
             run["round_heldout_outcomes"], run["baseline_round_outcomes"] = rounds, per_round[CHECKPOINT0]
     return runs
+
+
+# What every part of one ablation shares: the split its tests use and checkpoint 0's outcomes on it.
+_SHARED_FIELDS = ("tested_split", "heldout_size", "heldout_digest")
+_SHARED_OUTCOMES = ("baseline_outcomes", "baseline_round_outcomes")
+
+
+def merge_results(parts: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One ablation's runs from the runs of its parts (folder name -> runs), in the parts' order.
+
+    A DataError names the two folders when a run (arm, seed) is in both, or when they did not test the same split
+    or checkpoint 0 (then they are parts of different ablations and their arms cannot be compared paired).
+    """
+    first_folder, first_runs = next(iter(parts.items())) if parts else ("", [])
+    reference = first_runs[0] if first_runs else {}
+    seen: dict[str, str] = {}
+    merged: list[dict[str, Any]] = []
+    for folder, runs in parts.items():
+        for run in runs:
+            column = run_column(run)
+            if column in seen:
+                raise DataError(
+                    f"Run {column} is in both {seen[column]} and {folder}; give each run's folder once "
+                    "(a part's runs must be seeds or arms the other parts did not play)."
+                )
+            seen[column] = folder
+            differs = [f for f in (*_SHARED_FIELDS, *_SHARED_OUTCOMES) if run.get(f) != reference.get(f)]
+            if differs:
+                raise DataError(
+                    f"{folder} and {first_folder} are parts of different ablations: their {', '.join(differs)} "
+                    "differ. Parts join into one report only when they ran the same command with other seeds."
+                )
+            merged.append(run)
+    return merged

@@ -10,7 +10,14 @@ import pytest
 
 from coevolve.errors import DataError
 from tasks.ablation.inference import estimate_structure, two_way_test
-from tasks.ablation.outcomes import OUTCOMES_FILE, ROUND_OUTCOMES_FILE, RUNS_FILE, read_results, write_results
+from tasks.ablation.outcomes import (
+    OUTCOMES_FILE,
+    ROUND_OUTCOMES_FILE,
+    RUNS_FILE,
+    merge_results,
+    read_results,
+    write_results,
+)
 from tasks.ablation.report import write_report
 from tasks.ablation.report_summary import matched_rounds, summarize
 from tests.flows.conftest import REPO, cli_env
@@ -137,6 +144,41 @@ def test_coevolve_report_writes_and_prints_the_same_report_from_the_files_alone(
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "again" / "report.md").read_text() == (folder / "report.md").read_text()
     assert done.stdout.startswith("# Ablation `abl`") and f"report: {tmp_path / 'again' / 'report.md'}" in done.stdout
+
+
+def parts_by_seed(tmp_path, results, seed_groups):
+    """``results`` written as parts of one ablation, one folder per group of seeds, as machines would play them."""
+    folders = []
+    for i, seeds in enumerate(seed_groups):
+        folders.append(tmp_path / f"part{i}")
+        write_results([r for r in results if r["seed"] in seeds], folders[-1])
+    return folders
+
+
+def test_an_ablation_played_in_parts_reports_as_one_from_the_parts_folders(tmp_path):
+    # `coevolve ablation` plays seed after seed, so the whole ablation's runs come in seed order.
+    in_seed_order = sorted(RESULTS, key=lambda r: r["seed"])
+    write_report(in_seed_order, tmp_path / "played-whole", "Ablation `abl`", power_draws=DRAWS)
+    folders = parts_by_seed(tmp_path, in_seed_order, [{1}, {2, 3}])
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "report", *map(str, folders), "--out", str(tmp_path / "joined"),
+         "--power-draws", str(DRAWS)],
+        cwd=REPO, env=cli_env(tmp_path), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in ("report.md", OUTCOMES_FILE, ROUND_OUTCOMES_FILE, RUNS_FILE):
+        assert (tmp_path / "joined" / name).read_text() == (tmp_path / "played-whole" / name).read_text(), name
+
+
+def test_parts_that_share_a_run_or_differ_in_checkpoint_0_are_refused_naming_both_folders(tmp_path):
+    overlapping = parts_by_seed(tmp_path, RESULTS, [{1, 2}, {2, 3}])
+    with pytest.raises(DataError, match=r"Run full/s2 is in both .*part0 and .*part1"):
+        merge_results({str(f): read_results(f) for f in overlapping})
+    other_checkpoint0 = [{**r, "baseline_outcomes": dict.fromkeys(TASKS, True)} for r in RESULTS if r["seed"] == 3]
+    write_results(other_checkpoint0, tmp_path / "other")
+    parts = {str(tmp_path / "part0"): read_results(tmp_path / "part0"), "other": read_results(tmp_path / "other")}
+    with pytest.raises(DataError, match=r"other and .*part0 are parts of different ablations: their baseline_outcomes"):
+        merge_results(parts)
 
 
 def test_the_power_line_is_simulated_with_the_structure_of_the_runs_own_outcomes(report):
