@@ -44,7 +44,6 @@ Run::
 from __future__ import annotations
 
 import copy
-import multiprocessing
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -343,6 +342,8 @@ def coevolve_ablation(
 # Where Prefect's process pool keeps the queue its processes' log messages travel by (a private attribute of
 # prefect.task_runners.ProcessPoolTaskRunner; tests/flows/test_ablation_flow.py fails if Prefect renames it).
 MESSAGE_QUEUE_ATTRIBUTE = "_subprocess_message_queue"
+# And where it keeps its concurrent.futures.ProcessPoolExecutor, whose ``_processes`` are the seeds' processes.
+EXECUTOR_ATTRIBUTE = "_executor"
 
 
 def stop_seed_processes(runner: ProcessPoolTaskRunner) -> None:
@@ -352,7 +353,9 @@ def stop_seed_processes(runner: ProcessPoolTaskRunner) -> None:
     (Python's process pool hands a worker its next call before the current one ends): an interrupted ablation
     ran on for minutes. What the seeds recorded stays; the same command resumes their runs where they stopped.
     """
-    seeds = multiprocessing.active_children()
+    # Only the pool's own processes: any other child of this process (a server a caller started) is not a seed.
+    executor = getattr(runner, EXECUTOR_ATTRIBUTE, None)
+    seeds = list((getattr(executor, "_processes", None) or {}).values())
     for process in seeds:
         process.terminate()
     for process in seeds:

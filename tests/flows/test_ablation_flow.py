@@ -1,6 +1,7 @@
 """The ablation flow end to end on a tiny config: every (arm, seed) is its own run, and a report comes out."""
 
 import dataclasses
+import multiprocessing
 import os
 import re
 import shutil
@@ -18,7 +19,15 @@ from prefect.task_runners import ProcessPoolTaskRunner
 from agent.checkpoints import checkpoint_digest
 from coevolve.errors import PipelineError
 from coevolve.stages import PrepareInput
-from flows.ablation import ARMS, MESSAGE_QUEUE_ATTRIBUTE, arm_config, coevolve_ablation, official_scores
+from flows.ablation import (
+    ARMS,
+    EXECUTOR_ATTRIBUTE,
+    MESSAGE_QUEUE_ATTRIBUTE,
+    arm_config,
+    coevolve_ablation,
+    official_scores,
+    stop_seed_processes,
+)
 from flows.ablation_round0 import copy_round0, round0_key
 from storage.pool import pool_digest
 from storage.tracking import Tracker
@@ -361,6 +370,21 @@ def test_the_process_pool_still_holds_the_log_queue_an_interrupted_ablation_rele
     with ProcessPoolTaskRunner(max_workers=1) as runner:
         queue = getattr(runner, MESSAGE_QUEUE_ATTRIBUTE)
         assert callable(queue.cancel_join_thread)
+
+
+def test_stopping_the_seeds_ends_the_pools_processes_and_no_other_child():
+    other = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+    other.start()
+    try:
+        with ProcessPoolTaskRunner(max_workers=1) as runner:
+            pool = getattr(runner, EXECUTOR_ATTRIBUTE)  # fails here if Prefect renames it
+            pool.submit(time.sleep, 60)  # a seed's process, busy as a playing seed is
+            seed = next(iter(pool._processes.values()))
+            stop_seed_processes(runner)
+            assert not seed.is_alive()
+            assert other.is_alive()
+    finally:
+        other.kill()
 
 
 def test_ctrl_c_stops_the_ablation_and_its_seeds_processes_in_one_line(interrupted_then_resumed):
