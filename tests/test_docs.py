@@ -23,6 +23,8 @@ from coevolve.config import load_config
 from flows.cli import build_parser
 from storage import task_stats
 from tasks.ablation.arms import ARMS, CURRICULUM_SUFFIX
+from tasks.ablation.outcomes import read_results
+from tasks.ablation.report import write_report
 from tasks.training.launch import launch_dir
 from tests.doc_blocks import (
     FENCED_BLOCK,
@@ -41,6 +43,9 @@ README = REPO / "README.md"
 EXPERIMENTS = REPO / "docs" / "experiments.md"
 ABLATION_REPORT = REPO / "docs" / "ablation_report.md"
 ABLATION_CONFIG = REPO / "configs" / "ablation.yaml"
+WORKPLACE_REPORT = REPO / "docs" / "workplace_ablation_report.md"
+# Each committed report and the folder of outcome files it rests on (tasks/ablation/outcomes.py).
+REPORT_DATA = {WORKPLACE_REPORT: REPO / "docs" / "workplace_ablation_data"}
 NUMBER_WORDS = {
     word: n for n, word in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())
 }
@@ -109,14 +114,16 @@ def _section(page: Path, heading: str) -> str:
 
 def test_every_list_of_ablation_arms_is_the_registry():
     """`coevolve ablation --help` and experiments.md's arms are tasks/ablation/arms.py's ARMS; the README's headline
-    table lists registered arms in the registry's order, the four core arms among them (the others are optional)."""
+    tables (BFCL's and the workplace's) list registered arms in the registry's order, the four core arms among them
+    (the others are optional)."""
     arms_help = str(next(a.help for a in _ablation_parser()._actions if a.dest == "arms"))
     assert [name.strip(" .") for name in arms_help.split("):", 1)[1].split(",")] == list(ARMS)
-    headline = [t for t in tables(README) if t.header[0] == "arm" and "gain over checkpoint 0" in t.header]
-    assert len(headline) == 1
-    listed = [row[0] for row in headline[0].rows]
-    assert listed == [arm for arm in ARMS if arm in listed]
-    assert {"static", "random", "full", "full+learnability"} <= set(listed)
+    headlines = [t for t in tables(README) if t.header[0] == "arm" and "gain over checkpoint 0" in t.header]
+    assert len(headlines) == 2
+    for headline in headlines:
+        listed = [row[0] for row in headline.rows]
+        assert listed == [arm for arm in ARMS if arm in listed]
+        assert {"static", "random", "full", "full+learnability"} <= set(listed)
     described = next(p for p in re.split(r"\n\s*\n", prose(EXPERIMENTS)) if p.startswith("Arms, "))
     assert set(re.findall(r"`([a-z][a-z+-]*)`", described)) == set(ARMS)
 
@@ -313,22 +320,31 @@ def test_sample_outputs_are_generic_and_the_readme_figures_are_rows_of_the_lab_n
 SPLITS = ("final split", "per-round split")
 
 
-def _final_split_results() -> dict[str, str]:
-    """Each arm's held-out success on the final split: the column `final` of ablation_report.md's tests against
+def _final_split_results(report: Path) -> dict[str, str]:
+    """Each arm's held-out success on the final split: the column `final` of the report's tests against
     checkpoint 0."""
-    table = next(t for t in tables(ABLATION_REPORT) if t.header[0] == "arm" and {"ckpt 0", "final"} <= set(t.header))
+    table = next(t for t in tables(report) if t.header[0] == "arm" and {"ckpt 0", "final"} <= set(t.header))
     return table.column(table.header.index("final"))
+
+
+def _final_split_size(report: Path) -> int:
+    found = re.search(r"Tested on the final held-out split: ([\d,]+) tasks", report.read_text())
+    assert found, f"{report.name} does not say how many tasks its final split holds"
+    return int(found[1].replace(",", ""))
+
+
+def _quoted_report(label: str) -> Path:
+    """The report a label's figures come from: the workplace's where the label names it, BFCL's otherwise."""
+    return WORKPLACE_REPORT if "workplace" in label.lower() else ABLATION_REPORT
 
 
 def test_held_out_success_labels_name_their_split_and_quote_the_report():
     """A column or row of held-out success names its split (and the split's size where it gives one), and figures
-    labelled with the final split are the report's."""
+    labelled with the final split are those of the report of the environment the label names."""
     config = load_config(ABLATION_CONFIG, [], environ={})
-    sizes = {"final split": config.rollout.final_heldout_tasks, "per-round split": config.rollout.heldout_tasks}
-    final = _final_split_results()
     unnamed: list[tuple[str, str]] = []
     wrong: list[tuple[str, ...]] = []
-    quoted: list[str] = []
+    quoted: list[tuple[str, str]] = []
     for page in doc_pages():
         for table in tables(page):
             labels = [(cell, table.column(i)) for i, cell in enumerate(table.header) if table.header[0] == "arm"]
@@ -338,20 +354,23 @@ def test_held_out_success_labels_name_their_split_and_quote_the_report():
                 if "held-out success" not in label.lower():
                     continue
                 split = next((s for s in SPLITS if s in label), None)
-                size = re.search(r"\((\d+) tasks", label)
+                size = re.search(r"\(([\d,]+) tasks", label)
+                report = _quoted_report(label)
+                sizes = {"final split": _final_split_size(report), "per-round split": config.rollout.heldout_tasks}
                 if split is None:
                     unnamed.append((page.name, label))
-                elif size and int(size[1]) != sizes[split]:
+                elif size and int(size[1].replace(",", "")) != sizes[split]:
                     wrong.append((page.name, label))
+                final = _final_split_results(report)
                 if split == "final split" and set(values) & set(final):
-                    quoted.append(page.name)
+                    quoted.append((page.name, report.name))
                     wrong += [
                         (page.name, label, arm)
                         for arm in final
                         if arm in values and values[arm].split()[:1] != [final[arm]]
                     ]
     assert unnamed == [] and wrong == []
-    assert "README.md" in quoted
+    assert {("README.md", ABLATION_REPORT.name), ("README.md", WORKPLACE_REPORT.name)} <= set(quoted)
 
 
 def _anchor(heading: str) -> str:
@@ -376,3 +395,14 @@ def test_every_relative_link_reaches_its_file_and_heading():
                 if anchor not in headings:
                     broken.append((page.relative_to(REPO).as_posix(), target))
     assert broken == []
+
+
+@pytest.mark.parametrize("report", list(REPORT_DATA), ids=lambda p: p.name)
+def test_a_committed_report_is_what_coevolve_report_writes_from_its_committed_outcomes(report, tmp_path):
+    """Every table of the report (every test, p-value, Holm adjustment, per-run and mechanism row) comes back the
+    same from the outcome files committed beside it, as `coevolve report <folder>` writes them."""
+    written = write_report(read_results(REPORT_DATA[report]), tmp_path, "recomputed", power_draws=2)
+    recomputed = tables(Path(written["report"]))
+    committed = [(t.header, t.rows) for t in tables(report)]
+    assert any({"ckpt 0", "final"} <= set(t.header) for t in recomputed)  # the tests against checkpoint 0
+    assert [(t.header, t.rows) for t in recomputed if (t.header, t.rows) not in committed] == []

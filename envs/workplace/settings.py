@@ -21,7 +21,7 @@ class WorkplaceSettings(EnvironmentSettings):
             "(3-5 calls over user turns of pool.calls_per_turn calls, from their own explorer seed, none of D_0 or a "
             "held-out split); the rest are the short 1-2 call tasks. A workplace request chains on looked-up values "
             "across turns, which the short tasks alone never show: at 0 checkpoint 0 solved no dev task, at 0.5 "
-            "with sft_steps 2400 it solves 0.34 of them (docs/workplace_ablation_report.md)."
+            "with sft_steps 2400 it solves 0.34 of them (docs/history/workplace_ablation_report_5rounds_floor.md)."
         ),
     )
     sft_steps: int = Field(
