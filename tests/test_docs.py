@@ -342,6 +342,9 @@ def test_held_out_success_labels_name_their_split_and_quote_the_report():
     """A column or row of held-out success names its split (and the split's size where it gives one), and figures
     labelled with the final split are those of the report of the environment the label names."""
     config = load_config(ABLATION_CONFIG, [], environ={})
+    reports = (ABLATION_REPORT, WORKPLACE_REPORT)
+    finals = {report: _final_split_results(report) for report in reports}
+    final_sizes = {report: _final_split_size(report) for report in reports}
     unnamed: list[tuple[str, str]] = []
     wrong: list[tuple[str, ...]] = []
     quoted: list[tuple[str, str]] = []
@@ -356,12 +359,12 @@ def test_held_out_success_labels_name_their_split_and_quote_the_report():
                 split = next((s for s in SPLITS if s in label), None)
                 size = re.search(r"\(([\d,]+) tasks", label)
                 report = _quoted_report(label)
-                sizes = {"final split": _final_split_size(report), "per-round split": config.rollout.heldout_tasks}
+                sizes = {"final split": final_sizes[report], "per-round split": config.rollout.heldout_tasks}
                 if split is None:
                     unnamed.append((page.name, label))
                 elif size and int(size[1].replace(",", "")) != sizes[split]:
                     wrong.append((page.name, label))
-                final = _final_split_results(report)
+                final = finals[report]
                 if split == "final split" and set(values) & set(final):
                     quoted.append((page.name, report.name))
                     wrong += [

@@ -138,24 +138,23 @@ def merge_results(parts: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]
     A DataError names the two folders when a run (arm, seed) is in both, or when they did not test the same split
     or checkpoint 0 (then they are parts of different ablations and their arms cannot be compared paired).
     """
-    first_folder, first_runs = next(iter(parts.items())) if parts else ("", [])
-    reference = first_runs[0] if first_runs else {}
+    runs = [(folder, run) for folder, part in parts.items() for run in part]
+    first_folder, reference = runs[0] if runs else ("", {})
     seen: dict[str, str] = {}
     merged: list[dict[str, Any]] = []
-    for folder, runs in parts.items():
-        for run in runs:
-            column = run_column(run)
-            if column in seen:
-                raise DataError(
-                    f"Run {column} is in both {seen[column]} and {folder}; give each run's folder once "
-                    "(a part's runs must be seeds or arms the other parts did not play)."
-                )
-            seen[column] = folder
-            differs = [f for f in (*_SHARED_FIELDS, *_SHARED_OUTCOMES) if run.get(f) != reference.get(f)]
-            if differs:
-                raise DataError(
-                    f"{folder} and {first_folder} are parts of different ablations: their {', '.join(differs)} "
-                    "differ. Parts join into one report only when they ran the same command with other seeds."
-                )
-            merged.append(run)
+    for folder, run in runs:
+        column = run_column(run)
+        if column in seen:
+            raise DataError(
+                f"Run {column} is in both {seen[column]} and {folder}; give each run's folder once "
+                "(a part's runs must be seeds or arms the other parts did not play)."
+            )
+        seen[column] = folder
+        differs = [f for f in (*_SHARED_FIELDS, *_SHARED_OUTCOMES) if run.get(f) != reference.get(f)]
+        if differs:
+            raise DataError(
+                f"{folder} and {first_folder} are parts of different ablations: their {', '.join(differs)} "
+                "differ. Parts join into one report only when they ran the same command with other seeds."
+            )
+        merged.append(run)
     return merged
