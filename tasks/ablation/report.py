@@ -31,7 +31,7 @@ from tasks.ablation.curves import ACCEPTED_KINDS
 from tasks.ablation.inference import Structure, detectable_effect, estimate_structure, holm, seed_level_array_test
 from tasks.ablation.outcomes import write_results
 from tasks.ablation.plots import ablation_curves, curriculum_figure, mechanism_figures
-from tasks.ablation.report_summary import summarize
+from tasks.ablation.report_summary import heldout_outcomes_by_arm, summarize
 
 # Evaluation split of the final held-out split's rows (tasks/splits.build_final_heldout), scored by the ablation flow.
 FINAL_SPLIT = "final-heldout"
@@ -79,10 +79,7 @@ def _p_text(t: dict[str, Any], key: str = "p") -> str:
 def experiment_structure(results: list[dict[str, Any]]) -> Structure | None:
     """The power simulation's structure estimated from the runs' own tested outcomes (``estimate_structure``);
     None where they cannot give one (no per-task outcomes, or fewer than two seeds every arm has)."""
-    arms: dict[str, dict[int, Any]] = {}
-    for run in results:
-        if run.get("heldout_outcomes"):
-            arms.setdefault(run["arm"], {})[run["seed"]] = run["heldout_outcomes"]
+    arms = {arm: seeds for arm, seeds in heldout_outcomes_by_arm(results).items() if seeds}
     baseline = next((r["baseline_outcomes"] for r in results if r.get("baseline_outcomes")), None)
     if not arms or not baseline:
         return None

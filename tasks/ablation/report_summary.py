@@ -27,6 +27,17 @@ def run_total(run: dict[str, Any], key: str) -> float:
     return math.nan if any(v is None for v in values) else float(sum(values))
 
 
+def heldout_outcomes_by_arm(results: list[dict[str, Any]]) -> dict[str, dict[int, Any]]:
+    """Each arm's runs' per-task outcomes on the tested held-out split, by seed (``heldout_outcomes``); an arm whose
+    runs recorded none maps to an empty dict."""
+    arms: dict[str, dict[int, Any]] = {}
+    for run in results:
+        seeds = arms.setdefault(run["arm"], {})
+        if run.get("heldout_outcomes"):
+            seeds[run["seed"]] = run["heldout_outcomes"]
+    return arms
+
+
 def official_score(run: dict[str, Any]) -> float:
     """A run's final checkpoint on its environment's official splits (their mean); nan where it has none."""
     scores = [float(v) for v in run["official"].values()]
@@ -66,9 +77,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             "optimizer_steps": mean_present([run_total(r, "optimizer_steps") for r in runs]),
         }
     by_seed = {arm: {r["seed"]: final_heldout(r) for r in runs} for arm, runs in arms.items()}
-    outcomes = {
-        arm: {r["seed"]: r["heldout_outcomes"] for r in runs if r.get("heldout_outcomes")} for arm, runs in arms.items()
-    }
+    outcomes = heldout_outcomes_by_arm(results)
 
     def compare(a: str, b: str) -> dict[str, Any]:
         return _comparison(outcomes[a], outcomes[b], by_seed[a], by_seed[b])
