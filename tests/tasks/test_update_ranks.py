@@ -226,6 +226,20 @@ def test_a_failing_rank_fails_the_update_with_its_error_and_the_end_of_its_log(p
 
 
 @pytest.mark.slow
+def test_an_update_that_diverges_on_two_ranks_fails_naming_the_rate_and_saves_no_checkpoint(policy_dir, tmp_path):
+    """Each rank checks the weights after its optimizer steps, with the counts summed across ranks so that both
+    stop together: at the highest rate on outsized weights the update fails with the divergence's advice, and no
+    checkpoint exists."""
+    scaled = single_rank_tests._scaled_policy(policy_dir, tmp_path / "scaled", 1e3)
+    trajectories = _groups(scaled)
+    config = _config(tmp_path / "state", num_processes=2, learning_rate=0.1, updates_per_batch=2)
+    _store(config, trajectories)
+    with pytest.raises(RankFailedError, match=r"DivergedUpdateError: .*training.learning_rate \(now 0.1;"):
+        launch_update(scaled, group_round(trajectories, GROUP_SIZE), config, 0, config.checkpoint_dir(1))
+    assert not config.checkpoint_dir(1).exists()
+
+
+@pytest.mark.slow
 def test_lora_on_two_ranks_saves_the_adapter_and_merged_weights_that_match_one_rank(policy_dir, stored, tmp_path):
     config, trajectories = stored
     lora = config.with_overrides({"state_dir": str(tmp_path), "training": {"use_lora": True, "lora_rank": 4}})
