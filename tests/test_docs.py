@@ -23,7 +23,7 @@ from coevolve.config import load_config
 from flows.cli import build_parser
 from storage import task_stats
 from tasks.ablation.arms import ARMS, CURRICULUM_SUFFIX
-from tasks.ablation.outcomes import read_results
+from tasks.ablation.outcomes import merge_results, read_results
 from tasks.ablation.report import write_report
 from tasks.training.launch import launch_dir
 from tests.doc_blocks import (
@@ -46,6 +46,8 @@ ABLATION_CONFIG = REPO / "configs" / "ablation.yaml"
 WORKPLACE_REPORT = REPO / "docs" / "workplace_ablation_report.md"
 # Each committed report and the folder of outcome files it rests on (tasks/ablation/outcomes.py).
 REPORT_DATA = {WORKPLACE_REPORT: REPO / "docs" / "workplace_ablation_data"}
+# The ten-seed ablation's finished parts, one folder of outcome files each, committed as their seeds finish.
+TEN_SEED_PARTS = REPO / "docs" / "ablation10_data"
 NUMBER_WORDS = {
     word: n for n, word in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())
 }
@@ -409,3 +411,22 @@ def test_a_committed_report_is_what_coevolve_report_writes_from_its_committed_ou
     committed = [(t.header, t.rows) for t in tables(report)]
     assert any({"ckpt 0", "final"} <= set(t.header) for t in recomputed)  # the tests against checkpoint 0
     assert [(t.header, t.rows) for t in recomputed if (t.header, t.rows) not in committed] == []
+
+
+def test_each_committed_part_of_the_ten_seed_ablation_is_its_documented_design_and_the_parts_join():
+    """Every part in docs/ablation10_data plays the documented command's arms for each of its seeds, each run at
+    least 100 optimizer steps and tested on the planned final split; experiments.md names every part in its join
+    command; and the parts join into one ablation (no run twice, one split, one checkpoint 0)."""
+    design = _section(EXPERIMENTS, "### Sizing the ten-seed ablation: a difference of 0.03 between two arms")
+    arms = re.search(r"--arms (\S+)", design)[1].split(",")  # type: ignore[index]
+    final_tasks = int(re.search(r"rollout\.final_heldout_tasks=(\d+)", design)[1])  # type: ignore[index]
+    parts = {folder.name: read_results(folder) for folder in sorted(TEN_SEED_PARTS.iterdir()) if folder.is_dir()}
+    assert parts
+    for name, runs in parts.items():
+        seeds = sorted({run["seed"] for run in runs})
+        assert f"docs/ablation10_data/{name}" in design
+        assert sorted((run["arm"], run["seed"]) for run in runs) == sorted((a, s) for a in arms for s in seeds), name
+        assert all(run["heldout_size"] == final_tasks and run.get("heldout_outcomes") for run in runs), name
+        assert min(sum(r["optimizer_steps"] for r in run["rounds"]) for run in runs) >= 100, name
+    joined = merge_results(parts)
+    assert len(joined) == sum(len(runs) for runs in parts.values())
