@@ -23,6 +23,13 @@ and the synthesis volume's choice (docs/experiments.md "How much a round synthes
     .venv/bin/python benchmarks/schedule_choice.py --candidates 10x8x1+48,10x8x1+96 --episodes 480 \
         --rounds 12 --seeds 1 --out /tmp/volume-choice-s1
 
+``--config`` starts the candidates from a configuration file and ``--set`` adds a setting they all share, e.g. the
+workplace environment's learning rate at the ablation's length (docs/experiments.md "The workplace's learning
+rate"):
+
+    .venv/bin/python benchmarks/schedule_choice.py --config configs/ablation.yaml --set environment.name=workplace \
+        --candidates 10x8x1,10x8x1@2.5e-4,10x8x1@1e-4 --episodes 0 --rounds 14 --seeds 1 --out /tmp/workplace-lr-s1
+
 Writes ``choice.json``, ``choice.md`` (one row per candidate: mean final dev success over seeds,
 its gain over checkpoint 0, mean wall time of a run) and ``choice.png`` (each candidate's dev success by
 optimizer step, mean +- sd over seeds) under ``--out``; a row also gives the tasks each round added to the
@@ -97,10 +104,14 @@ def with_options(settings: list[str], name: str) -> list[str]:
     return [f"{stem}-{seed}", *rest]
 
 
-def run_candidate(settings: list[str], state_dir: Path, rounds: int, log: Path) -> float:
-    """``coevolve evolve --rounds`` with ``settings`` until rounds 0..``rounds``-1 are finished (an interrupted
-    choice resumes its runs), in a process of its own; returns its wall time."""
+def run_candidate(
+    settings: list[str], state_dir: Path, rounds: int, log: Path, config_file: Path | None = None
+) -> float:
+    """``coevolve evolve --rounds`` (on ``config_file`` when given) with ``settings`` until rounds 0..``rounds``-1 are
+    finished (an interrupted choice resumes its runs), in a process of its own; returns its wall time."""
     command = [sys.executable, "-m", "flows.cli", "evolve", "--rounds", str(rounds)]
+    if config_file is not None:
+        command += ["--config", str(config_file)]
     for setting in [f"state_dir={state_dir}", *settings]:
         command += ["--set", setting]
     started = time.perf_counter()
@@ -134,6 +145,7 @@ def run_choice(
     out: Path,
     rounds: int,
     measure: Callable[[PipelineConfig], dict[str, Any]] | None = None,
+    config_file: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Runs every (candidate, seed, settings) for ``rounds`` rounds, one after another, in ``out``/state.
 
@@ -150,8 +162,8 @@ def run_choice(
         if (name, seed) in earlier:
             rows.append(earlier[(name, seed)])
             continue
-        config = load_config(overrides=[f"state_dir={state_dir}", *settings], environ={})
-        wall_s = run_candidate(settings, state_dir, rounds, out / "runs.log")
+        config = load_config(config_file, [f"state_dir={state_dir}", *settings], environ={})
+        wall_s = run_candidate(settings, state_dir, rounds, out / "runs.log", config_file)
         baseline, curve = dev_curve(config)
         rows.append({"candidate": name, "seed": seed, "wall_s": round(wall_s, 1), "dev_checkpoint0": baseline,
                      "dev_by_round": curve, **(measure(config) if measure else {})})  # fmt: skip
@@ -206,8 +218,12 @@ def main() -> int:
         "--episodes", type=int, default=144, help="episodes a round (F x B x group size) to check; 0 checks nothing"
     )
     parser.add_argument("--out", type=Path, required=True, help="state folder and report folder")
+    parser.add_argument("--config", type=Path, help="the configuration the candidates start from (default: built in)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a setting every candidate shares (repeatable)"
+    )
     args = parser.parse_args()
-    defaults = load_config(environ={})
+    defaults = load_config(args.config, args.set, environ={})
     pool_seed = defaults.start_seed
     names = args.candidates.split(",")
     candidates = [parse_candidate(c) for c in names]
@@ -217,11 +233,11 @@ def main() -> int:
                          f"not {args.episodes}: compare candidates at the same budget")  # fmt: skip
     seeds = [int(s) for s in args.seeds.split(",")]
     runs = [
-        (name, seed, with_options(candidate_settings(candidate, seed, pool_seed, args.dev_tasks), name))
+        (name, seed, [*args.set, *with_options(candidate_settings(candidate, seed, pool_seed, args.dev_tasks), name)])
         for name, candidate in zip(names, candidates, strict=True)
         for seed in seeds
     ]
-    rows = run_choice(runs, args.out, args.rounds, pool_supply)
+    rows = run_choice(runs, args.out, args.rounds, pool_supply, args.config)
     lines = [
         "| candidate | final dev success (mean over seeds) | gain over checkpoint 0 | per seed | tasks added a round "
         "| run time |",
