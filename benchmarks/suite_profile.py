@@ -6,7 +6,7 @@ the worker spent on it: its own, and that of the processes it started and reaped
 one line for the whole session (the machine's busy and idle core-seconds between the session's start and end, read
 from /proc/stat). Run as a script, it reads that file back and prints the modules that cost most:
 
-    PYTHONPATH=. SUITE_PROFILE=/tmp/suite.jsonl make test-only ARGS="-p benchmarks.suite_profile"
+    SUITE_PROFILE=/tmp/suite.jsonl make test-only ARGS="-p benchmarks.suite_profile"
     .venv/bin/python benchmarks/suite_profile.py /tmp/suite.jsonl --top 25
 
 A server a module shares with others (the session's vLLM server, a test harness's Prefect API) counts where it is
