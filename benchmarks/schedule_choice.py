@@ -28,7 +28,7 @@ workplace environment's learning rate at the ablation's length (docs/experiments
 rate"):
 
     .venv/bin/python benchmarks/schedule_choice.py --config configs/ablation.yaml --set environment.name=workplace \
-        --candidates 10x8x1,10x8x1@2.5e-4,10x8x1@1e-4 --episodes 0 --rounds 14 --seeds 1 --out /tmp/workplace-lr-s1
+        --candidates 10x8x1,10x8x1@1.5e-4,10x8x1@5e-5 --episodes 0 --rounds 14 --seeds 1 --out /tmp/workplace-lr-s1
 
 Writes ``choice.json``, ``choice.md`` (one row per candidate: mean final dev success over seeds,
 its gain over checkpoint 0, mean wall time of a run) and ``choice.png`` (each candidate's dev success by
