@@ -3,11 +3,12 @@
 The engine runs a manual decoding loop over a left-padded batch with a KV cache: it samples from
 softmax(logits / temperature) and records the log-probability of each sampled token under that
 same distribution, which is what the update stage uses as the behaviour policy. Sampling starts from
-one forward pass over each distinct prompt alone (a task's samples share their first prompt), whose
-cache the batch decodes from and the behaviour logprobs are scored on, so those are a function of the
-checkpoint, the prompt and the tokens. Greedy decoding (temperature 0), which evaluation uses and
-nothing trains on, starts from batched forward passes and records the chosen token's logprob at
-temperature 1 from the decoding loop itself.
+each distinct prompt read alone (a task's samples share their first prompt), whose cache the batch
+decodes from and the behaviour logprobs are scored on, so those are a function of the checkpoint, the
+prompt and the tokens. A prompt is read in fixed pieces from the longest prefix whose cache the engine
+still holds (agent/prefix_cache.py): a turn reads only what followed the episode's last message.
+Greedy decoding (temperature 0), which evaluation uses and nothing trains on, starts from batched
+forward passes and records the chosen token's logprob at temperature 1 from the decoding loop itself.
 
 Sampling is seeded per prompt: ``generate(..., seeds=[...])`` draws every row's uniforms from a
 generator of its own seed (one uniform per token position) and picks the token by inverse CDF, so
@@ -18,12 +19,12 @@ neighbours, the batch size or earlier calls. Without seeds the engine's own gene
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.chat import ChatFormat
 from agent.engine import Engine, Generation
+from agent.prefix_cache import PrefixPass, PrefixStore, cut_points, generation_opener
 from coevolve.optional import freeze_long_lived, optional_module
 
 if TYPE_CHECKING:
@@ -76,15 +77,6 @@ def free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-@dataclass
-class PromptPass:
-    """One prompt's own forward pass: each layer's keys and values (batch of one) and the last position's logits."""
-
-    keys: list[Any]
-    values: list[Any]
-    logits: Any
-
-
 class TransformersEngine(Engine):
     """Batched sampling from a local policy checkpoint with per-token behaviour logprobs."""
 
@@ -97,11 +89,20 @@ class TransformersEngine(Engine):
             torch_threads=config.policy.torch_threads,
             seed=config.seed,
             prefill_batch=config.rollout.prefill_batch,
+            prefix_cache_mb=config.rollout.prefix_cache_mb,
         )
 
-    def __init__(self, model_path: str | Path, torch_threads: int = 1, seed: int = 0, prefill_batch: int = 8) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        torch_threads: int = 1,
+        seed: int = 0,
+        prefill_batch: int = 8,
+        prefix_cache_mb: int = 256,
+    ) -> None:
         torch.set_num_threads(torch_threads)
         self.prefill_batch = prefill_batch
+        self.prefixes = PrefixStore(prefix_cache_mb * 2**20)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self.reload(model_path)
@@ -112,10 +113,13 @@ class TransformersEngine(Engine):
         self.model, self.tokenizer = load_policy(model_path)
         self.model.to(self.device)
         self.chat = ChatFormat(self.tokenizer)
+        self._opener = generation_opener(self.chat)
+        self.prefixes.clear()  # caches of the weights before
 
     def close(self) -> None:
         """Drop the model and, on a GPU, return its memory, so the update stage can train in it."""
         self.model = None
+        self.prefixes.clear()
         free_device_memory()
 
     @property
@@ -201,7 +205,7 @@ class TransformersEngine(Engine):
                 key = (tuple(prompt), tuple(tokens))
                 if key not in scored:
                     with torch.inference_mode():
-                        scored[key] = self._behaviour_logprobs(prompt_pass[key[0]], tokens, temperature)
+                        scored[key] = self._behaviour_logprobs(prompt, prompt_pass[key[0]], tokens, temperature)
                 logprobs = list(scored[key])
             else:
                 logprobs = all_greedy[row][:length] if all_greedy is not None else []
@@ -214,26 +218,53 @@ class TransformersEngine(Engine):
             )
         return generations
 
-    def _prompts_alone(self, prompts: list[list[int]]) -> dict[tuple[int, ...], PromptPass]:
-        """One forward pass over each distinct prompt alone, without padding: its KV cache and last logits.
+    def _prompts_alone(self, prompts: list[list[int]]) -> dict[tuple[int, ...], PrefixPass]:
+        """Each distinct prompt read alone, without padding (`_read`): its KV cache and last logits.
 
-        A task's group_size samples share their first prompt, so it is run once for all of them. Alone, its
+        A task's group_size samples share their first prompt, so it is read once for all of them. Alone, its
         bits are a function of the checkpoint and the prompt only, whatever batch the prompt came in.
         """
-        passes: dict[tuple[int, ...], PromptPass] = {}
+        passes: dict[tuple[int, ...], PrefixPass] = {}
         for prompt in prompts:
             key = tuple(prompt)
             if key not in passes:
-                ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-                out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-                passes[key] = PromptPass(
-                    keys=[layer.keys for layer in out.past_key_values.layers],
-                    values=[layer.values for layer in out.past_key_values.layers],
-                    logits=out.logits[0, -1].float(),
-                )
+                passes[key] = self._read(prompt, len(prompt) - 1)
         return passes
 
-    def _batch_cache(self, rows: list[PromptPass]) -> tuple[Any, Any, Any]:
+    def _read(self, tokens: list[int], logits_from: int) -> PrefixPass:
+        """``tokens`` read in their fixed pieces (agent/prefix_cache.py), from the longest prefix the store holds:
+        the whole sequence's KV cache and the logits of positions ``logits_from`` on."""
+        cuts = cut_points(tokens, self.chat.eos_token_id, self._opener)
+        start, keys, values = 0, None, None
+        for cut in reversed(cuts):
+            found = self.prefixes.get(tuple(tokens[:cut]))
+            if found is not None:
+                (keys, values), start = found, cut
+                break
+        logits = []
+        # Where the sequence ends, a longer one would be cut too: its cache is a prefix another read can start from.
+        ends_a_piece = len(tokens) in cut_points([*tokens, -1], self.chat.eos_token_id, self._opener)
+        for end in [c for c in cuts if c > start] + [len(tokens)]:
+            cache = transformers.DynamicCache(config=self.model.config)
+            for layer, (layer_keys, layer_values) in enumerate(zip(keys or [], values or [], strict=True)):
+                cache.update(layer_keys, layer_values, layer)
+            keep = end - max(start, logits_from)
+            out = self.model(
+                input_ids=torch.tensor([tokens[start:end]], dtype=torch.long, device=self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=max(keep, 1),  # 0 would keep every position
+            )
+            if keep > 0:
+                logits.append(out.logits[0, -keep:].float())
+            keys = [layer.keys for layer in out.past_key_values.layers]
+            values = [layer.values for layer in out.past_key_values.layers]
+            if end < len(tokens) or ends_a_piece:
+                self.prefixes.put(tuple(tokens[:end]), keys, values)
+            start = end
+        return PrefixPass(keys=keys or [], values=values or [], logits=torch.cat(logits))
+
+    def _batch_cache(self, rows: list[PrefixPass]) -> tuple[Any, Any, Any]:
         """The left-padded batch of the rows' own prompt passes: KV cache, last logits and attention mask."""
         width = max(row.keys[0].shape[-2] for row in rows)
         attention = torch.zeros((len(rows), width), dtype=torch.long, device=self.device)
@@ -249,7 +280,7 @@ class TransformersEngine(Engine):
                 for row in rows
             ]
             cache.update(torch.cat(keys), torch.cat(values), layer)
-        return cache, torch.stack([row.logits for row in rows]), attention
+        return cache, torch.stack([row.logits[-1] for row in rows]), attention
 
     def _prefill(self, prompts: list[list[int]], pad: int) -> tuple[Any, Any, Any]:
         """The left-padded batch's forward pass, in slices of ``prefill_batch`` rows: KV cache, last logits, mask.
@@ -290,23 +321,22 @@ class TransformersEngine(Engine):
             cache.update(torch.cat(keys[layer]), torch.cat(values[layer]), layer)
         return cache, torch.cat(logits), attention
 
-    def _behaviour_logprobs(self, prompt: PromptPass, tokens: list[int], temperature: float) -> list[float]:
-        """The logprobs of ``tokens`` after the prompt, from the prompt's own pass and one over the tokens alone.
+    def _behaviour_logprobs(
+        self, prompt: list[int], prompt_pass: PrefixPass, tokens: list[int], temperature: float
+    ) -> list[float]:
+        """The logprobs of ``tokens`` after the prompt: the prompt's last logits, then a read of the prompt and
+        the tokens (`_read`, which starts from the prompt's cache).
 
         The batched decoding loop's own logprobs depend on which other prompts shared its batch (on CPU a
         matrix product over another batch shape rounds its last bits differently), so an episode replayed
-        after a crash in a smaller batch would store other bits. Scored alone, without padding, on the prompt's
-        own pass, they are a function of the checkpoint, the prompt and the tokens only: GRPO's "old" logprobs,
-        and so the checkpoint an update writes, then do not depend on how the rollout was batched.
+        after a crash in a smaller batch would store other bits. Read alone, without padding, in fixed pieces,
+        they are a function of the checkpoint, the prompt and the tokens only: GRPO's "old" logprobs, and so the
+        checkpoint an update writes, then do not depend on how the rollout was batched. The read also leaves the
+        prompt and message's cache in the store for the episode's next turn.
         """
-        logits = prompt.logits[None]
-        if len(tokens) > 1:
-            cache = transformers.DynamicCache(config=self.model.config)
-            for layer, (keys, values) in enumerate(zip(prompt.keys, prompt.values, strict=True)):
-                cache.update(keys, values, layer)
-            ids = torch.tensor([tokens[:-1]], dtype=torch.long, device=self.device)
-            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
-            logits = torch.cat([logits, out.logits[0].float()])
+        logits = prompt_pass.logits[-1:]
+        read = self._read([*prompt, *tokens], len(prompt))
+        logits = torch.cat([logits, read.logits[: len(tokens) - 1]])
         picked = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
         return torch.log_softmax(logits / temperature, dim=-1).gather(-1, picked).squeeze(-1).tolist()
 

@@ -124,6 +124,16 @@ class EngineSettings(Section):
             "prompt alone."
         ),
     )
+    prefix_cache_mb: int = Field(
+        256,
+        ge=0,
+        description=(
+            "Memory the transformers engine keeps for the KV caches of prompt prefixes while it samples: a turn's "
+            "prompt then reads only what was added since the episode's last message. The caches are exact (a prefix "
+            "is always read in the same pieces), so the budget changes speed, never the tokens or logprobs; 0 keeps "
+            "none."
+        ),
+    )
 
 
 class ServerSettings(Section):

@@ -10,7 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agent import transformers_engine
+from agent.prefix_cache import PrefixStore, cut_points
 from agent.transformers_engine import TransformersEngine
+from coevolve.records import Message
 
 
 def test_every_token_has_one_logprob(engine, prompts):
@@ -126,9 +128,9 @@ def test_samples_that_draw_the_same_message_are_scored_once_with_its_logprobs_al
     scored = []
     score = engine._behaviour_logprobs
 
-    def counted(prompt, tokens, temperature):
+    def counted(prompt, prompt_pass, tokens, temperature):
         scored.append(tuple(tokens))
-        return score(prompt, tokens, temperature)
+        return score(prompt, prompt_pass, tokens, temperature)
 
     # Two samples with one seed draw one message; the third, its own.
     twins = engine.generate([prompts[0]] * 3, temperature=0.9, max_new_tokens=16, seeds=[7, 7, 8])
@@ -140,3 +142,65 @@ def test_samples_that_draw_the_same_message_are_scored_once_with_its_logprobs_al
     assert [g.logprobs for g in again] == [g.logprobs for g in twins] and twins[0].logprobs == alone[0].logprobs
     again[0].logprobs.append(0.0)
     assert again[1].logprobs == twins[1].logprobs  # each generation owns its list
+
+
+def _second_turn(engine, prompt, seed):
+    """A two-turn episode's prompts: the first, then the first, its sampled message and a tool's answer."""
+    (first,) = engine.generate([prompt], temperature=0.9, max_new_tokens=16, seeds=[seed])
+    answer = engine.chat.continuation_ids([Message(role="tool", content='{"ok": true}')])
+    return [*prompt, *first.token_ids, *answer], answer
+
+
+def test_a_second_turn_gives_the_same_bits_whatever_prefixes_the_engine_still_holds(tiny_dir, prompts):
+    """The store of prefix caches changes only the time: a turn sampled after its episode's first turn, by a fresh
+    engine, and by one that keeps no prefix, gives the same tokens and logprobs."""
+    played = TransformersEngine(tiny_dir, torch_threads=1, seed=0)
+    second, _ = _second_turn(played, prompts[0], seed=3)
+    after_first = played.generate([second], temperature=0.9, max_new_tokens=16, seeds=[4])
+    fresh = TransformersEngine(tiny_dir, torch_threads=1, seed=0).generate(
+        [second], temperature=0.9, max_new_tokens=16, seeds=[4]
+    )
+    keeps_none = TransformersEngine(tiny_dir, torch_threads=1, seed=0, prefix_cache_mb=0).generate(
+        [second], temperature=0.9, max_new_tokens=16, seeds=[4]
+    )
+    assert after_first[0].token_ids == fresh[0].token_ids == keeps_none[0].token_ids
+    assert after_first[0].logprobs == fresh[0].logprobs == keeps_none[0].logprobs
+
+
+def test_a_second_turn_reads_only_what_followed_the_episodes_message(tiny_dir, prompts, monkeypatch):
+    """After the first turn, the second turn's prompt is read from the cache of the first prompt and its message:
+    the model is given only the tool's answer and the next generation prompt."""
+    played = TransformersEngine(tiny_dir, torch_threads=1, seed=0)
+    second, answer = _second_turn(played, prompts[0], seed=3)
+    read: list[int] = []
+    forward = played.model.forward
+
+    def counted(*args, **kwargs):
+        read.append(int(kwargs["input_ids"].shape[-1]) if kwargs["input_ids"].shape[0] == 1 else 0)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(played.model, "forward", counted)
+    played._prompts_alone([second])
+    assert sum(read) == len(answer)
+
+
+def test_a_sequence_is_cut_after_each_generation_prompt_and_the_message_it_opens():
+    end, opener = 9, [5, 6]
+    # system/user text, its end, the opener, a message and its end, a tool's answer and its end, the opener
+    assert cut_points([1, 9, 5, 6, 2, 3, 9, 4, 9, 5, 6], end, opener) == [4, 7]  # the end is no cut inside
+    assert cut_points([1, 9, 5, 6, 2, 3, 9, 4, 9, 5, 6, 7], end, opener) == [4, 7, 11]
+    assert cut_points([5, 6, 9], end, opener) == [2]
+    assert cut_points([1, 9, 2, 9], end, opener) == []  # no assistant message: one piece
+    assert cut_points([1, 2, 3], end, []) == []
+
+
+def test_the_prefix_store_drops_the_least_recently_used_beyond_its_budget():
+    store = PrefixStore(budget_bytes=3 * 4 * 2)  # three prefixes of one float32 key and value each
+    one = [torch.zeros(1)]
+    for name in ((1,), (2,), (3,)):
+        store.put(name, one, one)
+    assert store.get((1,)) is not None  # now the most recently used
+    store.put((4,), one, one)
+    assert store.get((2,)) is None and all(store.get(k) is not None for k in ((1,), (3,), (4,)))
+    store.put((5,), [torch.zeros(10)], [torch.zeros(10)])  # larger than the budget: not kept
+    assert store.get((5,)) is None
