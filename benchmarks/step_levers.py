@@ -21,6 +21,7 @@ explorer's with another seed. The policy is the checkpoint the environment ships
 default's checkpoint 0). Every part runs once untimed first.
 
     .venv/bin/python benchmarks/step_levers.py --before 9049bb0^ --repeat 3
+    .venv/bin/python benchmarks/step_levers.py --before 08cc210 --repeat 8 --parts rollout   # one part only
 
 Prints one JSON line; benchmarks/STEP.md records the figures.
 """
@@ -81,6 +82,9 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=3, help="tasks of the batch whose samples disagreed")
     parser.add_argument("--eval-tasks", type=int, default=100, help="tasks of each of the two evaluation splits")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--parts", default="rollout,update,evaluate", help="the parts to time, comma-separated (all three by default)"
+    )
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="step-levers-"))
@@ -106,6 +110,9 @@ def main() -> None:
         )  # fmt: skip
 
     def rollout(which: str) -> list:
+        prefixes = getattr(engines[which], "prefixes", None)
+        if prefixes is not None:
+            prefixes.clear()  # a step's engine starts on the weights the last update wrote
         return play(
             engines[which], train_tasks, config.rollout.group_size, config.rollout.temperature,
             config.rollout.generate_batch,
@@ -136,6 +143,7 @@ def main() -> None:
 
     figures: dict[str, dict[str, list[float]]] = {}
     outcomes: dict[str, Any] = {}
+    played: dict[str, list[list[int]]] = {}
 
     def timed(part: str, which: str, what: Callable[[str], Any]) -> Any:
         started = time.perf_counter()
@@ -157,17 +165,23 @@ def main() -> None:
         flat = [task for task in candidates if len(rewards[task.task_id]) == 1]
         train_tasks = (varied[: args.groups] + flat)[: args.tasks]
         episodes = rollout("after")
+        parts = args.parts.split(",")
         for which in ("before", "after"):  # untimed: imports, first collections, caches
             rollout(which)
-            update(which)
-        evaluate("after")
+            if "update" in parts:
+                update(which)
+        if "evaluate" in parts:
+            evaluate("after")
         free_device_memory()  # as after a rollout stage's engine is closed: long-lived objects frozen
         for _ in range(args.repeat):
             for which in ("before", "after"):
-                timed("rollout", which, rollout)
-                outcomes[f"update {which}"] = timed("update", which, update)["loss"]
-            for which in ("before", "after", "after, prefill_batch 64", "after, eval_generate_batch 64"):
-                outcomes[f"evaluate {which}"] = timed("evaluate", which, evaluate)
+                if "rollout" in parts:
+                    played[which] = [e.completion_ids for e in timed("rollout", which, rollout)]
+                if "update" in parts:
+                    outcomes[f"update {which}"] = timed("update", which, update)["loss"]
+            if "evaluate" in parts:
+                for which in ("before", "after", "after, prefill_batch 64", "after, eval_generate_batch 64"):
+                    outcomes[f"evaluate {which}"] = timed("evaluate", which, evaluate)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     medians = {part: {w: statistics.median(v) for w, v in runs.items()} for part, runs in figures.items()}
@@ -179,6 +193,7 @@ def main() -> None:
                 "after_over_before": {p: round(m["after"] / m["before"], 3) for p, m in medians.items()},
                 "all_s": figures,
                 "outcomes": outcomes,
+                "rollout_same_tokens": sum(a == b for a, b in zip(*played.values(), strict=True)) if played else None,
                 "episodes": len(episodes),
                 "model_tokens": sum(sum(t.completion_mask) for t in episodes),
                 "trained_groups": len(varied[: args.groups]),
