@@ -45,10 +45,13 @@ EXPERIMENTS = REPO / "docs" / "experiments.md"
 ABLATION_REPORT = REPO / "docs" / "ablation_report.md"
 ABLATION_CONFIG = REPO / "configs" / "ablation.yaml"
 WORKPLACE_REPORT = REPO / "docs" / "workplace_ablation_report.md"
-# Each committed report and the folder of outcome files it rests on (tasks/ablation/outcomes.py).
-REPORT_DATA = {WORKPLACE_REPORT: REPO / "docs" / "workplace_ablation_data"}
-# The ten-seed ablation's finished parts, one folder of outcome files each, committed as their seeds finish.
+# The ten-seed ablation's parts, one folder of outcome files each, committed as their seeds finished.
 TEN_SEED_PARTS = REPO / "docs" / "ablation10_data"
+# Each committed report and the folders of outcome files it rests on (tasks/ablation/outcomes.py), joined in order.
+REPORT_DATA = {
+    ABLATION_REPORT: sorted(p for p in TEN_SEED_PARTS.iterdir() if p.is_dir()),
+    WORKPLACE_REPORT: [REPO / "docs" / "workplace_ablation_data"],
+}
 NUMBER_WORDS = {
     word: n for n, word in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())
 }
@@ -117,8 +120,8 @@ def _section(page: Path, heading: str) -> str:
 
 def test_every_list_of_ablation_arms_is_the_registry():
     """`coevolve ablation --help` and experiments.md's arms are tasks/ablation/arms.py's ARMS; the README's headline
-    tables (BFCL's and the workplace's) list registered arms in the registry's order, the four core arms among them
-    (the others are optional)."""
+    tables (BFCL's and the workplace's) list registered arms in the registry's order, `static`, `random` and `full`
+    among them (the others are optional)."""
     arms_help = str(next(a.help for a in _ablation_parser()._actions if a.dest == "arms"))
     assert [name.strip(" .") for name in arms_help.split("):", 1)[1].split(",")] == list(ARMS)
     headlines = [t for t in tables(README) if t.header[0] == "arm" and "gain over checkpoint 0" in t.header]
@@ -126,7 +129,7 @@ def test_every_list_of_ablation_arms_is_the_registry():
     for headline in headlines:
         listed = [row[0] for row in headline.rows]
         assert listed == [arm for arm in ARMS if arm in listed]
-        assert {"static", "random", "full", "full+learnability"} <= set(listed)
+        assert {"static", "random", "full"} <= set(listed)
     described = next(p for p in re.split(r"\n\s*\n", prose(EXPERIMENTS)) if p.startswith("Arms, "))
     assert set(re.findall(r"`([a-z][a-z+-]*)`", described)) == set(ARMS)
 
@@ -406,8 +409,9 @@ def test_every_relative_link_reaches_its_file_and_heading():
 @pytest.mark.parametrize("report", list(REPORT_DATA), ids=lambda p: p.name)
 def test_a_committed_report_is_what_coevolve_report_writes_from_its_committed_outcomes(report, tmp_path):
     """Every table of the report (every test, p-value, Holm adjustment, per-run and mechanism row) comes back the
-    same from the outcome files committed beside it, as `coevolve report <folder>` writes them."""
-    written = write_report(read_results(REPORT_DATA[report]), tmp_path, "recomputed", power_draws=2)
+    same from the outcome files committed beside it, as `coevolve report <folder> [<folder> ...]` writes them."""
+    runs = merge_results({folder.name: read_results(folder) for folder in REPORT_DATA[report]})
+    written = write_report(runs, tmp_path, "recomputed", power_draws=2)
     recomputed = tables(Path(written["report"]))
     committed = [(t.header, t.rows) for t in tables(report)]
     assert any({"ckpt 0", "final"} <= set(t.header) for t in recomputed)  # the tests against checkpoint 0
