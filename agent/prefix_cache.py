@@ -62,7 +62,8 @@ class PrefixStore:
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[tuple[int, ...], tuple[list[Any], list[Any]]] = OrderedDict()
+        # prefix -> (keys, values, their bytes)
+        self._entries: OrderedDict[tuple[int, ...], tuple[list[Any], list[Any], int]] = OrderedDict()
         self._bytes = 0
 
     def clear(self) -> None:
@@ -71,16 +72,16 @@ class PrefixStore:
 
     def get(self, prefix: tuple[int, ...]) -> tuple[list[Any], list[Any]] | None:
         found = self._entries.get(prefix)
-        if found is not None:
-            self._entries.move_to_end(prefix)
-        return found
+        if found is None:
+            return None
+        self._entries.move_to_end(prefix)
+        return found[0], found[1]
 
     def put(self, prefix: tuple[int, ...], keys: list[Any], values: list[Any]) -> None:
         size = sum(t.numel() * t.element_size() for t in (*keys, *values))
         if size > self.budget_bytes or prefix in self._entries:
             return
-        self._entries[prefix] = (keys, values)
+        self._entries[prefix] = (keys, values, size)
         self._bytes += size
         while self._bytes > self.budget_bytes:
-            _, (old_keys, old_values) = self._entries.popitem(last=False)
-            self._bytes -= sum(t.numel() * t.element_size() for t in (*old_keys, *old_values))
+            self._bytes -= self._entries.popitem(last=False)[1][2]

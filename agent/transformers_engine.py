@@ -234,7 +234,10 @@ class TransformersEngine(Engine):
     def _read(self, tokens: list[int], logits_from: int) -> PrefixPass:
         """``tokens`` read in their fixed pieces (agent/prefix_cache.py), from the longest prefix the store holds:
         the whole sequence's KV cache and the logits of positions ``logits_from`` on."""
-        cuts = cut_points(tokens, self.chat.eos_token_id, self._opener)
+        # Cut as if the sequence went on: where it ends a piece, its cache is a prefix another read can start from.
+        cuts = cut_points([*tokens, -1], self.chat.eos_token_id, self._opener)
+        ends_a_piece = cuts[-1:] == [len(tokens)]
+        cuts = cuts[:-1] if ends_a_piece else cuts
         start, keys, values = 0, None, None
         for cut in reversed(cuts):
             found = self.prefixes.get(tuple(tokens[:cut]))
@@ -242,8 +245,6 @@ class TransformersEngine(Engine):
                 (keys, values), start = found, cut
                 break
         logits = []
-        # Where the sequence ends, a longer one would be cut too: its cache is a prefix another read can start from.
-        ends_a_piece = len(tokens) in cut_points([*tokens, -1], self.chat.eos_token_id, self._opener)
         for end in [c for c in cuts if c > start] + [len(tokens)]:
             cache = transformers.DynamicCache(config=self.model.config)
             for layer, (layer_keys, layer_values) in enumerate(zip(keys or [], values or [], strict=True)):
