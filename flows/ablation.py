@@ -361,7 +361,10 @@ def stop_seed_processes(runner: ProcessPoolTaskRunner) -> None:
     for process in seeds:
         process.join(timeout=SEED_STOP_GRACE_S)
         if process.is_alive():
+            # A SIGTERM that arrives while a process is still being started can be lost; SIGKILL cannot, but it
+            # lands asynchronously, so wait for it before the caller relies on the seed being gone.
             process.kill()
+            process.join()
     # A process ended while it held the lock of the queue its Prefect logs travel by leaves that lock taken, and the
     # message that stops the pool's forwarding thread would wait for it at this process's exit, for ever.
     messages = getattr(runner, MESSAGE_QUEUE_ATTRIBUTE, None)
