@@ -22,6 +22,7 @@ import gc
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.attention import use_grouped_attention
 from agent.chat import ChatFormat
 from agent.engine import Engine, Generation
 from agent.prefix_cache import PrefixPass, PrefixStore, cut_points, generation_opener
@@ -39,7 +40,8 @@ def load_policy(model: str | Path) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer from a local folder or a Hugging Face id, in float32.
 
     A folder holding only a LoRA adapter is loaded onto its base model and merged, so callers
-    always get a plain model.
+    always get a plain model. On a CPU it runs grouped-query attention without copying keys and values
+    (agent/attention.py).
     """
     source = str(model)
     adapter_config = Path(source) / "adapter_config.json"
@@ -52,6 +54,7 @@ def load_policy(model: str | Path) -> tuple[Any, Any]:
     tokenizer = transformers.AutoTokenizer.from_pretrained(source)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    use_grouped_attention(policy)
     policy.eval()
     return policy, tokenizer
 
