@@ -216,8 +216,8 @@ def unscored_prefix_length(labels: torch.Tensor) -> int:
 
 
 class ReplayGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose "old" logprobs are the behaviour logprobs stored with the rollouts, and whose loss scores
-    only the trained tokens' positions."""
+    """GRPOTrainer whose "old" logprobs are the behaviour logprobs stored with the rollouts, and whose loss and KL
+    reference score only the trained tokens' positions."""
 
     # The micro-batch's trained positions (prompt and completion), while _compute_loss runs.
     _trained: torch.Tensor | None = None
@@ -235,13 +235,23 @@ class ReplayGRPOTrainer(GRPOTrainer):
         finally:
             self._trained = None
 
-    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def _get_per_token_logps_and_entropies(
+        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, *args: Any,
+        **kwargs: Any,
+    ) -> Any:  # fmt: skip
         if world_size() == 1 and not self.args.gradient_checkpointing:
             model = SharedPrefix(model)
-        if self._trained is not None and self._trained.shape == input_ids.shape:
-            model = TrainedPositionsOnly(model, self._trained)
+        # In the loss, the micro-batch's trained positions; before it (the KL reference's pass over the generation
+        # batch), those of the rows the rollout function just handed over: the loss and the logged KL mask the rest.
+        trained = self._trained
+        if trained is None and isinstance(self.rollout_func, StoredRollouts):
+            trained = self.rollout_func.trained_positions(attention_mask, logits_to_keep)
+        if trained is not None and trained.shape == input_ids.shape:
+            model = TrainedPositionsOnly(model, trained)
         with project_scored_positions_only():
-            return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         """Resuming takes the optimizer, scheduler, step and RNG from the state folder; the weights are the
@@ -271,12 +281,27 @@ class StoredRollouts:
         self.round_groups = round_groups
         self.pad_token_id = pad_token_id
         self.task_ids: list[str] = []
+        self.env_masks: list[list[int]] = []  # of the rows handed over last, in order
 
     def __call__(self, prompts: list[str], trainer: Any) -> dict[str, list]:
         slots = self.round_groups.slots
         asked = dict.fromkeys(slots[key][0] for key in prompts)
         self.task_ids.extend(t for t in asked if t not in self.task_ids)
-        return replay_rows(prompts, self.round_groups.groups, slots, self.pad_token_id)
+        rows = replay_rows(prompts, self.round_groups.groups, slots, self.pad_token_id)
+        self.env_masks = rows["env_mask"]
+        return rows
+
+    def trained_positions(self, attention_mask: torch.Tensor, completion_width: int) -> torch.Tensor | None:
+        """The positions of the rows handed over last that the loss trains, laid out as TRL lays out their batch
+        (prompts left-padded, then completions right-padded to ``completion_width``; ``attention_mask`` covers both):
+        a completion token the model produced (its ``env_mask`` is 1). None for a batch of other rows."""
+        if len(self.env_masks) != attention_mask.size(0):
+            return None
+        produced = torch.zeros_like(attention_mask, dtype=torch.bool)
+        start = attention_mask.size(1) - completion_width
+        for row, mask in enumerate(self.env_masks):
+            produced[row, start : start + len(mask)] = torch.tensor(mask, dtype=torch.bool)
+        return produced & attention_mask.bool()
 
 
 def stored_reward(

@@ -237,7 +237,7 @@ def test_stored_behaviour_logprobs_are_what_trls_importance_ratio_divides_by(pol
     assert shifted["clip_ratio/region_mean"] > exact["clip_ratio/region_mean"]
 
 
-def test_the_loss_projects_only_the_trained_tokens_and_logs_what_trls_full_projection_logs(
+def test_the_loss_and_the_kl_reference_project_only_the_trained_tokens_and_log_what_trls_full_projection_logs(
     policy_dir, tmp_path, monkeypatch
 ):
     # The rewarded episodes carry a tool result (mask 0) after the message: the loss never counts it, so its
@@ -253,9 +253,10 @@ def test_the_loss_projects_only_the_trained_tokens_and_logs_what_trls_full_proje
 
     monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", SimpleNamespace(apply=recording))
     scored = grpo_update(policy_dir, trajectories, config, tmp_path / "scored")
-    # The KL reference's pass (no gradient) projects the completions, the loss's only their trained tokens.
-    completions = sum(len(t.completion_ids) for t in trajectories)
-    assert projected == [completions, sum(sum(t.completion_mask) for t in trajectories)]
+    # The KL reference's pass (no gradient) and the loss's each project only the trained tokens.
+    trained = sum(sum(t.completion_mask) for t in trajectories)
+    assert trained < sum(len(t.completion_ids) for t in trajectories)  # a tool result, or nothing is tested
+    assert projected == [trained, trained]
 
     # TRL's own scoring projects every position of the batch; the figures it logs are the same.
     monkeypatch.setattr(
