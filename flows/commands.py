@@ -154,9 +154,10 @@ def cmd_evolve(args: argparse.Namespace) -> int:
     with preflight.reported(config, None, log), console.log_to_file(log):
         # The libraries the rounds import, imported while the command's Prefect API starts in another process.
         local_api.start(while_starting=functools.partial(preload, round_flow.round_imports(config)))
-        evolve_flow.coevolve_evolve(
-            rounds=target, more_rounds=args.more, config=config.model_dump(mode="json"), print_table=True
-        )
+        with local_api.no_heartbeats_on_temporary_api():
+            evolve_flow.coevolve_evolve(
+                rounds=target, more_rounds=args.more, config=config.model_dump(mode="json"), print_table=True
+            )
     return 0
 
 
@@ -178,7 +179,8 @@ def cmd_round(args: argparse.Namespace) -> int:
     # As `coevolve evolve`: the table on the console, the rest of the round's output in the log.
     with preflight.reported(config, args.round, log), console.log_to_file(log):
         local_api.start(while_starting=functools.partial(preload, round_flow.round_imports(config)))
-        summary = round_flow.coevolve_round(round_=args.round, config=config.model_dump(mode="json"))
+        with local_api.no_heartbeats_on_temporary_api():
+            summary = round_flow.coevolve_round(round_=args.round, config=config.model_dump(mode="json"))
         print(format_row(COLUMNS), file=console.table_stream())
         print(summary_row(summary, time.perf_counter() - t0), file=console.table_stream(), flush=True)
     return 0
@@ -312,14 +314,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     # A temporary Prefect API that ends with this command, however it ends; the checkpoint's libraries are imported
     # while it starts.
     local_api.start(while_starting=functools.partial(preload, evaluate_flow.EVALUATE_IMPORTS))
-    results = evaluate_flow.coevolve_evaluate(
-        checkpoint=args.checkpoint,
-        categories=categories,
-        heldout=not args.no_heldout,
-        config=config.model_dump(mode="json"),
-        limit=args.limit,
-        dev=args.dev,
-    )
+    with local_api.no_heartbeats_on_temporary_api():
+        results = evaluate_flow.coevolve_evaluate(
+            checkpoint=args.checkpoint,
+            categories=categories,
+            heldout=not args.no_heldout,
+            config=config.model_dump(mode="json"),
+            limit=args.limit,
+            dev=args.dev,
+        )
     for split, accuracy in results.items():
         print(f"{split:<26} {accuracy:.3f}")
     overall = evaluate_stage.official_overall(config.environment, results)
@@ -383,7 +386,10 @@ def cmd_ablation(args: argparse.Namespace) -> int:
     # counts the runs' finished rounds.
     with preflight.reported(config, None, log, where=f"ablation '{args.name}'"), console.log_to_file(log):
         local_api.start()  # the arms' pool processes report to it and it ends with the command
-        with progress.rounds_bar(config, run_ids, rounds, f"ablation '{args.name}'"):
+        with (
+            progress.rounds_bar(config, run_ids, rounds, f"ablation '{args.name}'"),
+            local_api.no_heartbeats_on_temporary_api(),
+        ):
             out = ablation_flow.coevolve_ablation(
                 arms=arms,
                 seeds=seeds,

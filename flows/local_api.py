@@ -42,7 +42,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO
 
 import httpx
@@ -50,9 +50,11 @@ import prefect
 from prefect.context import refresh_global_settings_context
 from prefect.settings import (
     PREFECT_API_URL,
+    PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
     PREFECT_SERVER_EPHEMERAL_ENABLED,
     PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
     get_current_settings,
+    temporary_settings,
 )
 
 from agent.serve import free_port
@@ -213,6 +215,23 @@ def start(while_starting: Callable[[], object] | None = None) -> TiedServer | No
     os.environ["PREFECT_API_URL"] = os.environ[TEMPORARY_API_VAR] = server.api_url
     refresh_global_settings_context()
     return server  # stopped at exit (`TiedServer.start`)
+
+
+@contextlib.contextmanager
+def no_heartbeats_on_temporary_api() -> Iterator[None]:
+    """Within the block, flow runs on a command's temporary API send Prefect no heartbeats; on a server they do.
+
+    Heartbeats let a server's zombie detection mark a run whose process died; nothing watches them on a temporary
+    API, which ends with its command. And each one costs time: a flow run's end waits for Prefect's heartbeat
+    thread, which looks for it once a second (``prefect.flow_engine._send_heartbeats``), so every flow run, each
+    round among them, ended on the next whole second after its start (benchmarks/STEP.md). Prefect's process pool
+    carries the settings into an ablation's seed processes.
+    """
+    if not on_temporary_api():
+        yield
+        return
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
 
 
 def on_temporary_api() -> bool:

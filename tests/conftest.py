@@ -42,6 +42,7 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.testing.utilities import prefect_test_harness
 from xdist.scheduler import LoadFileScheduling
 
@@ -324,7 +325,12 @@ def prefect_api() -> Iterator[None]:
     """A real Prefect API for flows run in the test process: Prefect's own test harness (a temporary database and
     server), started once per test process (each pytest-xdist worker) by the first test that asks for it. A harness
     costs about 17 CPU-seconds to start here, so every module shares this one instead of starting its own."""
-    with prefect_test_harness(server_startup_timeout=120):
+    # As on a command's temporary API (flows/local_api.py), nothing watches heartbeats here, and each flow run's end
+    # waited for the next one's thread by up to a second.
+    with (
+        prefect_test_harness(server_startup_timeout=120),
+        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+    ):
         yield
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prefect.settings import get_current_settings
 
 from coevolve.config import PipelineConfig
 from flows import local_api
@@ -201,3 +202,22 @@ def test_a_full_disk_while_the_server_starts_is_one_line_naming_the_folder_to_fr
     assert done.stdout.strip().splitlines() == [
         f"error: no space left on device under {home}; free space and run the same command again"
     ], done.stderr[-3000:]
+
+
+def test_flow_runs_on_a_temporary_api_send_no_heartbeats(monkeypatch) -> None:
+    """Nothing watches them there, and a flow run's end waits up to a second for Prefect's heartbeat thread."""
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
+    monkeypatch.setenv(local_api.TEMPORARY_API_VAR, "http://127.0.0.1:4200/api")
+    assert get_current_settings().flows.heartbeat_frequency is not None  # Prefect's default: on
+    with local_api.no_heartbeats_on_temporary_api():
+        assert get_current_settings().flows.heartbeat_frequency is None
+    assert get_current_settings().flows.heartbeat_frequency is not None
+
+
+def test_flow_runs_on_a_server_keep_prefects_heartbeats(monkeypatch) -> None:
+    """A server's zombie detection marks a run whose process died by its missing heartbeats."""
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
+    monkeypatch.delenv(local_api.TEMPORARY_API_VAR, raising=False)
+    default = get_current_settings().flows.heartbeat_frequency
+    with local_api.no_heartbeats_on_temporary_api():
+        assert get_current_settings().flows.heartbeat_frequency == default is not None
