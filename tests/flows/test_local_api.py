@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prefect.settings import get_current_settings
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
 
 from coevolve.config import PipelineConfig
 from flows import local_api
@@ -208,16 +208,16 @@ def test_flow_runs_on_a_temporary_api_send_no_heartbeats(monkeypatch) -> None:
     """Nothing watches them there, and a flow run's end waits up to a second for Prefect's heartbeat thread."""
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
     monkeypatch.setenv(local_api.TEMPORARY_API_VAR, "http://127.0.0.1:4200/api")
-    assert get_current_settings().flows.heartbeat_frequency is not None  # Prefect's default: on
-    with local_api.no_heartbeats_on_temporary_api():
-        assert get_current_settings().flows.heartbeat_frequency is None
-    assert get_current_settings().flows.heartbeat_frequency is not None
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 180}):  # Prefect's default: on
+        with local_api.no_heartbeats_on_temporary_api():
+            assert get_current_settings().flows.heartbeat_frequency is None
+        assert get_current_settings().flows.heartbeat_frequency == 180
 
 
 def test_flow_runs_on_a_server_keep_prefects_heartbeats(monkeypatch) -> None:
     """A server's zombie detection marks a run whose process died by its missing heartbeats."""
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
     monkeypatch.delenv(local_api.TEMPORARY_API_VAR, raising=False)
-    default = get_current_settings().flows.heartbeat_frequency
-    with local_api.no_heartbeats_on_temporary_api():
-        assert get_current_settings().flows.heartbeat_frequency == default is not None
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 180}):
+        with local_api.no_heartbeats_on_temporary_api():
+            assert get_current_settings().flows.heartbeat_frequency == 180
