@@ -230,8 +230,13 @@ def no_heartbeats_on_temporary_api() -> Iterator[None]:
     if not on_temporary_api():
         yield
         return
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    with no_heartbeats():
         yield
+
+
+def no_heartbeats() -> contextlib.AbstractContextManager[object]:
+    """Prefect's settings with flow-run heartbeats off, within the block (`no_heartbeats_on_temporary_api` says why)."""
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
 def on_temporary_api() -> bool:

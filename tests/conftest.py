@@ -42,7 +42,6 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
-from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.testing.utilities import prefect_test_harness
 from xdist.scheduler import LoadFileScheduling
 
@@ -61,6 +60,7 @@ from agent.weights import served_name
 from coevolve.config import PolicyConfig, load_config
 from coevolve.optional import collector_paused, freeze_long_lived
 from coevolve.records import Message
+from flows import local_api
 from tests.no_skips import pytest_make_collect_report as pytest_make_collect_report
 from tests.no_skips import pytest_runtest_makereport as pytest_runtest_makereport
 from tests.no_skips import required
@@ -327,10 +327,7 @@ def prefect_api() -> Iterator[None]:
     costs about 17 CPU-seconds to start here, so every module shares this one instead of starting its own."""
     # As on a command's temporary API (flows/local_api.py), nothing watches heartbeats here, and each flow run's end
     # waited for the next one's thread by up to a second.
-    with (
-        prefect_test_harness(server_startup_timeout=120),
-        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
-    ):
+    with prefect_test_harness(server_startup_timeout=120), local_api.no_heartbeats():
         yield
 
 
