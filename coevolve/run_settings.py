@@ -16,7 +16,8 @@ from coevolve.config.policy import WARMUP_SETTINGS
 
 # The configuration that decides a round's results: a round resumed with other values would mix episodes, signals or
 # updates made under both. Endpoints, timeouts, placement, tracking and storage do not change what a round computes
-# and may change between attempts.
+# and may change between attempts. training.torch_threads is left out too: like the device, it changes only the last
+# bits of an update's sums (runs agree in distribution), and rounds recorded before it existed resume unrefused.
 RESULT_SECTIONS: tuple[str, ...] = ("environment", "policy", "signals", "synthesis", "validation", "pool")
 RESULT_FIELDS: dict[str, tuple[str, ...]] = {
     "rollout": ("tasks_per_batch", "group_size", "temperature", "eval_temperature", "max_new_tokens", "heldout_tasks",

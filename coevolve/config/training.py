@@ -94,6 +94,19 @@ class TrainingConfig(Section):
             "also runs each distinct prompt of a micro-batch once for all its samples."
         ),
     )
+    # Two, unlike generation's one (policy.torch_threads): an update is arithmetic on the whole batch, its forward and
+    # backward passes over every trained row, which two threads took in 0.8-0.9 of one's time here, while a decoding
+    # step is per-call overhead that more threads only slow (benchmarks/STEP.md, "Two threads for the update").
+    torch_threads: int = Field(
+        2,
+        ge=1,
+        description=(
+            "CPU threads for torch while an update trains in the round's own process (launched ranks share the "
+            "cores and keep policy.torch_threads each). Like the device, the count changes the last bits of the "
+            "update's sums, not the recipe. Configs that run several seeds at once on few cores set 1 "
+            "(configs/ablation.yaml)."
+        ),
+    )
     use_lora: bool = Field(False, description="Train a LoRA adapter (large models) instead of full weights.")
     lora_rank: int = Field(16, ge=1, description="LoRA rank when use_lora is on.")
     num_processes: int = Field(

@@ -462,7 +462,8 @@ def train(
             f"{world} training processes: every rank trains on whole groups and the same number of them. Launch a "
             "process count that divides the groups (tasks/training/launch.py does)."
         )
-    torch.set_num_threads(config.policy.torch_threads)
+    # Ranks launched beside each other share the cores: one policy.torch_threads each.
+    torch.set_num_threads(config.training.torch_threads if world == 1 else config.policy.torch_threads)
     lora = lora_config(config)
     # With LoRA the model trained is checkpoint 0 with the run's one adapter; else the input checkpoint.
     base, adapter = lora_chain(checkpoint_in) if lora is not None else (checkpoint_in, None)

@@ -267,3 +267,11 @@ def test_an_oversized_config_file_is_refused_before_parsing(tmp_path):
     file.write_text("# " + "x" * (2 * 1024 * 1024) + "\n")
     with pytest.raises(ConfigError, match="larger than 1024 KiB"):
         load_config(file, environ={})
+
+
+@pytest.mark.parametrize("name", ["ablation.yaml", "ablation_20steps.yaml", "ablation_quick.yaml"])
+def test_the_ablations_configs_train_each_seed_on_one_thread_of_the_two_cores(name):
+    config = load_config(Path(__file__).parents[2] / "configs" / name, environ={})
+    # ablation_workers seeds at once, each with its own update: together no more threads than the 2 cores.
+    assert config.ablation_workers * config.training.torch_threads == 2
+    assert config.policy.torch_threads == 1
