@@ -450,8 +450,9 @@ def make_tiny_config(state_dir, **overrides):
         "environment": {"max_steps": 6},
         "signals": {"rare_min_total": 1, "rare_theta": 60, "max_signals_per_round": 4},
         "synthesis": {"explorations_per_signal": 2},
-        # One training step a round keeps the flow tests short; tests/flows/test_round_steps.py runs several.
-        "training": {"batches_per_round": 1, "updates_per_batch": 1},
+        # One training step a round keeps the flow tests short; tests/flows/test_round_steps.py runs several. One
+        # thread per update, as in the ablation's configs: two pytest-xdist workers share the 2 cores.
+        "training": {"batches_per_round": 1, "updates_per_batch": 1, "torch_threads": 1},
     }
     for key, value in overrides.items():
         values.setdefault(key, {}).update(value) if isinstance(value, dict) else values.__setitem__(key, value)
