@@ -42,6 +42,10 @@ OWN_HANDLER_LOGGERS = ("datasets", "huggingface_hub")
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s%(run)s - %(message)s"
 
+# The project's own packages, whose INFO records reach the log (where checkpoint 0 came from, a warm-up's steps):
+# under the root logger's WARNING, which the libraries' records keep, they would be dropped.
+PROJECT_PACKAGES = ("agent", "coevolve", "envs", "flows", "storage", "tasks")
+
 # The console's stdout while `log_to_file` runs (None otherwise: the table goes to sys.stdout).
 _table: TextIO | None = None
 
@@ -114,6 +118,9 @@ def log_to_file(path: Path, load_first: Sequence[str] = LIBRARIES) -> Iterator[N
     root = logging.getLogger()
     root.addHandler(handler)
     logging.captureWarnings(True)
+    for name in PROJECT_PACKAGES:
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(logging.INFO)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     saved = (os.dup(1), os.dup(2))

@@ -94,7 +94,14 @@ class PolicyConfig(Section):
         description="Demonstrations per warm-up step: a quarter of the tiny model's; a 135M model's CPU step is slow.",
     )
     torch_threads: int = Field(
-        1, ge=1, description="CPU threads for torch: one is fastest for tiny models on shared cores."
+        1,
+        ge=1,
+        description=(
+            "CPU threads for torch while the policy generates and while the tiny checkpoint 0 trains: one is fastest "
+            "for tiny models on shared cores. Part of checkpoint 0's recipe (the count changes its bits): another "
+            "count builds the tiny checkpoint 0 anew, policy.sft_steps of SFT taking minutes on a CPU, instead of "
+            "copying the shipped one; training.torch_threads sets an update's threads alone."
+        ),
     )
     cpu_kernels: Literal["avx2", "native"] = Field(
         "avx2",

@@ -83,9 +83,10 @@ class TrainingConfig(Section):
             "keeps the round's input checkpoint as a separate reference model in memory (one more copy)."
         ),
     )
-    # Off, unlike TRL's default: the gradients are the same either way (the same bytes here), a policy small enough
-    # to train on a CPU has memory to spare, and recomputing every layer's forward in the backward pass cost about a
-    # tenth of an update here (benchmarks/STEP.md); off also lets the update run each prompt once for its samples.
+    # Off, unlike TRL's default: the gradients are the same either way up to float rounding (weights within 1e-6
+    # after an update here: tests/tasks/test_update.py), a policy small enough to train on a CPU has memory to spare,
+    # and recomputing every layer's forward in the backward pass cost about a tenth of an update here
+    # (benchmarks/STEP.md); off also lets the update run each prompt once for its samples.
     gradient_checkpointing: bool = Field(
         False,
         description=(

@@ -55,6 +55,8 @@ with console.log_to_file(Path(sys.argv[1]), load_first=()):
     print("a library's print")
     print("a library's stderr", file=sys.stderr)
     logging.getLogger("some.library").warning("a logged record")
+    logging.getLogger("some.library").info("a library's info")
+    logging.getLogger("tasks.prepare").info("the project's own info")
     warnings.warn("a python warning", UserWarning, stacklevel=1)
     child = "import sys; print('child stdout'); print('child stderr', file=sys.stderr)"
     subprocess.run([sys.executable, "-c", child], check=True)
@@ -81,4 +83,6 @@ def test_all_but_the_table_goes_to_the_log(tmp_path):
     for line in ("a library's print", "a library's stderr", "child stdout", "child stderr"):
         assert f"{line}\n" in text, line
     assert "WARNING some.library - a logged record" in text
+    # The project's INFO records are kept (where checkpoint 0 came from); a library's stay at its own level.
+    assert "INFO    tasks.prepare - the project's own info" in text and "a library's info" not in text
     assert "WARNING py.warnings - " in text and "UserWarning: a python warning" in text
