@@ -18,7 +18,10 @@ tested way. What the pipeline needs from a server:
   chunked prefill there: "CPU Generator does not use offset"), and ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
   unless the environment sets it: the model then runs in vLLM's engine process instead of a worker process
   of its own, which would import vLLM and torch a third time;
-- bound to 127.0.0.1 unless another host is given.
+- bound to 127.0.0.1 unless another host is given;
+- ``VLLM_RPC_BASE_PATH``, unless the environment sets it: a folder of the server's own for vLLM's interprocess
+  sockets, removed when `stop_server` stops it (vLLM names them by UUID in the temporary folder, and a
+  server stopped by a signal would leave them there).
 
 With ``rollout.managed_servers: N`` the pipeline starts its own servers (`start_managed`) on each
 rollout or evaluation stage's checkpoint, through the same `start_server`, and the engine stops
@@ -29,13 +32,16 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -52,6 +58,10 @@ VLLM_VENV_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 WORKER_EXTENSION = "agent.vllm_worker.CoevolveWorkerExtension"
 # vLLM accepts only these LoRA ranks as --max-lora-rank.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Each running server's folder for vLLM's interprocess sockets (VLLM_RPC_BASE_PATH), by its process id. vLLM names
+# its sockets by fresh UUIDs in the temporary folder, and a server stopped by a signal leaves them there; a folder of
+# its own goes with the server in `stop_server`, so nightly runs leave nothing behind.
+_RPC_FOLDERS: dict[int, Path] = {}
 
 
 @dataclass(frozen=True)
@@ -177,17 +187,28 @@ def base_url(options: ServeOptions) -> str:
 def start_server(options: ServeOptions, log_path: Path, python: str | Path | None = None) -> subprocess.Popen:
     """Start a server in its own process group (so `stop_server` also stops its workers); output to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        return _popen_server(options, python, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+
+
+def _popen_server(options: ServeOptions, python: str | Path | None, **popen: Any) -> subprocess.Popen:
+    """The server's process, in a process group of its own, with `server_env` and a folder for its sockets."""
     env = server_env(options)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    with log_path.open("w") as log:
-        return subprocess.Popen(
-            server_command(options, python),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO,
-            start_new_session=True,
-        )
+    # In the system's temporary folder, as vLLM's default is: a socket's whole path must fit in about 100 bytes,
+    # which a folder under a deep state folder may not. A folder the environment names is left as it is.
+    rpc_folder = None if "VLLM_RPC_BASE_PATH" in env else Path(tempfile.mkdtemp(prefix="vllm-rpc-"))
+    if rpc_folder is not None:
+        env["VLLM_RPC_BASE_PATH"] = str(rpc_folder)
+    try:
+        process = subprocess.Popen(server_command(options, python), env=env, start_new_session=True, **popen)
+    except BaseException:
+        if rpc_folder is not None:
+            shutil.rmtree(rpc_folder, ignore_errors=True)
+        raise
+    if rpc_folder is not None:
+        _RPC_FOLDERS[process.pid] = rpc_folder
+    return process
 
 
 def wait_until_ready(process: subprocess.Popen, url: str, log_path: Path, timeout_s: float = 300.0) -> None:
@@ -232,7 +253,8 @@ def stop_server(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
     """Stop a server started by `start_server` and the workers it spawned (its process group).
 
     SIGTERM to the whole group, then SIGKILL to whatever of it is left after ``timeout_s``: vLLM's
-    engine and worker processes share the group and would otherwise outlive their API server.
+    engine and worker processes share the group and would otherwise outlive their API server. The folder
+    of its interprocess sockets goes too.
     """
     pgid = process.pid  # the group leader's pid (start_new_session)
     if process.poll() is None:
@@ -248,6 +270,9 @@ def stop_server(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
         os.killpg(pgid, signal.SIGKILL)
     if process.poll() is None:
         process.wait(timeout=timeout_s)
+    rpc_folder = _RPC_FOLDERS.pop(pgid, None)
+    if rpc_folder is not None:
+        shutil.rmtree(rpc_folder, ignore_errors=True)
 
 
 class _Stop(Exception):
@@ -274,16 +299,14 @@ def serve_foreground(options: ServeOptions, python: str | Path | None = None) ->
     if this process is killed outright, the server gets SIGTERM from the kernel (PR_SET_PDEATHSIG).
     Returns the server's exit status, or 128 + the signal that stopped it.
     """
-    env = server_env(options)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in handled}
     process = None
     try:
-        process = subprocess.Popen(
-            server_command(options, python), env=env, start_new_session=True, preexec_fn=_die_with_parent
-        )
-        return process.wait()
+        process = _popen_server(options, python, preexec_fn=_die_with_parent)
+        status = process.wait()
+        stop_server(process)  # its group may outlive it, and its socket folder does
+        return status
     except _Stop as stop:
         for sig in handled:
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the shutdown

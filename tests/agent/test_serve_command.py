@@ -10,6 +10,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -173,6 +174,7 @@ class ServeProcess:
     port: int
     log_path: Path
     started: list[int]  # every process below `coevolve serve` once the server answered
+    rpc_folder: Path | None = None  # where its vLLM keeps its interprocess sockets (VLLM_RPC_BASE_PATH)
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +196,11 @@ def serve_processes(vllm_python, served_policy_dir, tmp_path_factory) -> Iterato
             servers[name] = ServeProcess(process, port, log_path, [])
         for server in servers.values():
             wait_until_ready(server.process, f"http://127.0.0.1:{server.port}/v1", server.log_path, timeout_s=600)
-            server.started = [p.pid for p in psutil.Process(server.process.pid).children(recursive=True)]
+            below = psutil.Process(server.process.pid).children(recursive=True)
+            server.started = [p.pid for p in below]
+            api = next(p for p in below if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline()))
+            rpc_folder = api.environ().get("VLLM_RPC_BASE_PATH")
+            server.rpc_folder = Path(rpc_folder) if rpc_folder else None
         yield servers
     finally:
         for server in servers.values():  # whatever a failing test left behind, by process id
@@ -224,6 +230,15 @@ def test_a_cpu_serve_runs_the_model_in_vllm_s_engine_process_without_a_worker_pr
 
 
 @pytest.mark.slow
+def test_a_serve_keeps_vllm_s_sockets_in_a_folder_of_its_own(serve_processes):
+    # vLLM names its sockets by fresh UUIDs in the temporary folder, and a server stopped by a signal leaves them there.
+    for server in serve_processes.values():
+        assert server.rpc_folder is not None and server.rpc_folder.parent == Path(tempfile.gettempdir())
+        assert server.rpc_folder.name.startswith("vllm-rpc-")
+        assert any(path.is_socket() for path in server.rpc_folder.iterdir())
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(STOP_SIGNALS))
 def test_a_stopped_serve_leaves_no_process_it_started(serve_processes, name):
     server = serve_processes[name]
@@ -235,3 +250,4 @@ def test_a_stopped_serve_leaves_no_process_it_started(serve_processes, name):
         time.sleep(0.2)
     assert [pid for pid in server.started if _alive(pid)] == [], server.log_path.read_text()[-3000:]
     assert port_is_free("127.0.0.1", server.port)
+    assert server.rpc_folder is not None and not server.rpc_folder.exists()  # its sockets with it
