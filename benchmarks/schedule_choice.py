@@ -1,4 +1,4 @@
-"""The embedded default's training schedule, chosen on the dev split: F, batch size and updates per batch.
+r"""The embedded default's training schedule, chosen on the dev split: F, batch size and updates per batch.
 
 Every candidate spends the same episodes per round (``--episodes``, the default's 24 tasks x 6
 samples) and runs ``--rounds`` rounds of the embedded default with ``coevolve evolve`` for each loop

@@ -1,4 +1,4 @@
-"""The built-in ablation: does signal-guided co-evolution beat a static pool and random synthesis?
+r"""The built-in ablation: does signal-guided co-evolution beat a static pool and random synthesis?
 
 Every arm is offered the same rounds, group size and update steps, from the same seed pool and checkpoint 0
 (``pool.seed``); the random arm explores as many targets as the signal arms select (equal task volume). An
