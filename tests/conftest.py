@@ -192,7 +192,18 @@ def vllm_env() -> dict[str, str]:
     on PYTHONPATH. In-process engines (`agent.vllm_engine`) then run their engine core in the calling process."""
     env = server_env(ServeOptions(model=str(REPO), cpu=True))
     env["PYTHONPATH"] = str(REPO)
+    env["VLLM_RPC_BASE_PATH"] = _vllm_rpc_folder()
     return env
+
+
+@functools.cache
+def _vllm_rpc_folder() -> str:
+    """The interprocess sockets of the vLLM processes tests start with `vllm_env` (`agent.serve.start_server` gives
+    each server a folder of its own): one folder per test process, removed when it exits, so a server the suite
+    stops by a signal leaves no socket in the temporary folder."""
+    folder = tempfile.mkdtemp(prefix="vllm-rpc-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def _conversations():
